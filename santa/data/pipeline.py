@@ -1,0 +1,603 @@
+"""The Ray Data preprocessing pipeline: read → validate → entities → masking → Parquet.
+
+The per-record work is plain Python (``santa.data.records``); this module wraps it in Ray
+Data operators that run on every node, and accounts for every input row: each one is
+written, dropped for a reason, or filtered out of the requested selection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+import ray.data
+
+from santa import storage
+from santa.data.readers import (
+    SPLIT_ALIASES,
+    JsonLinesDatasource,
+    language_from_path,
+    relative_path,
+    split_from_path,
+)
+from santa.data.records import (
+    CODE_LANGUAGES,
+    DropRow,
+    PairOptions,
+    Reason,
+    build_code_pair,
+    build_product_judgment_row,
+    build_product_pretrain_pair,
+    normalize_advtest,
+    normalize_codesearchnet,
+    parse_json_line,
+)
+from santa.data.schema import PAIR_SCHEMA, RAW_SCHEMA, rows_to_table
+
+logger = logging.getLogger(__name__)
+
+DATASETS = ("codesearchnet", "advtest", "esci", "source")
+STAGES = ("pretrain", "finetune", "eval")
+ESCI_PRODUCT_COLUMNS = [
+    "product_id",
+    "product_title",
+    "product_description",
+    "product_bullet_point",
+    "product_brand",
+    "product_color",
+    "product_locale",
+]
+ESCI_EXAMPLE_COLUMNS = [
+    "query",
+    "query_id",
+    "product_id",
+    "product_locale",
+    "esci_label",
+    "small_version",
+    "large_version",
+    "split",
+]
+MISSING_PRODUCT = "missing_product"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    """What to preprocess and how; plain values so it travels as a dict through Ray."""
+
+    dataset: str
+    """One of codesearchnet, advtest, esci, source."""
+    input: str
+    """Local path or s3:// URI of the raw data (a directory or a file)."""
+    output: str
+    """Local path or s3:// URI; Parquet shards go to ``data/``, BEIR files for ``eval``."""
+    stage: str = "pretrain"
+    """pretrain (SDA + MEP pairs), finetune (query–document pairs) or eval (BEIR)."""
+    split: str = ""
+    """Split to process; default train for pretrain/finetune and test for eval."""
+    languages: tuple[str, ...] = ()
+    """Code languages to keep (all six when empty)."""
+    mask: str = "entity"
+    """entity (SANTA's MEP) or span (random T5 spans at the same rate, the ablation)."""
+    seed: int = 0
+    esci_version: str = "small"
+    """ESCI task version: small (Task 1, the paper's) or large."""
+    locale: str = "us"
+    """ESCI product locale."""
+    max_query_chars: int = 4_096
+    max_document_chars: int = 16_384
+    skip_tests: bool = False
+    """For ``source``: skip test directories."""
+    batch_size: int = 256
+    lines_per_block: int = 1_000
+    num_cpus_per_actor: float = 1.0
+    min_actors: int = 1
+    max_actors: int = 0
+    """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, not {self.dataset!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, not {self.stage!r}")
+        if self.split and self.split not in ("train", "valid", "test"):
+            raise ValueError(f"split must be train, valid or test, not {self.split!r}")
+        unknown = set(self.languages) - set(CODE_LANGUAGES)
+        if unknown:
+            raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
+        if self.esci_version not in ("small", "large"):
+            raise ValueError("esci_version must be small or large")
+        if self.batch_size < 1 or self.lines_per_block < 1:
+            raise ValueError("batch_size and lines_per_block must be positive")
+        object.__setattr__(self, "languages", tuple(self.languages))
+
+    @property
+    def wanted_split(self) -> str:
+        """The split this run writes."""
+        return self.split or ("test" if self.stage == "eval" else "train")
+
+    def pair_options(self, stage: str | None = None) -> PairOptions:
+        """The per-record options for the pair builders."""
+        return PairOptions(
+            stage=stage or self.stage,
+            mask=self.mask,
+            seed=self.seed,
+            max_query_chars=self.max_query_chars,
+            max_document_chars=self.max_document_chars,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        payload = asdict(self)
+        payload["languages"] = list(self.languages)
+        return payload
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> PreprocessConfig:
+        """Rebuild from :meth:`to_dict`, rejecting unknown keys."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(payload) - names
+        if unknown:
+            raise ValueError(f"unknown preprocess config keys: {sorted(unknown)}")
+        return cls(**payload)
+
+
+# ----------------------------------------------------------------------------- operators
+
+
+class CodePairBuilder:
+    """Ray Data operator: raw JSON lines → pair rows (or dropped rows with a reason)."""
+
+    def __init__(
+        self,
+        dataset: str,
+        options: PairOptions,
+        splits: tuple[str, ...],
+        languages: tuple[str, ...],
+        accept_unknown_split: bool,
+        root: str,
+    ):
+        self.root = root
+        self.dataset = dataset
+        self.options = options
+        self.splits = set(splits)
+        self.languages = set(languages)
+        self.accept_unknown_split = accept_unknown_split
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Process one batch of raw rows."""
+        columns = batch.to_pydict()
+        rows = []
+        for path, line_number, raw, file_split, preset_reason in zip(
+            columns["path"],
+            columns["line_number"],
+            columns["raw"],
+            columns["split"],
+            columns["drop_reason"],
+            strict=True,
+        ):
+            language = language_from_path(relative_path(path, self.root))
+            try:
+                if preset_reason:
+                    raise DropRow(preset_reason)
+                record = parse_json_line(raw)
+                if self.dataset == "advtest":
+                    record = normalize_advtest(record)
+                else:
+                    record = normalize_codesearchnet(record)
+                language = record["language"]
+                split = file_split or SPLIT_ALIASES.get(record["partition"].lower(), "")
+                if not (split in self.splits or (not split and self.accept_unknown_split)):
+                    raise DropRow(Reason.OTHER_SPLIT)
+                if self.languages and language not in self.languages:
+                    raise DropRow(Reason.OTHER_LANGUAGE)
+                row = build_code_pair(record, self.dataset, self.options)
+                row["drop_reason"] = ""
+            except DropRow as drop:
+                row = {"language": language, "drop_reason": drop.reason}
+            row["row_key"] = f"{path}:{line_number:010d}"
+            rows.append(row)
+        return rows_to_table(rows)
+
+
+class SourceRecordExtractor:
+    """Ray Data operator: source files → CodeSearchNet-format JSON lines (raw rows)."""
+
+    def __init__(self, root: str, repo: str):
+        self.root = root
+        self.repo = repo
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Extract every documented function of each file in the batch."""
+        from santa.data.source import EXTENSIONS, extract_functions
+
+        columns = batch.to_pydict()
+        out: dict[str, list] = {name: [] for name in RAW_SCHEMA.names}
+
+        def emit(path: str, line: int, raw: bytes, split: str, reason: str) -> None:
+            for name, value in zip(RAW_SCHEMA.names, (path, line, raw, split, reason), strict=True):
+                out[name].append(value)
+
+        for path, data in zip(columns["path"], columns["bytes"], strict=True):
+            relative = relative_path(path, self.root)
+            language = EXTENSIONS.get("." + relative.rsplit(".", 1)[-1], "")
+            try:
+                source = data.decode("utf-8")
+                records = extract_functions(source, relative, language, repo=self.repo)
+            except UnicodeDecodeError:
+                emit(path, 0, b"", "", Reason.UNDECODABLE_BYTES)
+                continue
+            except (SyntaxError, ValueError, RecursionError):
+                emit(path, 0, b"", "", Reason.UNPARSABLE_CODE)
+                continue
+            for index, record in enumerate(records, start=1):
+                raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
+                emit(path, index, raw, record.get("partition", ""), "")
+        return pa.table(out, schema=RAW_SCHEMA)
+
+
+class ProductPairBuilder:
+    """Ray Data operator: ESCI products → bullet point ↔ description pretraining pairs."""
+
+    def __init__(self, options: PairOptions, locale: str):
+        from santa.entities import ensure_pos_tagger
+
+        ensure_pos_tagger()  # fail fast on a node without the tagger, not per row
+        self.options = options
+        self.locale = locale
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Process one batch of product rows."""
+        rows = []
+        for product in batch.to_pylist():
+            locale = product.get("product_locale") or ""
+            try:
+                if locale != self.locale:
+                    raise DropRow(Reason.OTHER_LOCALE)
+                row = build_product_pretrain_pair(product, self.options)
+                row["drop_reason"] = ""
+            except DropRow as drop:
+                row = {"language": locale, "drop_reason": drop.reason}
+            row["row_key"] = str(product.get("product_id"))
+            rows.append(row)
+        return rows_to_table(rows)
+
+
+class ProductJudgmentBuilder:
+    """Ray Data operator: ESCI products → one row per (query, product) judgment.
+
+    The judgments (small) are broadcast to every actor; the products (large) stream past
+    them, so this is a broadcast join without a shuffle.
+    """
+
+    def __init__(self, judgments: pa.Table, options: PairOptions):
+        self.options = options
+        self.by_product: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for judgment in judgments.to_pylist():
+            self.by_product[judgment["product_id"]].append(judgment)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Join a batch of products with their judgments."""
+        rows = []
+        for product in batch.to_pylist():
+            for judgment in self.by_product.get(product["product_id"], ()):
+                example = {**product, **judgment}
+                try:
+                    row = build_product_judgment_row(example, self.options)
+                    row["drop_reason"] = ""
+                except DropRow as drop:
+                    row = {"language": product.get("product_locale"), "drop_reason": drop.reason}
+                row["row_key"] = f"{judgment['query_id']}:{product['product_id']}"
+                rows.append(row)
+        return rows_to_table(rows)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
+    from santa.ray_utils import cluster_cpus
+
+    max_size = config.max_actors or max(1, int(cluster_cpus() / config.num_cpus_per_actor))
+    return {
+        "compute": ray.data.ActorPoolStrategy(
+            min_size=min(config.min_actors, max_size), max_size=max_size
+        ),
+        "num_cpus": config.num_cpus_per_actor,
+        "batch_size": config.batch_size,
+        "batch_format": "pyarrow",
+    }
+
+
+def _code_files(config: PreprocessConfig) -> list[str]:
+    files = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+    if config.languages:
+        files = [
+            f
+            for f in files
+            if language_from_path(relative_path(f, config.input)) in ("", *config.languages)
+        ]
+    if not files:
+        raise FileNotFoundError(f"no .jsonl/.jsonl.gz files under {config.input}")
+    return files
+
+
+def _source_files(config: PreprocessConfig) -> list[str]:
+    from santa.data.source import EXTENSIONS, iter_source_files
+
+    if storage.is_s3(config.input):
+        files = storage.list_files(config.input, suffixes=tuple(EXTENSIONS))
+    else:
+        files = list(iter_source_files(config.input, skip_tests=config.skip_tests))
+    if config.languages:
+        files = [f for f in files if EXTENSIONS["." + f.rsplit(".", 1)[-1]] in config.languages]
+    if not files:
+        raise FileNotFoundError(f"no source files under {config.input}")
+    return files
+
+
+def _code_work_dataset(
+    config: PreprocessConfig, splits: tuple[str, ...], stage: str, accept_unknown: bool
+) -> ray.data.Dataset | None:
+    """Raw rows of the requested splits, built into pair rows by an actor pool."""
+    if config.dataset == "source":
+        files = _source_files(config)
+        raw = ray.data.read_binary_files(files, include_paths=True).map_batches(
+            SourceRecordExtractor,
+            fn_constructor_kwargs={"root": config.input, "repo": "local"},
+            **{**_actor_pool(config), "batch_size": 16},
+        )
+    else:
+        # Files whose name says another split are not read; files of unknown split are
+        # read and their rows selected by the records' own `partition` field.
+        files = [
+            f
+            for f in _code_files(config)
+            if split_from_path(relative_path(f, config.input)) in (*splits, "")
+        ]
+        if not files:
+            return None
+        raw = ray.data.read_datasource(
+            JsonLinesDatasource(
+                files, root=config.input, lines_per_block=config.lines_per_block
+            )
+        )
+    return raw.map_batches(
+        CodePairBuilder,
+        fn_constructor_kwargs={
+            "dataset": config.dataset,
+            "options": config.pair_options(stage),
+            "splits": splits,
+            "languages": config.languages,
+            "accept_unknown_split": accept_unknown,
+            "root": config.input,
+        },
+        **_actor_pool(config),
+    )
+
+
+def _read_examples(config: PreprocessConfig) -> pa.Table:
+    uri = storage.join(config.input, "shopping_queries_dataset_examples.parquet")
+    fs, path = storage.resolve(uri)
+    return pq.read_table(path, filesystem=fs, columns=ESCI_EXAMPLE_COLUMNS)
+
+
+def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
+    uri = storage.join(config.input, "shopping_queries_dataset_products.parquet")
+    return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS)
+
+
+def _select_examples(config: PreprocessConfig, examples: pa.Table) -> tuple[pa.Table, Counter]:
+    """The judgments of the requested version, split and locale, and what was filtered."""
+    frame = examples.to_pandas()
+    filtered: Counter = Counter()
+    version = frame[f"{config.esci_version}_version"].astype(int) == 1
+    filtered[Reason.OTHER_VERSION] += int((~version).sum())
+    frame = frame[version]
+    locale = frame["product_locale"] == config.locale
+    filtered[Reason.OTHER_LOCALE] += int((~locale).sum())
+    frame = frame[locale]
+    split = frame["split"] == config.wanted_split
+    filtered[Reason.OTHER_SPLIT] += int((~split).sum())
+    frame = frame[split]
+    keep = frame[["query", "query_id", "product_id", "esci_label"]].copy()
+    keep["query_id"] = keep["query_id"].astype(str)
+    return pa.Table.from_pandas(keep, preserve_index=False), filtered
+
+
+def _heldout_keys(config: PreprocessConfig) -> tuple[set[str], set[str]]:
+    """Document ids and duplicate keys of the splits a training run must never see."""
+    if config.stage == "eval":
+        return set(), set()
+    heldout = tuple(s for s in ("train", "valid", "test") if s != config.wanted_split)
+    if config.dataset == "esci":
+        if config.stage != "pretrain":
+            return set(), set()  # ESCI splits by query: judgments cannot leak across splits
+        frame = _read_examples(config).to_pandas()
+        ids = set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
+        return ids, set()
+    work = _code_work_dataset(config, heldout, stage="eval", accept_unknown=False)
+    if work is None:
+        return set(), set()
+    frame = work.select_columns(["doc_id", "dedup_key", "drop_reason"]).to_pandas()
+    frame = frame[frame["drop_reason"] == ""]
+    return set(frame["doc_id"]), set(frame["dedup_key"])
+
+
+class _DropKeys:
+    """Filters out rows whose ``row_key`` is in a (broadcast) set."""
+
+    def __init__(self, keys: set[str]):
+        self.keys = keys
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        keep = [key not in self.keys for key in batch.column("row_key").to_pylist()]
+        return batch.filter(pa.array(keep, pa.bool_()))
+
+
+def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
+    """Run the pipeline on the current Ray cluster; return (and write) its report."""
+    started = time.time()
+    options = config.pair_options()
+    filtered: Counter = Counter()
+    expected_rows = None
+    if config.dataset == "esci":
+        products = _products_dataset(config)
+        if config.stage == "pretrain":
+            work = products.map_batches(
+                ProductPairBuilder,
+                fn_constructor_kwargs={"options": options, "locale": config.locale},
+                **_actor_pool(config),
+            )
+        else:
+            judgments, filtered = _select_examples(config, _read_examples(config))
+            expected_rows = judgments.num_rows
+            work = products.map_batches(
+                ProductJudgmentBuilder,
+                fn_constructor_kwargs={"judgments": judgments, "options": options},
+                **_actor_pool(config),
+            )
+    else:
+        work = _code_work_dataset(config, (config.wanted_split,), config.stage, accept_unknown=True)
+        if work is None:
+            raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
+    work = work.materialize()
+
+    summary = work.select_columns(
+        [
+            "language",
+            "drop_reason",
+            "row_key",
+            "dedup_key",
+            "doc_id",
+            "num_tokens",
+            "num_masked_tokens",
+        ]
+    ).to_pandas()
+    heldout_ids, heldout_dedup = _heldout_keys(config)
+    report_rows = summary.copy()
+    kept = report_rows["drop_reason"] == ""
+    if heldout_ids or heldout_dedup:
+        leak = kept & (
+            report_rows["doc_id"].isin(heldout_ids) | report_rows["dedup_key"].isin(heldout_dedup)
+        )
+        report_rows.loc[leak, "drop_reason"] = Reason.HELDOUT_LEAK
+        kept &= ~leak
+    if config.stage != "eval":
+        ordered = report_rows[kept].sort_values("row_key")
+        duplicate_keys = ordered.loc[ordered["dedup_key"].duplicated(), "row_key"]
+        report_rows.loc[report_rows["row_key"].isin(set(duplicate_keys)), "drop_reason"] = (
+            Reason.DUPLICATE
+        )
+        kept = report_rows["drop_reason"] == ""
+    removed = set(report_rows.loc[~kept & (summary["drop_reason"] == ""), "row_key"])
+
+    final = work.filter(expr=ray.data.expressions.col("drop_reason") == "")
+    if removed:
+        final = final.map_batches(
+            _DropKeys,
+            fn_constructor_kwargs={"keys": removed},
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=1),
+        )
+    final = final.select_columns(PAIR_SCHEMA.names)
+    if config.stage == "eval":
+        written = write_beir(final, config.output, config.wanted_split)
+    else:
+        data_uri = storage.join(config.output, "data")
+        final.write_parquet(data_uri, mode="overwrite")
+        written = None
+
+    report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)
+    if written is not None:
+        report["beir"] = written
+    storage.write_json(storage.join(config.output, "report.json"), report)
+    return report
+
+
+def build_report(
+    config: PreprocessConfig,
+    rows: pd.DataFrame,
+    filtered: Counter,
+    expected_rows: int | None,
+    wall_time_s: float,
+) -> dict[str, Any]:
+    """Counts by reason and language, entity ratio per language, and wall time."""
+    dropped: Counter = Counter()
+    filtered = Counter(filtered)  # selected away by the driver before any row was built
+    by_language: dict[str, Counter] = defaultdict(Counter)
+    for (language, reason), count in rows.groupby(["language", "drop_reason"]).size().items():
+        by_language[language or "unknown"][reason or "written"] += int(count)
+        if reason in Reason.FILTERS:
+            filtered[reason] += int(count)
+        elif reason:
+            dropped[reason] += int(count)
+    rows_read = (
+        len(rows) + sum(filtered.values()) - int(rows["drop_reason"].isin(Reason.FILTERS).sum())
+    )
+    if expected_rows is not None and expected_rows > len(rows):
+        # Judgments whose product is absent from the products file never reach a builder.
+        dropped[MISSING_PRODUCT] += expected_rows - len(rows)
+        rows_read += expected_rows - len(rows)
+    kept = rows[rows["drop_reason"] == ""]
+    entity_ratio = {}
+    if config.stage == "pretrain":
+        sums = kept.groupby("language")[["num_tokens", "num_masked_tokens"]].sum()
+        for language, row in sums.iterrows():
+            tokens = int(row["num_tokens"])
+            entity_ratio[language] = (
+                round(int(row["num_masked_tokens"]) / tokens, 4) if tokens else 0.0
+            )
+    return {
+        "config": config.to_dict(),
+        "rows_read": int(rows_read),
+        "rows_written": int(len(kept)),
+        "dropped": dict(sorted(dropped.items())),
+        "filtered": dict(sorted(filtered.items())),
+        "by_language": {k: dict(sorted(v.items())) for k, v in sorted(by_language.items())},
+        "entity_ratio": entity_ratio,
+        "mask": config.mask,
+        "wall_time_s": round(wall_time_s, 2),
+    }
+
+
+def write_beir(dataset: ray.data.Dataset, output: str, split: str) -> dict[str, int]:
+    """Write ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/{split}.tsv`` (BEIR format)."""
+    corpus: dict[str, dict[str, Any]] = {}
+    queries: dict[str, dict[str, Any]] = {}
+    qrels: dict[tuple[str, str], int] = {}
+    for batch in dataset.iter_batches(batch_size=4096, batch_format="pyarrow"):
+        for row in batch.to_pylist():
+            corpus.setdefault(
+                row["doc_id"],
+                {
+                    "_id": row["doc_id"],
+                    "title": row["title"],
+                    "text": row["document"],
+                    "language": row["language"],
+                },
+            )
+            queries.setdefault(
+                row["query_id"],
+                {"_id": row["query_id"], "text": row["query"], "language": row["language"]},
+            )
+            qrels[(row["query_id"], row["doc_id"])] = int(row["label"])
+    storage.write_bytes(storage.join(output, "corpus.jsonl"), _jsonl(corpus.values()))
+    storage.write_bytes(storage.join(output, "queries.jsonl"), _jsonl(queries.values()))
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for (q, d), s in qrels.items()]
+    storage.write_bytes(
+        storage.join(output, "qrels", f"{split}.tsv"), ("\n".join(lines) + "\n").encode()
+    )
+    return {"corpus": len(corpus), "queries": len(queries), "qrels": len(qrels)}
+
+
+def _jsonl(items) -> bytes:
+    return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items).encode("utf-8")

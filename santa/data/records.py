@@ -1,0 +1,340 @@
+"""Plain-Python record handling: parse raw inputs, validate, and build training pairs.
+
+Every function here works on one record and raises :class:`DropRow` with a reason when the
+record is bad, so the Ray pipeline can count drops by reason and never die on one row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from santa.data.cleaning import (
+    choose_bullet_point,
+    clean_docstring,
+    remove_docstring,
+    split_bullet_points,
+    strip_html,
+)
+from santa.entities import UnparsableCodeError, extract_code_entities, extract_product_entities
+from santa.masking import contains_sentinel, mask_entities, mask_random_spans
+
+CODE_LANGUAGES = ("python", "java", "go", "javascript", "ruby", "php")
+CSN_FIELDS = (
+    "repo",
+    "path",
+    "func_name",
+    "original_string",
+    "language",
+    "code",
+    "code_tokens",
+    "docstring",
+    "docstring_tokens",
+    "url",
+    "partition",
+)
+# Fields without which no pair can be built; the rest are kept when present.
+CSN_REQUIRED = ("code", "docstring", "language")
+ADVTEST_REQUIRED = ("function", "docstring_tokens", "url")
+ESCI_LABEL_GRADES = {"E": 3, "S": 2, "C": 1, "I": 0}
+
+
+class Reason:
+    """Names of the reasons a row is dropped (bad input) or filtered (not selected)."""
+
+    MALFORMED_JSON = "malformed_json"
+    MISSING_FIELD = "missing_field"
+    UNDECODABLE_BYTES = "undecodable_bytes"
+    UNPARSABLE_CODE = "unparsable_code"
+    EMPTY_DOCSTRING = "empty_docstring"
+    EMPTY_DOCUMENT = "empty_document"
+    TOO_LONG = "too_long"
+    DUPLICATE = "duplicate"
+    HELDOUT_LEAK = "heldout_leak"
+    SENTINEL_IN_TEXT = "sentinel_in_text"
+    UNSUPPORTED_LANGUAGE = "unsupported_language"
+    UNREADABLE_FILE = "unreadable_file"
+    # Filters: rows that are fine but not part of the requested selection.
+    OTHER_LANGUAGE = "other_language"
+    OTHER_SPLIT = "other_split"
+    OTHER_LOCALE = "other_locale"
+    OTHER_VERSION = "other_version"
+
+    FILTERS = frozenset({OTHER_LANGUAGE, OTHER_SPLIT, OTHER_LOCALE, OTHER_VERSION})
+
+
+class DropRow(Exception):
+    """Raised for a row that must be dropped; ``reason`` is one of :class:`Reason`."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    """How pairs are built from records (a plain, picklable subset of the job config)."""
+
+    stage: str = "pretrain"  # pretrain | finetune | eval
+    mask: str = "entity"  # entity | span
+    seed: int = 0
+    max_query_chars: int = 4_096
+    max_document_chars: int = 16_384
+    max_entities: int = 100
+
+    def __post_init__(self) -> None:
+        if self.stage not in ("pretrain", "finetune", "eval"):
+            raise ValueError(f"stage must be pretrain, finetune or eval, not {self.stage!r}")
+        if self.mask not in ("entity", "span"):
+            raise ValueError(f"mask must be entity or span, not {self.mask!r}")
+
+
+def stable_hash(*parts: Any) -> str:
+    """A short hex digest of ``parts`` that is the same in every process (unlike hash())."""
+    text = "\x1f".join(str(part) for part in parts)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def parse_json_line(raw: bytes) -> dict[str, Any]:
+    """Decode one JSON line, raising DropRow for undecodable bytes or malformed JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DropRow(Reason.UNDECODABLE_BYTES, str(error)) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DropRow(Reason.MALFORMED_JSON, str(error)) from None
+    if not isinstance(obj, dict):
+        raise DropRow(Reason.MALFORMED_JSON, f"expected an object, got {type(obj).__name__}")
+    return obj
+
+
+def _require(obj: dict[str, Any], fields: tuple[str, ...]) -> None:
+    for field in fields:
+        value = obj.get(field)
+        if value is None:
+            raise DropRow(Reason.MISSING_FIELD, field)
+
+
+def normalize_codesearchnet(obj: dict[str, Any]) -> dict[str, Any]:
+    """A CodeSearchNet record with every field present (missing optional ones empty)."""
+    _require(obj, CSN_REQUIRED)
+    if not isinstance(obj["code"], str) or not isinstance(obj["docstring"], str):
+        raise DropRow(Reason.MISSING_FIELD, "code/docstring must be strings")
+    record = {field: obj.get(field) for field in CSN_FIELDS}
+    record["language"] = str(record["language"]).lower()
+    for field in ("repo", "path", "func_name", "url", "partition"):
+        record[field] = str(record[field] or "")
+    record["original_string"] = record["original_string"] or record["code"]
+    record["code_tokens"] = list(record["code_tokens"] or [])
+    record["docstring_tokens"] = [str(t) for t in (record["docstring_tokens"] or [])]
+    if not record["url"]:
+        record["url"] = "sha:" + stable_hash(record["code"])
+    return record
+
+
+def normalize_advtest(obj: dict[str, Any]) -> dict[str, Any]:
+    """A CodeXGLUE AdvTest record mapped onto CodeSearchNet fields (language python).
+
+    AdvTest's train split is already CodeSearchNet-shaped; its valid/test splits carry the
+    (name-obfuscated) code in ``function`` and the identifier in ``identifier``.
+    """
+    if "code" in obj and "function" not in obj:
+        obj = {**obj, "language": obj.get("language") or "python"}
+        return normalize_codesearchnet(obj)
+    _require(obj, ADVTEST_REQUIRED)
+    tokens = obj["docstring_tokens"]
+    if not isinstance(tokens, list) or not isinstance(obj["function"], str):
+        raise DropRow(Reason.MISSING_FIELD, "function/docstring_tokens have the wrong type")
+    return normalize_codesearchnet(
+        {
+            "repo": obj.get("nwo") or obj.get("repo") or "",
+            "path": obj.get("path", ""),
+            "func_name": obj.get("identifier") or obj.get("func_name") or "",
+            "original_string": obj["function"],
+            "language": "python",
+            "code": obj["function"],
+            "code_tokens": obj.get("function_tokens") or [],
+            "docstring": obj.get("docstring") or " ".join(tokens),
+            "docstring_tokens": tokens,
+            "url": obj["url"],
+            "partition": obj.get("partition", ""),
+        }
+    )
+
+
+def _check_lengths(query: str, document: str, options: PairOptions) -> None:
+    if len(query) > options.max_query_chars:
+        raise DropRow(Reason.TOO_LONG, f"query has {len(query)} characters")
+    if len(document) > options.max_document_chars:
+        raise DropRow(Reason.TOO_LONG, f"document has {len(document)} characters")
+
+
+def empty_pair_row() -> dict[str, Any]:
+    """A pair row with every column at its empty value (see ``schema.PAIR_SCHEMA``)."""
+    return {
+        "id": "",
+        "dataset": "",
+        "language": "",
+        "query_id": "",
+        "query": "",
+        "doc_id": "",
+        "title": "",
+        "document": "",
+        "label": 1,
+        "entities": [],
+        "masked_document": "",
+        "mep_target": "",
+        "num_tokens": 0,
+        "num_masked_tokens": 0,
+        "url": "",
+        "dedup_key": "",
+    }
+
+
+def _mask(document: str, spans: list[tuple[int, int]], key: str, options: PairOptions):
+    masked = mask_entities(document, spans, max_entities=options.max_entities)
+    if options.mask == "span":
+        # The ablation masks random spans at the same rate as entity masking would have.
+        rng = random.Random(stable_hash(options.seed, key))
+        masked = mask_random_spans(
+            document, rng, masked.num_masked_tokens, max_spans=options.max_entities
+        )
+    return masked
+
+
+def build_code_pair(record: dict[str, Any], dataset: str, options: PairOptions) -> dict[str, Any]:
+    """A docstring ↔ code pair (with entity masking for pretraining) from a CSN record."""
+    language = record["language"]
+    if language not in CODE_LANGUAGES:
+        raise DropRow(Reason.UNSUPPORTED_LANGUAGE, language)
+    if options.stage == "pretrain":
+        query = clean_docstring(record["docstring"])
+    else:
+        # Fine-tuning and evaluation follow CodeXGLUE: the query is the docstring tokens.
+        query = " ".join(record["docstring_tokens"]) or clean_docstring(record["docstring"])
+    if not query.strip():
+        raise DropRow(Reason.EMPTY_DOCSTRING)
+    try:
+        document = remove_docstring(record["code"], record["docstring"], language)
+    except (ValueError, SyntaxError) as error:
+        raise DropRow(Reason.UNPARSABLE_CODE, str(error)) from None
+    if not document.strip():
+        raise DropRow(Reason.EMPTY_DOCUMENT)
+    _check_lengths(query, document, options)
+    if contains_sentinel(document) or contains_sentinel(query):
+        raise DropRow(Reason.SENTINEL_IN_TEXT)
+    row = empty_pair_row()
+    doc_id = record["url"]
+    row.update(
+        id=stable_hash(dataset, doc_id, query),
+        dataset=dataset,
+        language=language,
+        query_id=stable_hash("q", doc_id),
+        query=query,
+        doc_id=doc_id,
+        title=record["func_name"],
+        document=document,
+        url=record["url"],
+        dedup_key=stable_hash(language, document),
+    )
+    if options.stage == "pretrain":
+        try:
+            spans = extract_code_entities(document, language)
+        except UnparsableCodeError as error:
+            raise DropRow(Reason.UNPARSABLE_CODE, str(error)) from None
+        masked = _mask(document, spans, doc_id, options)
+        row.update(
+            entities=list(masked.entities),
+            masked_document=masked.masked_text,
+            mep_target=masked.target,
+            num_tokens=masked.num_tokens,
+            num_masked_tokens=masked.num_masked_tokens,
+        )
+    return row
+
+
+def product_text(product: dict[str, Any]) -> str:
+    """A product's searchable text: description and bullet points, HTML stripped."""
+    description = strip_html(product.get("product_description") or "")
+    bullets = split_bullet_points(strip_html_keep_lines(product.get("product_bullet_point") or ""))
+    return " ".join(part for part in [description, *bullets] if part)
+
+
+def strip_html_keep_lines(text: str) -> str:
+    """Strip HTML from each line separately, so bullet points stay one per line."""
+    return "\n".join(strip_html(line) for line in text.splitlines())
+
+
+def build_product_pretrain_pair(product: dict[str, Any], options: PairOptions) -> dict[str, Any]:
+    """One seeded random bullet point ↔ the product description, with noun entities masked."""
+    product_id = product.get("product_id")
+    if not product_id:
+        raise DropRow(Reason.MISSING_FIELD, "product_id")
+    title = strip_html(product.get("product_title") or "")
+    description = strip_html(product.get("product_description") or "")
+    bullets = split_bullet_points(strip_html_keep_lines(product.get("product_bullet_point") or ""))
+    query = choose_bullet_point(product_id, bullets, options.seed) if bullets else None
+    if not query:
+        raise DropRow(Reason.EMPTY_DOCSTRING, "no bullet point")
+    if not description:
+        raise DropRow(Reason.EMPTY_DOCUMENT, "no description")
+    _check_lengths(query, description, options)
+    if contains_sentinel(description) or contains_sentinel(query):
+        raise DropRow(Reason.SENTINEL_IN_TEXT)
+    spans = extract_product_entities(title, description)
+    masked = _mask(description, spans, product_id, options)
+    row = empty_pair_row()
+    row.update(
+        id=stable_hash("esci", product_id, query),
+        dataset="esci",
+        language=product.get("product_locale") or "",
+        query_id=stable_hash("bullet", product_id, query),
+        query=query,
+        doc_id=product_id,
+        title=title,
+        document=description,
+        entities=list(masked.entities),
+        masked_document=masked.masked_text,
+        mep_target=masked.target,
+        num_tokens=masked.num_tokens,
+        num_masked_tokens=masked.num_masked_tokens,
+        url=product_id,
+        dedup_key=stable_hash(product_id),
+    )
+    return row
+
+
+def build_product_judgment_row(example: dict[str, Any], options: PairOptions) -> dict[str, Any]:
+    """A query → product row with its graded ESCI label (E/S/C/I kept as 3/2/1/0)."""
+    label = ESCI_LABEL_GRADES.get(str(example.get("esci_label") or ""))
+    if label is None:
+        raise DropRow(Reason.MISSING_FIELD, f"esci_label {example.get('esci_label')!r}")
+    query = str(example.get("query") or "").strip()
+    if not query:
+        raise DropRow(Reason.EMPTY_DOCSTRING, "empty query")
+    title = strip_html(example.get("product_title") or "")
+    text = product_text(example)
+    if not (title or text):
+        raise DropRow(Reason.EMPTY_DOCUMENT)
+    _check_lengths(query, text, options)
+    product_id = str(example["product_id"])
+    row = empty_pair_row()
+    row.update(
+        id=stable_hash("esci", example.get("query_id"), product_id),
+        dataset="esci",
+        language=str(example.get("product_locale") or ""),
+        query_id=str(example.get("query_id")),
+        query=query,
+        doc_id=product_id,
+        title=title,
+        document=text,
+        label=label,
+        url=product_id,
+        dedup_key=stable_hash(example.get("query_id"), product_id),
+    )
+    return row

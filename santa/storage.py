@@ -1,0 +1,116 @@
+"""URIs everywhere: a local path or ``s3://bucket/prefix``, resolved through pyarrow.
+
+S3 endpoints and credentials come from the standard AWS chain (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, instance profiles, ...); nothing here reads, prints or logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow.fs as pafs
+
+
+class StorageError(RuntimeError):
+    """A storage URI could not be read or written; the message says which and why."""
+
+
+def is_s3(uri: str) -> bool:
+    """Whether ``uri`` names an S3 location."""
+    return uri.startswith("s3://")
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join path parts onto a local path or URI."""
+    if is_s3(uri):
+        return posixpath.join(uri, *parts)
+    return os.path.join(uri, *parts)
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Return ``(filesystem, path)`` for a local path or ``s3://`` URI."""
+    if is_s3(uri):
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+        except Exception as error:  # pyarrow raises OSError/ArrowInvalid with AWS details
+            raise StorageError(f"cannot open {uri}: {error}") from error
+        return fs, path
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+
+
+def exists(uri: str) -> bool:
+    """Whether a file or directory exists at ``uri``."""
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
+    """All files under ``uri`` (recursively, sorted) ending in one of ``suffixes``.
+
+    Names starting with ``.`` or ``_`` are skipped, as Ray Data does. Returned entries keep
+    the URI's form (``s3://...`` stays ``s3://...``).
+    """
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise StorageError(f"no such file or directory: {uri}")
+    suffixes = tuple(suffixes)
+    if info.type == pafs.FileType.File:
+        found = [path]
+    else:
+        found = [
+            entry.path
+            for entry in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            if entry.type == pafs.FileType.File
+            and not any(part.startswith((".", "_")) for part in _relative_parts(entry.path, path))
+        ]
+    found = sorted(p for p in found if not suffixes or p.endswith(suffixes))
+    return [("s3://" + p) if is_s3(uri) else p for p in found]
+
+
+def _relative_parts(path: str, root: str) -> list[str]:
+    return posixpath.relpath(path, root).split("/")
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write ``data`` to ``uri``, creating parent directories."""
+    fs, path = resolve(uri)
+    try:
+        fs.create_dir(posixpath.dirname(path), recursive=True)
+        with fs.open_output_stream(path) as stream:
+            stream.write(data)
+    except OSError as error:
+        raise StorageError(f"cannot write {uri}: {error}") from error
+
+
+def read_bytes(uri: str) -> bytes:
+    """Read the whole file at ``uri``."""
+    fs, path = resolve(uri)
+    try:
+        with fs.open_input_stream(path) as stream:
+            return stream.readall()
+    except FileNotFoundError as error:
+        raise StorageError(f"no such file: {uri}") from error
+    except OSError as error:
+        raise StorageError(f"cannot read {uri}: {error}") from error
+
+
+def write_json(uri: str, payload: Any) -> None:
+    """Write ``payload`` as indented JSON."""
+    write_bytes(uri, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(uri: str) -> Any:
+    """Read a JSON file."""
+    return json.loads(read_bytes(uri))
+
+
+def delete_dir(uri: str) -> None:
+    """Delete a directory and everything under it, if it exists."""
+    fs, path = resolve(uri)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        fs.delete_dir(path)

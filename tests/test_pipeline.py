@@ -1,0 +1,249 @@
+"""The Ray Data preprocessing pipeline end to end, on a local two-node Ray cluster."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from santa import storage
+from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.schema import PAIR_SCHEMA
+from santa.masking import fill_sentinels
+from tests.conftest import needs_tagger
+from tests.datagen import (
+    stdlib_python_records,
+    write_advtest,
+    write_bad_input,
+    write_csn_layout,
+    write_esci,
+    write_jsonl_gz,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def read_pairs(output: str):
+    fs, path = storage.resolve(storage.join(output, "data"))
+    return pq.read_table(path, filesystem=fs)
+
+
+def assert_accounted(report: dict) -> None:
+    """Every row read is written, dropped for a reason, or filtered out."""
+    total = report["rows_written"] + sum(report["dropped"].values()) + sum(
+        report["filtered"].values()
+    )
+    assert total == report["rows_read"], report
+
+
+def read_beir(output):
+    corpus = [json.loads(x) for x in storage.read_bytes(f"{output}/corpus.jsonl").splitlines()]
+    queries = [json.loads(x) for x in storage.read_bytes(f"{output}/queries.jsonl").splitlines()]
+    return corpus, queries
+
+
+@pytest.fixture(scope="module")
+def csn_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("csn")
+    urls = write_csn_layout(root)
+    return root, urls
+
+
+def test_codesearchnet_pretrain_all_languages(csn_root, tmp_path):
+    root, urls = csn_root
+    output = str(tmp_path / "out")
+    report = run_preprocess(
+        PreprocessConfig(dataset="codesearchnet", input=str(root), output=output)
+    )
+    table = read_pairs(output)
+    assert table.schema.names == PAIR_SCHEMA.names
+    assert table.num_rows == report["rows_written"] > 0
+    assert_accounted(report)
+    assert set(report["entity_ratio"]) == {"python", "java", "go", "javascript", "ruby", "php"}
+    assert all(0.05 < ratio < 0.9 for ratio in report["entity_ratio"].values())
+    rows = table.to_pylist()
+    assert {row["doc_id"] for row in rows} <= urls["train"]
+    for row in rows:
+        assert fill_sentinels(row["masked_document"], row["mep_target"]) == row["document"]
+    stored = storage.read_json(f"{output}/report.json")
+    assert stored["rows_written"] == report["rows_written"]
+
+
+def test_rerun_overwrites_instead_of_appending(csn_root, tmp_path):
+    root, _ = csn_root
+    config = PreprocessConfig(
+        dataset="codesearchnet", input=str(root), output=str(tmp_path), languages=("go",)
+    )
+    first = run_preprocess(config)
+    second = run_preprocess(config)
+    assert read_pairs(str(tmp_path)).num_rows == first["rows_written"] == second["rows_written"]
+    assert set(read_pairs(str(tmp_path)).column("language").to_pylist()) == {"go"}
+
+
+def test_bad_input_is_counted_by_reason(tmp_path):
+    good = stdlib_python_records(limit=30)
+    for record in good:
+        record["partition"] = ""  # a plain file of one split, as users have
+    expected = write_bad_input(tmp_path / "in" / "functions.jsonl", good)
+    report = run_preprocess(
+        PreprocessConfig(
+            dataset="codesearchnet",
+            input=str(tmp_path / "in"),
+            output=str(tmp_path / "out"),
+            max_document_chars=20_000,
+        )
+    )
+    assert report["dropped"] == expected
+    assert report["rows_written"] == len(good)
+    assert report["rows_read"] == len(good) + sum(expected.values())
+    assert_accounted(report)
+    assert sorted(read_pairs(str(tmp_path / "out")).column("doc_id").to_pylist()) == sorted(
+        r["url"] for r in good
+    )
+
+
+def test_training_rows_that_leak_into_heldout_splits_are_dropped(tmp_path):
+    records = stdlib_python_records(limit=40)
+    for record in records:
+        record["partition"] = "train"
+    leaked = dict(records[0], partition="test")
+    write_jsonl_gz(tmp_path / "in" / "train" / "a.jsonl.gz", records)
+    write_jsonl_gz(tmp_path / "in" / "test" / "a.jsonl.gz", [leaked])
+    report = run_preprocess(
+        PreprocessConfig(dataset="codesearchnet", input=str(tmp_path / "in"),
+                         output=str(tmp_path / "out"), stage="finetune")
+    )
+    assert report["dropped"].get("heldout_leak") == 1
+    assert leaked["url"] not in set(read_pairs(str(tmp_path / "out")).column("doc_id").to_pylist())
+
+
+def test_codesearchnet_eval_writes_beir(csn_root, tmp_path):
+    root, urls = csn_root
+    output = str(tmp_path / "beir")
+    report = run_preprocess(
+        PreprocessConfig(dataset="codesearchnet", input=str(root), output=output, stage="eval")
+    )
+    corpus, queries = read_beir(output)
+    assert {doc["_id"] for doc in corpus} == urls["test"]
+    assert len(queries) == len(corpus) == report["beir"]["queries"]
+    qrels = storage.read_bytes(f"{output}/qrels/test.tsv").decode().splitlines()
+    assert qrels[0] == "query-id\tcorpus-id\tscore"
+    assert len(qrels) - 1 == len(urls["test"])
+    assert all(line.endswith("\t1") for line in qrels[1:])
+
+
+def test_source_tree_records(tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        storage.join(__import__("santa.data.source", fromlist=["x"]).default_source_root(), "json"),
+        tree / "json",
+    )
+    (tree / "pkg").mkdir()
+    (tree / "pkg" / "Box.java").write_text(
+        "class Box {\n  /** Returns the size of the box. */\n"
+        "  int size(int count) { return count * 2; }\n}\n"
+    )
+    (tree / "pkg" / "broken.py").write_text("def f(:\n    '''doc'''\n")
+    (tree / "pkg" / "latin1.py").write_bytes(b"def f():\n    '''caf\xe9'''\n")
+    outputs = {}
+    for split in ("train", "valid", "test"):
+        outputs[split] = run_preprocess(
+            PreprocessConfig(dataset="source", input=str(tree), output=str(tmp_path / split),
+                             split=split, stage="finetune")
+        )
+    report = outputs["train"]
+    assert report["dropped"]["unparsable_code"] == 1
+    assert report["dropped"]["undecodable_bytes"] == 1
+    written = sum(r["rows_written"] for r in outputs.values())
+    assert written > 20
+    ids = [set(read_pairs(str(tmp_path / s)).column("url").to_pylist()) for s in outputs]
+    files = [{u.split("#")[0] for u in split_ids} for split_ids in ids]
+    assert not (files[0] & files[1]) and not (files[0] & files[2]) and not (files[1] & files[2])
+    java = [u for split_ids in ids for u in split_ids if u.endswith(("Box.java#L3-L3",))]
+    assert len(java) == 1
+
+
+def test_advtest_eval_from_generated_files(tmp_path):
+    write_advtest(tmp_path / "adv")
+    output = str(tmp_path / "out")
+    report = run_preprocess(
+        PreprocessConfig(dataset="advtest", input=str(tmp_path / "adv"), output=output,
+                         stage="eval")
+    )
+    corpus, queries = read_beir(output)
+    assert len(corpus) == report["rows_written"] == 20
+    assert all("def Func" in doc["text"] for doc in corpus)
+
+
+@needs_tagger
+def test_esci_pretrain_finetune_eval(tmp_path):
+    data = write_esci(tmp_path / "esci")
+    test_products = {e["product_id"] for e in data["examples"] if e["split"] == "test"}
+    pre = run_preprocess(
+        PreprocessConfig(dataset="esci", input=str(tmp_path / "esci"), output=str(tmp_path / "p"))
+    )
+    assert_accounted(pre)
+    assert pre["filtered"]["other_locale"] == 4
+    pairs = read_pairs(str(tmp_path / "p")).to_pylist()
+    assert not {row["doc_id"] for row in pairs} & test_products
+    assert pre["dropped"].get("heldout_leak", 0) > 0
+    assert all(fill_sentinels(r["masked_document"], r["mep_target"]) == r["document"] for r in pairs)
+    assert "esci" not in pre["entity_ratio"] and pre["entity_ratio"]["us"] > 0
+
+    fine = run_preprocess(
+        PreprocessConfig(dataset="esci", input=str(tmp_path / "esci"), output=str(tmp_path / "f"),
+                         stage="finetune")
+    )
+    assert_accounted(fine)
+    train_small = [e for e in data["examples"] if e["split"] == "train" and e["small_version"]]
+    assert fine["rows_written"] == len(train_small)
+    assert fine["filtered"]["other_version"] > 0 and fine["filtered"]["other_split"] > 0
+
+    run_preprocess(
+        PreprocessConfig(dataset="esci", input=str(tmp_path / "esci"), output=str(tmp_path / "e"),
+                         stage="eval")
+    )
+    qrels = storage.read_bytes(f"{tmp_path}/e/qrels/test.tsv").decode().splitlines()[1:]
+    expected = {
+        (str(e["query_id"]), e["product_id"]): {"E": 3, "S": 2, "C": 1, "I": 0}[e["esci_label"]]
+        for e in data["examples"]
+        if e["split"] == "test" and e["small_version"]
+    }
+    got = {(q, d): int(s) for q, d, s in (line.split("\t") for line in qrels)}
+    assert got == expected
+
+
+def test_s3_input_and_output_on_moto(csn_root, moto_s3):
+    root, urls = csn_root
+    bucket = moto_s3.create_bucket("santa-preprocess")
+    for path in root.rglob("*.jsonl.gz"):
+        storage.write_bytes(f"{bucket}/csn/{path.relative_to(root)}", path.read_bytes())
+    report = run_preprocess(
+        PreprocessConfig(dataset="codesearchnet", input=f"{bucket}/csn",
+                         output=f"{bucket}/out", languages=("python", "ruby"))
+    )
+    table = read_pairs(f"{bucket}/out")
+    assert table.num_rows == report["rows_written"] > 0
+    assert set(table.column("language").to_pylist()) == {"python", "ruby"}
+    assert storage.read_json(f"{bucket}/out/report.json")["rows_written"] == table.num_rows
+
+
+def test_shared_fixtures_ruby_and_advtest(shared_fixtures, tmp_path):
+    report = run_preprocess(
+        PreprocessConfig(dataset="codesearchnet", input=str(shared_fixtures / "csn" / "ruby"),
+                         output=str(tmp_path / "ruby"), split="valid")
+    )
+    with gzip.open(shared_fixtures / "csn" / "ruby" / "valid.jsonl.gz") as handle:
+        total = sum(1 for _ in handle)
+    assert report["rows_read"] == total == 1400
+    assert report["rows_written"] > 1300
+    assert_accounted(report)
+    assert 0.1 < report["entity_ratio"]["ruby"] < 0.6
+    adv = run_preprocess(
+        PreprocessConfig(dataset="advtest", input=str(shared_fixtures / "advtest"),
+                         output=str(tmp_path / "adv"), stage="eval")
+    )
+    assert adv["rows_read"] == 100 and adv["rows_written"] > 90

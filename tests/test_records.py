@@ -1,0 +1,177 @@
+"""Record parsing, validation and pair construction, without Ray."""
+
+import json
+
+import pytest
+
+from santa.data.readers import language_from_path, split_from_path
+from santa.data.records import (
+    DropRow,
+    PairOptions,
+    Reason,
+    build_code_pair,
+    build_product_judgment_row,
+    build_product_pretrain_pair,
+    normalize_advtest,
+    normalize_codesearchnet,
+    parse_json_line,
+)
+from santa.masking import fill_sentinels
+from tests.conftest import needs_tagger
+from tests.datagen import other_language_records, stdlib_python_records
+
+PYTHON_RECORD = {
+    "repo": "r",
+    "path": "p.py",
+    "func_name": "add",
+    "original_string": "",
+    "language": "python",
+    "code": 'def add(a, b):\n    """Add two numbers.\n\n    More text.\n    """\n    return a + b\n',
+    "code_tokens": [],
+    "docstring": "Add two numbers.\n\nMore text.",
+    "docstring_tokens": ["Add", "two", "numbers", "."],
+    "url": "https://x/add",
+    "partition": "train",
+}
+
+
+def reason_of(call) -> str:
+    with pytest.raises(DropRow) as caught:
+        call()
+    return caught.value.reason
+
+
+def test_parse_json_line_reasons():
+    assert parse_json_line(b'{"a": 1}') == {"a": 1}
+    assert reason_of(lambda: parse_json_line(b'{"a": ')) == Reason.MALFORMED_JSON
+    assert reason_of(lambda: parse_json_line(b"[1, 2]")) == Reason.MALFORMED_JSON
+    assert reason_of(lambda: parse_json_line(b'{"a": "\xff"}')) == Reason.UNDECODABLE_BYTES
+
+
+def test_normalize_fills_every_csn_field_and_rejects_missing_code():
+    record = normalize_codesearchnet({"code": "x", "docstring": "d", "language": "Go"})
+    assert record["language"] == "go" and record["url"].startswith("sha:")
+    assert record["code_tokens"] == [] and record["original_string"] == "x"
+    assert reason_of(lambda: normalize_codesearchnet({"docstring": "d", "language": "go"})) == (
+        Reason.MISSING_FIELD
+    )
+
+
+def test_code_pretrain_pair_masks_identifiers_and_round_trips():
+    row = build_code_pair(dict(PYTHON_RECORD), "codesearchnet", PairOptions())
+    assert row["query"] == "Add two numbers."
+    assert '"""' not in row["document"] and "return a + b" in row["document"]
+    assert row["entities"] == ["add", "a", "b"]
+    assert row["masked_document"].startswith("def <extra_id_0>(<extra_id_1>, <extra_id_2>):")
+    assert row["mep_target"] == "<extra_id_0> add <extra_id_1> a <extra_id_2> b"
+    assert fill_sentinels(row["masked_document"], row["mep_target"]) == row["document"]
+    assert 0 < row["num_masked_tokens"] < row["num_tokens"]
+
+
+def test_finetune_uses_docstring_tokens_and_skips_masking():
+    row = build_code_pair(dict(PYTHON_RECORD), "codesearchnet", PairOptions(stage="finetune"))
+    assert row["query"] == "Add two numbers ."
+    assert row["masked_document"] == "" and row["entities"] == []
+
+
+def test_span_masking_keeps_the_entity_rate():
+    entity = build_code_pair(dict(PYTHON_RECORD), "codesearchnet", PairOptions())
+    span = build_code_pair(dict(PYTHON_RECORD), "codesearchnet", PairOptions(mask="span"))
+    assert span["num_masked_tokens"] == entity["num_masked_tokens"]
+    assert fill_sentinels(span["masked_document"], span["mep_target"]) == span["document"]
+
+
+@pytest.mark.parametrize("language", ["java", "go", "javascript", "ruby", "php"])
+def test_other_languages_build_pairs(language):
+    for record in other_language_records(language, count=3):
+        row = build_code_pair(normalize_codesearchnet(record), "codesearchnet", PairOptions())
+        assert row["entities"], row
+        assert fill_sentinels(row["masked_document"], row["mep_target"]) == row["document"]
+
+
+def test_real_stdlib_records_build_pairs():
+    records = stdlib_python_records(limit=50)
+    rows = [build_code_pair(r, "source", PairOptions()) for r in records]
+    assert all(r["query"] and r["mep_target"] for r in rows)
+    assert all(fill_sentinels(r["masked_document"], r["mep_target"]) == r["document"] for r in rows)
+
+
+def test_code_pair_drop_reasons():
+    options = PairOptions(max_document_chars=50)
+    empty = dict(PYTHON_RECORD, docstring="", docstring_tokens=[])
+    assert reason_of(lambda: build_code_pair(empty, "c", PairOptions())) == Reason.EMPTY_DOCSTRING
+    long = dict(PYTHON_RECORD, code=PYTHON_RECORD["code"] + "    x = 1\n" * 20)
+    assert reason_of(lambda: build_code_pair(long, "c", options)) == Reason.TOO_LONG
+    sentinel = dict(PYTHON_RECORD, code=PYTHON_RECORD["code"] + "    '<extra_id_3>'\n")
+    assert reason_of(lambda: build_code_pair(sentinel, "c", PairOptions())) == (
+        Reason.SENTINEL_IN_TEXT
+    )
+    cobol = dict(PYTHON_RECORD, language="cobol")
+    assert reason_of(lambda: build_code_pair(cobol, "c", PairOptions())) == (
+        Reason.UNSUPPORTED_LANGUAGE
+    )
+    garbage = dict(PYTHON_RECORD, language="java", code="\x00\x01 ))) }}} ((( ;;; ### @@@ !!!")
+    assert reason_of(lambda: build_code_pair(garbage, "c", PairOptions())) == (
+        Reason.UNPARSABLE_CODE
+    )
+
+
+def test_advtest_test_records_map_to_csn_fields():
+    record = normalize_advtest(
+        {
+            "url": "u",
+            "function": 'def Func(arg_0):\n    """Doc."""\n    return arg_0',
+            "docstring_tokens": ["Doc", "."],
+            "identifier": "m.f",
+        }
+    )
+    assert record["code"].startswith("def Func") and record["language"] == "python"
+    row = build_code_pair(record, "advtest", PairOptions(stage="eval"))
+    assert row["query"] == "Doc ." and "Doc." not in row["document"]
+    train = normalize_advtest(json.loads(json.dumps(PYTHON_RECORD)))
+    assert train["func_name"] == "add"
+
+
+@needs_tagger
+def test_product_pretrain_pair_masks_title_nouns():
+    product = {
+        "product_id": "B1",
+        "product_title": "Acme Coffee Grinder with Travel Pouch",
+        "product_description": "<p>Store the <b>grinder</b> &amp; beans in the pouch.</p>",
+        "product_bullet_point": "FAST: grinds in seconds\nQUIET: low noise",
+        "product_locale": "us",
+    }
+    row = build_product_pretrain_pair(product, PairOptions())
+    assert row["document"] == "Store the grinder & beans in the pouch."
+    assert row["query"] in ("FAST: grinds in seconds", "QUIET: low noise")
+    assert set(row["entities"]) == {"grinder", "pouch"}
+    assert fill_sentinels(row["masked_document"], row["mep_target"]) == row["document"]
+    again = build_product_pretrain_pair(product, PairOptions())
+    assert again["query"] == row["query"]
+    no_bullets = dict(product, product_bullet_point="")
+    assert reason_of(lambda: build_product_pretrain_pair(no_bullets, PairOptions())) == (
+        Reason.EMPTY_DOCSTRING
+    )
+
+
+def test_product_judgment_grades():
+    example = {"query": "q", "query_id": 7, "product_id": "B1", "product_title": "T",
+               "product_description": "d", "product_bullet_point": "b", "product_locale": "us"}
+    grades = {
+        label: build_product_judgment_row(dict(example, esci_label=label), PairOptions())["label"]
+        for label in "ESCI"
+    }
+    assert grades == {"E": 3, "S": 2, "C": 1, "I": 0}
+    bad = dict(example, esci_label="X")
+    assert reason_of(lambda: build_product_judgment_row(bad, PairOptions())) == (
+        Reason.MISSING_FIELD
+    )
+
+
+def test_split_and_language_from_path():
+    assert split_from_path("csn/python/final/jsonl/train/python_train_0.jsonl.gz") == "train"
+    assert split_from_path("advtest/test_sample.jsonl") == "test"
+    assert split_from_path("cosqa/cosqa-dev.json") == "valid"
+    assert split_from_path("data/functions.jsonl") == ""
+    assert language_from_path("csn/ruby/final/jsonl/valid/x.jsonl.gz") == "ruby"
+    assert language_from_path("data/functions.jsonl") == ""

@@ -1,0 +1,35 @@
+import pytest
+
+from santa import storage
+
+
+def test_local_roundtrip_and_listing(tmp_path):
+    storage.write_json(str(tmp_path / "a" / "b.json"), {"x": 1})
+    storage.write_bytes(str(tmp_path / "a" / "c.jsonl.gz"), b"zz")
+    storage.write_bytes(str(tmp_path / "a" / "_hidden.jsonl"), b"")
+    assert storage.read_json(str(tmp_path / "a" / "b.json")) == {"x": 1}
+    assert storage.list_files(str(tmp_path), suffixes=(".jsonl.gz",)) == [
+        str(tmp_path / "a" / "c.jsonl.gz")
+    ]
+    assert storage.exists(str(tmp_path / "a"))
+    storage.delete_dir(str(tmp_path / "a"))
+    assert not storage.exists(str(tmp_path / "a"))
+
+
+def test_s3_roundtrip_on_moto(moto_s3):
+    bucket = moto_s3.create_bucket("storage-roundtrip")
+    storage.write_json(f"{bucket}/run/report.json", {"rows": 3})
+    storage.write_bytes(f"{bucket}/run/data/part-0.jsonl", b"{}\n")
+    assert storage.read_json(f"{bucket}/run/report.json") == {"rows": 3}
+    assert storage.list_files(f"{bucket}/run", suffixes=(".jsonl",)) == [
+        f"{bucket}/run/data/part-0.jsonl"
+    ]
+
+
+def test_missing_paths_raise_clear_errors(tmp_path, moto_s3):
+    with pytest.raises(storage.StorageError, match="no such file"):
+        storage.read_bytes(str(tmp_path / "absent.json"))
+    with pytest.raises(storage.StorageError, match="no such file or directory"):
+        storage.list_files(str(tmp_path / "absent"))
+    with pytest.raises(storage.StorageError):
+        storage.read_bytes("s3://no-such-bucket-here/x.json")
