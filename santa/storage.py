@@ -77,11 +77,15 @@ def _relative_parts(path: str, root: str) -> list[str]:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri``, creating parent directories."""
+    """Write ``data`` to ``uri`` as is, creating parent directories.
+
+    pyarrow would gzip a ``*.gz`` path on its own (``compression="detect"``); bytes are
+    written and read verbatim here.
+    """
     fs, path = resolve(uri)
     try:
         fs.create_dir(posixpath.dirname(path), recursive=True)
-        with fs.open_output_stream(path) as stream:
+        with fs.open_output_stream(path, compression=None) as stream:
             stream.write(data)
     except OSError as error:
         raise StorageError(f"cannot write {uri}: {error}") from error
@@ -91,7 +95,7 @@ def read_bytes(uri: str) -> bytes:
     """Read the whole file at ``uri``."""
     fs, path = resolve(uri)
     try:
-        with fs.open_input_stream(path) as stream:
+        with fs.open_input_stream(path, compression=None) as stream:
             return stream.readall()
     except FileNotFoundError as error:
         raise StorageError(f"no such file: {uri}") from error

@@ -18,8 +18,16 @@ import pyarrow.parquet as pq
 
 from santa.data.source import default_source_root, extract_functions
 
-STDLIB_MODULES = ("json/decoder.py", "json/encoder.py", "textwrap.py", "shlex.py", "csv.py",
-                  "fractions.py", "string.py", "calendar.py")
+STDLIB_MODULES = (
+    "json/decoder.py",
+    "json/encoder.py",
+    "textwrap.py",
+    "shlex.py",
+    "csv.py",
+    "fractions.py",
+    "string.py",
+    "calendar.py",
+)
 
 # CodeSearchNet's `code` for these languages excludes the doc comment, as here.
 OTHER_LANGUAGE_TEMPLATES = {
@@ -93,7 +101,9 @@ def write_jsonl_gz(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
-def write_csn_layout(root: Path, languages=("python", "java", "go", "javascript", "ruby", "php")) -> dict:
+def write_csn_layout(
+    root: Path, languages=("python", "java", "go", "javascript", "ruby", "php")
+) -> dict:
     """A CodeSearchNet tree ``{lang}/final/jsonl/{split}/*.jsonl.gz``; returns url sets."""
     urls: dict[str, set[str]] = {"train": set(), "valid": set(), "test": set()}
     for language in languages:
@@ -102,13 +112,18 @@ def write_csn_layout(root: Path, languages=("python", "java", "go", "javascript"
         else:
             records = other_language_records(language, count=30)
         cut_valid, cut_test = int(len(records) * 0.7), int(len(records) * 0.85)
-        parts = {"train": records[:cut_valid], "valid": records[cut_valid:cut_test],
-                 "test": records[cut_test:]}
+        parts = {
+            "train": records[:cut_valid],
+            "valid": records[cut_valid:cut_test],
+            "test": records[cut_test:],
+        }
         for split, part in parts.items():
             for record in part:
                 record["partition"] = split
                 urls[split].add(record["url"])
-            write_jsonl_gz(root / language / "final" / "jsonl" / split / f"{language}_{split}_0.jsonl.gz", part)
+            write_jsonl_gz(
+                root / language / "final" / "jsonl" / split / f"{language}_{split}_0.jsonl.gz", part
+            )
     return urls
 
 
@@ -116,7 +131,9 @@ def write_bad_input(path: Path, good: list[dict[str, Any]]) -> dict[str, int]:
     """A JSONL file mixing good records with one bad row per reason; returns the counts."""
     huge = dict(good[0], url="https://example.com/huge", code="def f():\n" + "    x = 1\n" * 5000)
     missing_code = {k: v for k, v in good[1].items() if k != "code"}
-    empty_doc = dict(good[2], url="https://example.com/empty-doc", docstring="", docstring_tokens=[])
+    empty_doc = dict(
+        good[2], url="https://example.com/empty-doc", docstring="", docstring_tokens=[]
+    )
     lines: list[bytes] = [json.dumps(record).encode() for record in good]
     lines.insert(1, json.dumps(good[3])[:40].encode())  # truncated JSON line
     lines.insert(3, json.dumps(missing_code).encode())
@@ -161,8 +178,14 @@ def write_esci(root: Path, seed: int = 0) -> dict[str, Any]:
     """ESCI parquet files in the exact schema: products and judged examples."""
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
-    kinds = [("Wireless Mouse", "mouse"), ("Coffee Grinder", "grinder"), ("Yoga Mat", "mat"),
-             ("Desk Lamp", "lamp"), ("Water Bottle", "bottle"), ("Phone Case", "case")]
+    kinds = [
+        ("Wireless Mouse", "mouse"),
+        ("Coffee Grinder", "grinder"),
+        ("Yoga Mat", "mat"),
+        ("Desk Lamp", "lamp"),
+        ("Water Bottle", "bottle"),
+        ("Phone Case", "case"),
+    ]
     products = []
     for index in range(24):
         name, noun = kinds[index % len(kinds)]
@@ -178,19 +201,27 @@ def write_esci(root: Path, seed: int = 0) -> dict[str, Any]:
                 "product_bullet_point": (
                     f"DURABLE {noun.upper()}: made from recycled materials\n"
                     f"PORTABLE: the pouch keeps the {noun} clean\nWARRANTY: two years"
-                ) if index % 7 else "",
+                )
+                if index % 7
+                else "",
                 "product_brand": "Acme",
                 "product_color": rng.choice(["black", "red", None]),
                 "product_locale": locale,
             }
         )
     examples = []
-    queries = [("wireless mouse for laptop", "mouse"), ("burr coffee grinder", "grinder"),
-               ("thick yoga mat", "mat"), ("led desk lamp", "lamp")]
+    queries = [
+        ("wireless mouse for laptop", "mouse"),
+        ("burr coffee grinder", "grinder"),
+        ("thick yoga mat", "mat"),
+        ("led desk lamp", "lamp"),
+    ]
     example_id = 0
     for query_id, (query, noun) in enumerate(queries):
         split = "test" if query_id == 3 else "train"
-        for product in products[:20]:
+        # The test query judges its own products, so pretraining keeps the others.
+        judged = products[12:20] if split == "test" else products[:20]
+        for product in judged:
             example_id += 1
             label = "E" if noun in product["product_title"].lower() else rng.choice("SCI")
             examples.append(
@@ -208,13 +239,24 @@ def write_esci(root: Path, seed: int = 0) -> dict[str, Any]:
             )
     products_schema = pa.schema([(name, pa.string()) for name in products[0]])
     examples_schema = pa.schema(
-        [("example_id", pa.int64()), ("query", pa.string()), ("query_id", pa.int64()),
-         ("product_id", pa.string()), ("product_locale", pa.string()),
-         ("esci_label", pa.string()), ("small_version", pa.int64()),
-         ("large_version", pa.int64()), ("split", pa.string())]
+        [
+            ("example_id", pa.int64()),
+            ("query", pa.string()),
+            ("query_id", pa.int64()),
+            ("product_id", pa.string()),
+            ("product_locale", pa.string()),
+            ("esci_label", pa.string()),
+            ("small_version", pa.int64()),
+            ("large_version", pa.int64()),
+            ("split", pa.string()),
+        ]
     )
-    pq.write_table(pa.Table.from_pylist(products, products_schema),
-                   root / "shopping_queries_dataset_products.parquet")
-    pq.write_table(pa.Table.from_pylist(examples, examples_schema),
-                   root / "shopping_queries_dataset_examples.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(products, products_schema),
+        root / "shopping_queries_dataset_products.parquet",
+    )
+    pq.write_table(
+        pa.Table.from_pylist(examples, examples_schema),
+        root / "shopping_queries_dataset_examples.parquet",
+    )
     return {"products": products, "examples": examples}

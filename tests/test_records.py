@@ -155,8 +155,15 @@ def test_product_pretrain_pair_masks_title_nouns():
 
 
 def test_product_judgment_grades():
-    example = {"query": "q", "query_id": 7, "product_id": "B1", "product_title": "T",
-               "product_description": "d", "product_bullet_point": "b", "product_locale": "us"}
+    example = {
+        "query": "q",
+        "query_id": 7,
+        "product_id": "B1",
+        "product_title": "T",
+        "product_description": "d",
+        "product_bullet_point": "b",
+        "product_locale": "us",
+    }
     grades = {
         label: build_product_judgment_row(dict(example, esci_label=label), PairOptions())["label"]
         for label in "ESCI"

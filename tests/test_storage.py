@@ -33,3 +33,12 @@ def test_missing_paths_raise_clear_errors(tmp_path, moto_s3):
         storage.list_files(str(tmp_path / "absent"))
     with pytest.raises(storage.StorageError):
         storage.read_bytes("s3://no-such-bucket-here/x.json")
+
+
+def test_bytes_are_verbatim_even_for_gz_names(tmp_path):
+    import gzip
+
+    payload = gzip.compress(b'{"a": 1}\n')
+    storage.write_bytes(str(tmp_path / "x.jsonl.gz"), payload)
+    assert (tmp_path / "x.jsonl.gz").read_bytes() == payload
+    assert storage.read_bytes(str(tmp_path / "x.jsonl.gz")) == payload

