@@ -90,7 +90,7 @@ def run_ray(files: list[Path], cpus: int, workdir: Path) -> dict:
     code = f"""
 import json, time, ray
 t0 = time.perf_counter()
-ray.init(num_cpus={cpus}, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus={cpus}, include_dashboard=False, log_to_driver=False)
 startup = time.perf_counter() - t0
 from santa.data.pipeline import PreprocessConfig, run_preprocess
 t1 = time.perf_counter()

@@ -276,3 +276,67 @@ def test_shared_fixtures_ruby_and_advtest(shared_fixtures, tmp_path):
         )
     )
     assert adv["rows_read"] == 100 and adv["rows_written"] > 90
+
+
+@needs_tagger
+def test_shared_esci_fixture_eval_and_pretrain(shared_fixtures, tmp_path):
+    esci = shared_fixtures / "esci"
+    examples = pq.read_table(esci / "shopping_queries_dataset_examples.parquet").to_pylist()
+    report = run_preprocess(
+        PreprocessConfig(dataset="esci", input=str(esci), output=str(tmp_path / "e"), stage="eval")
+    )
+    expected = {
+        (str(e["query_id"]), e["product_id"]): {"E": 3, "S": 2, "C": 1, "I": 0}[e["esci_label"]]
+        for e in examples
+        if e["split"] == "test" and e["small_version"] == 1 and e["product_locale"] == "us"
+    }
+    qrels = storage.read_bytes(f"{tmp_path}/e/qrels/test.tsv").decode().splitlines()[1:]
+    assert {(q, d): int(s) for q, d, s in (line.split("\t") for line in qrels)} == expected
+    assert report["rows_written"] == len(expected)
+    corpus, queries = read_beir(str(tmp_path / "e"))
+    assert len(queries) == 1 and all(doc["title"] for doc in corpus)
+
+
+def test_preprocess_job_cli_starts_its_own_ray(tmp_path):
+    """The README's first command shape: `python -m ray_jobs.preprocess` on a laptop."""
+    import os
+    import subprocess
+    import sys
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "mod.py").write_text(
+        'def area(width, height):\n    """Return the area of a rectangle."""\n'
+        "    return width * height\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ray_jobs.preprocess",
+            "--dataset",
+            "source",
+            "--input",
+            str(tree),
+            "--output",
+            str(tmp_path / "out"),
+            "--split",
+            "train",
+            "--max-actors",
+            "1",
+            # A Ray of its own, not the session's test cluster.
+            "--address",
+            "local",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rows written" in proc.stdout
+    report = storage.read_json(str(tmp_path / "out" / "report.json"))
+    assert report["rows_read"] == 1
+    assert report["rows_written"] + report["filtered"].get("other_split", 0) == 1

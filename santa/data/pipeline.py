@@ -66,6 +66,8 @@ ESCI_EXAMPLE_COLUMNS = [
     "split",
 ]
 MISSING_PRODUCT = "missing_product"
+# Marks rows of held-out splits read only for their keys; reported as filtered other_split.
+HELDOUT_MARK = "__heldout__"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +101,7 @@ class PreprocessConfig:
     lines_per_block: int = 1_000
     num_cpus_per_actor: float = 1.0
     min_actors: int = 1
+    """Lower bound of the pool (Ray Data scales it up to ``max_actors`` as CPUs free up)."""
     max_actors: int = 0
     """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -160,17 +163,22 @@ class CodePairBuilder:
         self,
         dataset: str,
         options: PairOptions,
-        splits: tuple[str, ...],
+        split: str,
+        heldout_splits: tuple[str, ...],
         languages: tuple[str, ...],
-        accept_unknown_split: bool,
         root: str,
     ):
         self.root = root
         self.dataset = dataset
         self.options = options
-        self.splits = set(splits)
+        self.split = split
+        self.heldout_splits = set(heldout_splits)
+        self.heldout_options = PairOptions(
+            stage="eval",
+            max_query_chars=options.max_query_chars,
+            max_document_chars=options.max_document_chars,
+        )
         self.languages = set(languages)
-        self.accept_unknown_split = accept_unknown_split
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Process one batch of raw rows."""
@@ -195,12 +203,18 @@ class CodePairBuilder:
                     record = normalize_codesearchnet(record)
                 language = record["language"]
                 split = file_split or SPLIT_ALIASES.get(record["partition"].lower(), "")
-                if not (split in self.splits or (not split and self.accept_unknown_split)):
-                    raise DropRow(Reason.OTHER_SPLIT)
                 if self.languages and language not in self.languages:
                     raise DropRow(Reason.OTHER_LANGUAGE)
-                row = build_code_pair(record, self.dataset, self.options)
-                row["drop_reason"] = ""
+                if split in self.heldout_splits:
+                    # Only the keys of a held-out row are needed, to keep it out of training.
+                    row = build_code_pair(record, self.dataset, self.heldout_options)
+                    row["drop_reason"] = HELDOUT_MARK
+                elif split in (self.split, ""):
+                    # A file of unknown split belongs to the split asked for.
+                    row = build_code_pair(record, self.dataset, self.options)
+                    row["drop_reason"] = ""
+                else:
+                    raise DropRow(Reason.OTHER_SPLIT)
             except DropRow as drop:
                 row = {"language": language, "drop_reason": drop.reason}
             row["row_key"] = f"{path}:{line_number:010d}"
@@ -299,6 +313,11 @@ class ProductJudgmentBuilder:
 # ----------------------------------------------------------------------------- driver
 
 
+# Reads are I/O and decompression: they take no CPU slot, so that the parser actors (one per
+# CPU) can never starve them, with a bounded number in flight.
+_READ_ARGS = {"num_cpus": 0, "concurrency": 4}
+
+
 def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
     from santa.ray_utils import cluster_cpus
 
@@ -340,13 +359,16 @@ def _source_files(config: PreprocessConfig) -> list[str]:
     return files
 
 
-def _code_work_dataset(
-    config: PreprocessConfig, splits: tuple[str, ...], stage: str, accept_unknown: bool
-) -> ray.data.Dataset | None:
-    """Raw rows of the requested splits, built into pair rows by an actor pool."""
+def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
+    """Pair rows of the requested split, plus key-only rows of the held-out splits.
+
+    Held-out splits are read in the same pass (not a second one) so that training output
+    can be checked against them; evaluation output needs no such check.
+    """
+    heldout = _heldout_splits(config)
     if config.dataset == "source":
         files = _source_files(config)
-        raw = ray.data.read_binary_files(files, include_paths=True).map_batches(
+        raw = ray.data.read_binary_files(files, include_paths=True, **_READ_ARGS).map_batches(
             extract_source_records,
             fn_kwargs={"root": config.input, "repo": "local"},
             batch_size=16,
@@ -355,24 +377,29 @@ def _code_work_dataset(
     else:
         # Files whose name says another split are not read; files of unknown split are
         # read and their rows selected by the records' own `partition` field.
+        wanted = (config.wanted_split, *heldout, "")
         files = [
             f
             for f in _code_files(config)
-            if split_from_path(relative_path(f, config.input)) in (*splits, "")
+            if split_from_path(relative_path(f, config.input)) in wanted
         ]
-        if not files:
-            return None
+        if not any(
+            split_from_path(relative_path(f, config.input)) in (config.wanted_split, "")
+            for f in files
+        ):
+            raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
         raw = ray.data.read_datasource(
-            JsonLinesDatasource(files, root=config.input, lines_per_block=config.lines_per_block)
+            JsonLinesDatasource(files, root=config.input, lines_per_block=config.lines_per_block),
+            **_READ_ARGS,
         )
     return raw.map_batches(
         CodePairBuilder,
         fn_constructor_kwargs={
             "dataset": config.dataset,
-            "options": config.pair_options(stage),
-            "splits": splits,
+            "options": config.pair_options(),
+            "split": config.wanted_split,
+            "heldout_splits": heldout,
             "languages": config.languages,
-            "accept_unknown_split": accept_unknown,
             "root": config.input,
         },
         **_actor_pool(config),
@@ -387,7 +414,7 @@ def _read_examples(config: PreprocessConfig) -> pa.Table:
 
 def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     uri = storage.join(config.input, "shopping_queries_dataset_products.parquet")
-    return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS)
+    return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS)
 
 
 def _select_examples(config: PreprocessConfig, examples: pa.Table) -> tuple[pa.Table, Counter]:
@@ -408,34 +435,25 @@ def _select_examples(config: PreprocessConfig, examples: pa.Table) -> tuple[pa.T
     return pa.Table.from_pandas(keep, preserve_index=False), filtered
 
 
-def _heldout_keys(config: PreprocessConfig) -> tuple[set[str], set[str]]:
-    """Document ids and duplicate keys of the splits a training run must never see."""
+def _heldout_splits(config: PreprocessConfig) -> tuple[str, ...]:
+    """The splits a training run must never see (none for evaluation)."""
     if config.stage == "eval":
-        return set(), set()
-    heldout = tuple(s for s in ("train", "valid", "test") if s != config.wanted_split)
-    if config.dataset == "esci":
-        if config.stage != "pretrain":
-            return set(), set()  # ESCI splits by query: judgments cannot leak across splits
-        frame = _read_examples(config).to_pandas()
-        ids = set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
-        return ids, set()
-    work = _code_work_dataset(config, heldout, stage="eval", accept_unknown=False)
-    if work is None:
-        return set(), set()
-    frame = work.select_columns(["doc_id", "dedup_key", "drop_reason"]).to_pandas()
-    frame = frame[frame["drop_reason"] == ""]
-    return set(frame["doc_id"]), set(frame["dedup_key"])
+        return ()
+    return tuple(s for s in ("train", "valid", "test") if s != config.wanted_split)
 
 
-class _DropKeys:
-    """Filters out rows whose ``row_key`` is in a (broadcast) set."""
+def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
+    """Products judged in another split: product pretraining must not see them."""
+    if config.stage != "pretrain":
+        return set()  # ESCI splits by query: judgments cannot leak across splits
+    frame = _read_examples(config).to_pandas()
+    return set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
 
-    def __init__(self, keys: set[str]):
-        self.keys = keys
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        keep = [key not in self.keys for key in batch.column("row_key").to_pylist()]
-        return batch.filter(pa.array(keep, pa.bool_()))
+def _drop_keys(batch: pa.Table, keys: set[str]) -> pa.Table:
+    """Ray Data function: remove rows whose ``row_key`` is in ``keys``."""
+    keep = [key not in keys for key in batch.column("row_key").to_pylist()]
+    return batch.filter(pa.array(keep, pa.bool_()))
 
 
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
@@ -461,10 +479,9 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
                 **_actor_pool(config),
             )
     else:
-        work = _code_work_dataset(config, (config.wanted_split,), config.stage, accept_unknown=True)
-        if work is None:
-            raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
+        work = _code_work_dataset(config)
     work = work.materialize()
+    phases = {"process_s": time.time() - started}
 
     summary = work.select_columns(
         [
@@ -477,8 +494,14 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
             "num_masked_tokens",
         ]
     ).to_pandas()
-    heldout_ids, heldout_dedup = _heldout_keys(config)
+    phases["summary_s"] = time.time() - started - sum(phases.values())
+    heldout_rows = summary["drop_reason"] == HELDOUT_MARK
+    heldout_ids = set(summary.loc[heldout_rows, "doc_id"]) - {""}
+    heldout_dedup = set(summary.loc[heldout_rows, "dedup_key"]) - {""}
+    if config.dataset == "esci":
+        heldout_ids = _esci_heldout_products(config)
     report_rows = summary.copy()
+    report_rows.loc[heldout_rows, "drop_reason"] = Reason.OTHER_SPLIT
     kept = report_rows["drop_reason"] == ""
     if heldout_ids or heldout_dedup:
         leak = kept & (
@@ -497,12 +520,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
 
     final = work.filter(expr=ray.data.expressions.col("drop_reason") == "")
     if removed:
-        final = final.map_batches(
-            _DropKeys,
-            fn_constructor_kwargs={"keys": removed},
-            batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=1),
-        )
+        final = final.map_batches(_drop_keys, fn_kwargs={"keys": removed}, batch_format="pyarrow")
     final = final.select_columns(PAIR_SCHEMA.names)
     if config.stage == "eval":
         written = write_beir(final, config.output, config.wanted_split)
@@ -518,7 +536,9 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
             pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
         written = None
 
+    phases["write_s"] = time.time() - started - sum(phases.values())
     report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)
+    report["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
     if written is not None:
         report["beir"] = written
     storage.write_json(storage.join(config.output, "report.json"), report)

@@ -1,0 +1,27 @@
+"""Fine-tune a dual encoder with the DR loss (in-batch negatives) on query–document pairs.
+
+    python -m ray_jobs.finetune --recipe tiny --data runs/csn-finetune --storage runs/ckpt \\
+        --name ft --init-checkpoint runs/ckpt/demo/checkpoint_.../model
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ray_jobs.train_cli import build_parser, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse → fit → report."""
+    parser = build_parser("python -m ray_jobs.finetune", __doc__)
+    parser.add_argument(
+        "--init-checkpoint",
+        default="",
+        help="warm start: a model folder or checkpoint's model/ (local or s3://)",
+    )
+    args = parser.parse_args(argv)
+    return run(args, stage="finetune", warm_start=args.init_checkpoint)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

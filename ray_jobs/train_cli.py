@@ -1,0 +1,71 @@
+"""Shared command line of the training jobs (pretrain and finetune)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from santa.config import RECIPES, get_recipe
+from santa.train.trainer import RunSpec
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every training job takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
+    parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
+    parser.add_argument("--storage", required=True, help="checkpoints: local path or s3://")
+    parser.add_argument("--name", required=True, help="run name (same name = resume)")
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
+    parser.add_argument("--cpus-per-worker", type=float, default=0.0)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--max-failures", type=int, default=1)
+    parser.add_argument("--num-to-keep", type=int, default=2)
+    parser.add_argument(
+        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. train.learning_rate=1e-4",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
+    """Build the config and run spec from ``args``, train, and print the result."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    overrides = [f"train.stage={stage}", f"train.num_workers={args.num_workers}"]
+    if args.gpu:
+        overrides.append("train.use_gpu=true")
+    if args.max_steps:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    config = get_recipe(args.recipe).with_overrides([*overrides, *args.overrides])
+    spec = RunSpec(
+        data=args.data,
+        storage=args.storage,
+        name=args.name,
+        num_workers=args.num_workers,
+        use_gpu=args.gpu,
+        cpus_per_worker=args.cpus_per_worker,
+        max_failures=args.max_failures,
+        num_to_keep=args.num_to_keep,
+        warm_start=warm_start,
+    )
+    from santa.ray_utils import init_ray
+    from santa.train.trainer import fit
+
+    init_ray(args.address)
+    result = fit(config, spec)
+    print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
+    if result.checkpoint is not None:
+        print(f"checkpoint: {result.checkpoint.path}")
+    if result.error is not None:
+        print(f"error: {result.error}")
+        return 1
+    return 0

@@ -1,0 +1,431 @@
+"""The dual encoder: one shared backbone embeds queries and documents.
+
+T5 family (T5, CodeT5, mT5): the embedding is the last decoder layer's hidden state at
+position 0 with the decoder fed the single ``decoder_start_token_id`` (SANTA / OpenMatch).
+Because the decoder is causal, position 0 cannot see the decoder inputs after it, so one
+pass over a masked document with the MEP target as ``labels`` gives both the MEP loss and
+the same embedding :meth:`DualEncoder.encode` gives for that input.
+
+Encoder-only (BERT, RoBERTa, MiniLM): CLS or attention-mask-aware mean pooling; SDA/DR
+loss only.
+
+Single-device code: parallelism (DDP, gathering) lives in the training loop and in
+:mod:`santa.distributed`; nothing here calls ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+from santa import losses, storage
+from santa.config import ModelConfig, SantaConfig
+
+__all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
+
+SANTA_CONFIG_FILE = "santa_config.json"
+# Encoder-decoder families whose stacks and LM head follow T5ForConditionalGeneration
+# (CodeT5 checkpoints are model_type "t5").
+T5_MODEL_TYPES = ("t5", "mt5", "umt5")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.json")
+
+
+@dataclass
+class DualEncoderOutput:
+    """What one training forward pass produces (a dataclass, so DDP finds its tensors)."""
+
+    query_embeddings: torch.Tensor  # (batch, dim)
+    doc_embeddings: torch.Tensor | None = None  # (batch, dim)
+    hard_negative_embeddings: torch.Tensor | None = None  # (batch * n, dim)
+    mep_loss: torch.Tensor | None = None  # scalar
+
+
+class DualEncoder(nn.Module):
+    """A shared backbone that maps token ids to one vector per sequence."""
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        model_config: ModelConfig,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        super().__init__()
+        is_seq2seq = bool(getattr(backbone.config, "is_encoder_decoder", False))
+        if model_config.kind == "t5":
+            model_type = backbone.config.model_type
+            if not is_seq2seq or model_type not in T5_MODEL_TYPES:
+                raise ValueError(
+                    f"kind='t5' needs a T5-family encoder-decoder ({T5_MODEL_TYPES}), "
+                    f"got model_type={model_type!r}"
+                )
+        elif is_seq2seq:
+            raise ValueError("kind='encoder' needs an encoder-only backbone (BERT, RoBERTa, ...)")
+        elif getattr(backbone, "pooler", None) is not None:
+            # BERT's pooler (a tanh layer over CLS) feeds neither CLS nor mean pooling; left
+            # in, its parameters never get gradients and DDP waits for them forever.
+            backbone.pooler = None
+        self.backbone = backbone
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        if model_config.gradient_checkpointing:
+            self.gradient_checkpointing_enable()
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def is_t5(self) -> bool:
+        """Whether the backbone is a T5-family encoder-decoder (MEP is possible)."""
+        return self.model_config.kind == "t5"
+
+    @property
+    def embedding_dim(self) -> int:
+        """Size of the vectors :meth:`encode` returns."""
+        config = self.backbone.config
+        return config.d_model if self.is_t5 else config.hidden_size
+
+    @property
+    def embed_unmasked_document(self) -> bool:
+        """Whether document embeddings come from a separate pass over the unmasked text."""
+        return self.model_config.embed_unmasked_document
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        """The token the T5 decoder starts from (T5 and CodeT5: the pad token, id 0)."""
+        config = self.backbone.config
+        start = config.decoder_start_token_id
+        if start is None:
+            start = config.pad_token_id  # T5's convention when the config leaves it out
+        if start is None:
+            raise ValueError("the backbone config has neither decoder_start_token_id nor pad")
+        return int(start)
+
+    # ----------------------------------------------------------------- encoding
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Embed a batch of sequences: ``(batch, length)`` ids → ``(batch, dim)``."""
+        if self.is_t5:
+            batch = input_ids.shape[0]
+            start = torch.full(
+                (batch, 1), self.decoder_start_token_id, dtype=torch.long, device=input_ids.device
+            )  # (batch, 1)
+            hidden = self._t5_decoder_states(input_ids, attention_mask, start)  # (batch, 1, dim)
+            return hidden[:, 0]
+        return self._pool_encoder(input_ids, attention_mask)
+
+    def encode_with_mep(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over a masked document: ``(embeddings (batch, dim), MEP loss)``.
+
+        ``labels`` ``(batch, target_length)`` are the target ids
+        ``<extra_id_0> ent_0 ... </s>``, padded with the pad token or ``-100`` (both ignored
+        by the loss). The decoder input is ``labels`` shifted right, so position 0 is
+        ``decoder_start_token_id`` and its last-layer state is exactly :meth:`encode`'s.
+        """
+        if not self.is_t5:
+            raise ValueError(
+                "MEP needs a T5-family backbone: encoder-only backbones train with the "
+                "SDA/DR loss only (set train.mep_weight=0)"
+            )
+        pad_id = self.backbone.config.pad_token_id
+        loss_labels = labels.masked_fill(labels == pad_id, -100)  # (batch, target_length)
+        decoder_input_ids = self._shift_right(loss_labels)  # (batch, target_length)
+        hidden = self._t5_decoder_states(input_ids, attention_mask, decoder_input_ids)
+        logits = self._lm_logits(hidden)  # (batch, target_length, vocab)
+        return hidden[:, 0], losses.mep_loss(logits, loss_labels)
+
+    def similarity(
+        self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores ``(queries, docs)`` by the configured similarity and temperature."""
+        return losses.similarity_scores(
+            query_embeddings,
+            doc_embeddings,
+            similarity=self.model_config.similarity,
+            temperature=self.model_config.temperature,
+        )
+
+    def forward(
+        self,
+        query_input_ids: torch.Tensor,
+        query_attention_mask: torch.Tensor,
+        document_input_ids: torch.Tensor | None = None,
+        document_attention_mask: torch.Tensor | None = None,
+        masked_document_input_ids: torch.Tensor | None = None,
+        masked_document_attention_mask: torch.Tensor | None = None,
+        mep_labels: torch.Tensor | None = None,
+        hard_negative_input_ids: torch.Tensor | None = None,
+        hard_negative_attention_mask: torch.Tensor | None = None,
+    ) -> DualEncoderOutput:
+        """Everything one training step needs, in one call (so DDP sees one forward).
+
+        With ``mep_labels``, the masked document gives the MEP loss and, unless
+        ``embed_unmasked_document``, the document embeddings too (one pass). Otherwise, or
+        in the two-pass variant, documents are embedded from ``document_*``.
+        """
+        output = DualEncoderOutput(self.encode(query_input_ids, query_attention_mask))
+        if mep_labels is not None:
+            if masked_document_input_ids is None or masked_document_attention_mask is None:
+                raise ValueError("mep_labels need masked_document_input_ids and its mask")
+            masked_embeddings, output.mep_loss = self.encode_with_mep(
+                masked_document_input_ids, masked_document_attention_mask, mep_labels
+            )
+            if not self.embed_unmasked_document:
+                output.doc_embeddings = masked_embeddings
+        if output.doc_embeddings is None and document_input_ids is not None:
+            if document_attention_mask is None:
+                raise ValueError("document_input_ids need document_attention_mask")
+            output.doc_embeddings = self.encode(document_input_ids, document_attention_mask)
+        if hard_negative_input_ids is not None:
+            if hard_negative_attention_mask is None:
+                raise ValueError("hard_negative_input_ids need hard_negative_attention_mask")
+            output.hard_negative_embeddings = self.encode(
+                hard_negative_input_ids, hard_negative_attention_mask
+            )
+        return output
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute activations in backward; non-reentrant, which works under DDP."""
+        kwargs = {"use_reentrant": False}
+        # transformers 5.x renamed it (the old name warns); 4.x only has the old one.
+        enable = getattr(self.backbone, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether activations are recomputed in the backward pass."""
+        return any(getattr(module, "gradient_checkpointing", False) for module in self.modules())
+
+    # ----------------------------------------------------------------- internals
+
+    def _t5_decoder_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Last decoder layer's states ``(batch, decoder_length, dim)``; no LM head."""
+        encoder_states = self.backbone.encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (batch, length, dim)
+        return self.backbone.decoder(
+            input_ids=decoder_input_ids,
+            encoder_hidden_states=encoder_states,
+            encoder_attention_mask=attention_mask,
+            use_cache=False,  # training and one-shot embedding: a KV cache only costs memory
+        ).last_hidden_state
+
+    def _shift_right(self, labels: torch.Tensor) -> torch.Tensor:
+        """Decoder inputs for teacher forcing: start token, then labels[:-1] (-100 → pad)."""
+        shifted = labels.new_full(labels.shape, self.backbone.config.pad_token_id)
+        shifted[:, 1:] = labels[:, :-1]
+        shifted[:, 0] = self.decoder_start_token_id
+        return shifted.masked_fill(shifted == -100, self.backbone.config.pad_token_id)
+
+    def _lm_logits(self, decoder_states: torch.Tensor) -> torch.Tensor:
+        """The LM head over decoder states, scaled as T5ForConditionalGeneration does."""
+        config = self.backbone.config
+        # Original T5 (and CodeT5) shares the output embedding and rescales by d_model^-0.5
+        # first; T5 v1.1 does not. transformers 5 names this scale_decoder_outputs,
+        # transformers 4 read it from tie_word_embeddings.
+        scale = getattr(config, "scale_decoder_outputs", None)
+        if scale is None:
+            scale = config.tie_word_embeddings
+        if scale:
+            decoder_states = decoder_states * (config.d_model**-0.5)
+        return self.backbone.lm_head(decoder_states)
+
+    def _pool_encoder(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (batch, length, dim)
+        if self.model_config.pooling == "cls":
+            return states[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)  # (batch, length, 1)
+        # Padding must not dilute the mean; clamp guards an all-padding row.
+        return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+    # ----------------------------------------------------------------- building and loading
+
+    @classmethod
+    def build_tiny(
+        cls, model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0
+    ) -> DualEncoder:
+        """A random-init T5 sized by ``model_config.tiny_*`` for ``tokenizer`` (seeded)."""
+        if model_config.kind != "t5":
+            raise ValueError("build_tiny builds a T5; set kind='t5'")
+        t5_config = T5Config(
+            vocab_size=len(tokenizer),
+            d_model=model_config.tiny_d_model,
+            d_kv=model_config.tiny_d_model // model_config.tiny_num_heads,
+            d_ff=model_config.tiny_d_ff,
+            num_layers=model_config.tiny_num_layers,
+            num_decoder_layers=model_config.tiny_num_layers,
+            num_heads=model_config.tiny_num_heads,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+        # A private RNG stream: the same seed gives the same weights whatever ran before,
+        # and the caller's global RNG state is left alone.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            backbone = T5ForConditionalGeneration(t5_config)
+        return cls(backbone, model_config, tokenizer)
+
+    @classmethod
+    def from_config(
+        cls,
+        model_config: ModelConfig,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        seed: int = 0,
+    ) -> DualEncoder:
+        """Build ``model_config.backbone``: a tiny T5 (needs ``tokenizer``) or a load."""
+        if model_config.is_tiny:
+            if tokenizer is None:
+                raise ValueError("the 'tiny' backbone needs a tokenizer (santa.tokenizer)")
+            return cls.build_tiny(model_config, tokenizer, seed=seed)
+        model = cls.from_pretrained(model_config.backbone, model_config)
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
+        return model
+
+    @classmethod
+    def from_pretrained(
+        cls, uri_or_name: str, model_config: ModelConfig | None = None
+    ) -> DualEncoder:
+        """Load from a local HF folder, an ``s3://`` URI, a santa checkpoint or a hub name.
+
+        The config comes from ``model_config`` if given, else from the folder's
+        ``santa_config.json`` (a santa checkpoint), else it is inferred from the HF config
+        (encoder-decoder → T5 with decoder-0 pooling; encoder-only → the pooling of a
+        sentence-transformers folder, else CLS). The tokenizer is loaded when the folder has
+        one (or from ``model_config.tokenizer``).
+        """
+        if storage.is_s3(uri_or_name):
+            with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
+                _download_dir(uri_or_name, local_dir)
+                return cls._load(local_dir, model_config)
+        return cls._load(uri_or_name, model_config)
+
+    @classmethod
+    def _load(cls, location: str, model_config: ModelConfig | None) -> DualEncoder:
+        is_local = os.path.isdir(location)
+        saved_config_path = Path(location) / SANTA_CONFIG_FILE
+        if model_config is None and is_local and saved_config_path.is_file():
+            model_config = ModelConfig.from_dict(json.loads(saved_config_path.read_text())["model"])
+        if model_config is None:
+            model_config = _infer_model_config(location)
+        auto_class = AutoModelForSeq2SeqLM if model_config.kind == "t5" else AutoModel
+        backbone = auto_class.from_pretrained(location)
+        return cls(backbone, model_config, _load_tokenizer(location, model_config, is_local))
+
+    def save_pretrained(self, uri: str, santa_config: SantaConfig | None = None) -> None:
+        """Write HF weights (safetensors), the tokenizer and ``santa_config.json`` to ``uri``.
+
+        The folder loads back with :meth:`from_pretrained` and with plain transformers
+        (``AutoModelForSeq2SeqLM`` / ``AutoModel`` and ``AutoTokenizer``). With
+        ``santa_config`` its train section is recorded too.
+        """
+        if storage.is_s3(uri):
+            with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
+                self._save_local(local_dir, santa_config)
+                _upload_dir(local_dir, uri)
+            return
+        self._save_local(uri, santa_config)
+
+    def _save_local(self, directory: str, santa_config: SantaConfig | None) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.backbone.save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+        if santa_config is None:
+            payload: dict[str, Any] = {"model": self.model_config.to_dict()}
+        else:
+            # The model section is this model's config, whatever the run config said.
+            payload = SantaConfig(model=self.model_config, train=santa_config.train).to_dict()
+        text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+        (Path(directory) / SANTA_CONFIG_FILE).write_text(text)
+
+
+def _infer_model_config(location: str) -> ModelConfig:
+    """A ModelConfig for a plain HF folder or hub name that has no santa_config.json."""
+    hf_config = AutoConfig.from_pretrained(location)
+    if getattr(hf_config, "is_encoder_decoder", False):
+        return ModelConfig(backbone=location, kind="t5")
+    return ModelConfig(
+        backbone=location, kind="encoder", pooling=_sentence_transformers_pooling(location)
+    )
+
+
+def _sentence_transformers_pooling(location: str) -> str:
+    """The pooling a sentence-transformers folder declares (``1_Pooling``), else CLS."""
+    pooling_file = Path(location) / "1_Pooling" / "config.json"
+    if pooling_file.is_file():
+        pooling = json.loads(pooling_file.read_text())
+        if pooling.get("pooling_mode_mean_tokens"):
+            return "mean"
+    return "cls"
+
+
+def _load_tokenizer(
+    location: str, model_config: ModelConfig, is_local: bool
+) -> PreTrainedTokenizerBase | None:
+    if is_local and any((Path(location) / name).is_file() for name in _TOKENIZER_FILES):
+        return AutoTokenizer.from_pretrained(location)
+    if model_config.tokenizer is not None:
+        return AutoTokenizer.from_pretrained(model_config.tokenizer)
+    if not is_local:
+        return AutoTokenizer.from_pretrained(location)  # a hub name: its own tokenizer
+    return None
+
+
+def _download_dir(uri: str, local_dir: str) -> None:
+    """Copy every file under an s3:// prefix into ``local_dir``, keeping relative paths."""
+    if not storage.exists(uri):
+        raise storage.StorageError(f"no model at {uri}")
+    filesystem, path = storage.resolve(uri)
+    try:
+        pafs.copy_files(
+            path,
+            local_dir,
+            source_filesystem=filesystem,
+            destination_filesystem=pafs.LocalFileSystem(),
+        )
+    except OSError as error:
+        raise storage.StorageError(f"cannot download {uri}: {error}") from error
+
+
+def _upload_dir(local_dir: str, uri: str) -> None:
+    """Copy every file of ``local_dir`` under an s3:// prefix, keeping relative paths."""
+    filesystem, path = storage.resolve(uri)
+    try:
+        pafs.copy_files(
+            local_dir,
+            path,
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=filesystem,
+        )
+    except OSError as error:
+        raise storage.StorageError(f"cannot upload to {uri}: {error}") from error

@@ -1,0 +1,1 @@
+"""Training: the streaming input pipeline, the per-worker loop and checkpoints."""

