@@ -315,17 +315,21 @@ class ProductJudgmentBuilder:
 
 # Reads are I/O and decompression: they take no CPU slot, so that the parser actors (one per
 # CPU) can never starve them, with a bounded number in flight.
-_READ_ARGS = {"num_cpus": 0, "concurrency": 4}
+_READ_ARGS = {"num_cpus": 0, "concurrency": 2}
 
 
-def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
+def _actor_pool(config: PreprocessConfig, start_all: bool = False) -> dict[str, Any]:
+    """Map arguments for a pool of pair-builder actors, one per cluster CPU by default.
+
+    ``start_all`` starts the whole pool at once (actor start-up takes seconds); only safe
+    when nothing upstream needs a CPU slot, i.e. behind our zero-CPU readers.
+    """
     from santa.ray_utils import cluster_cpus
 
     max_size = config.max_actors or max(1, int(cluster_cpus() / config.num_cpus_per_actor))
+    min_size = max_size if start_all else min(config.min_actors, max_size)
     return {
-        "compute": ray.data.ActorPoolStrategy(
-            min_size=min(config.min_actors, max_size), max_size=max_size
-        ),
+        "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,
         "batch_size": config.batch_size,
         "batch_format": "pyarrow",
@@ -402,7 +406,7 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
             "languages": config.languages,
             "root": config.input,
         },
-        **_actor_pool(config),
+        **_actor_pool(config, start_all=config.dataset != "source"),
     )
 
 

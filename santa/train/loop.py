@@ -142,13 +142,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     steps = total_steps(config, loop_config.get("train_rows"))
     warmup = int(math.ceil(config.train.warmup_ratio * steps))
     scheduler = linear_warmup_schedule(optimizer, warmup, steps)
-    state = {"step": 0, "epoch": 0, "batches_in_epoch": 0}
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "resumed_at": []}
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             state = load_training_state(directory, model, optimizer, scheduler)
+        state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
         logger.info("rank %d resumed at step %d", rank, state["step"])
+    # An interruption on purpose (a preemptible run's budget, or a test of resuming):
+    # train up to this step, checkpoint, and return; the schedule still spans `steps`.
+    stop_at = int(loop_config.get("stop_at_step") or steps)
 
     use_gpu = config.train.use_gpu and torch.cuda.is_available()
     # Without MEP the LM head gets no gradient; DDP must be told, or it waits for it.
@@ -167,8 +171,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     writer = _tensorboard_writer(loop_config) if rank == 0 else None
     per_worker = config.train.per_worker_batch_size()
     window: dict[str, list[float]] = {"loss": [], "loss_sda": [], "loss_mep": [], "time": []}
+    window_started = time.perf_counter()
 
-    while state["step"] < steps:
+    while state["step"] < min(steps, stop_at):
         skip = state["batches_in_epoch"]  # batches this epoch already trained before a resume
         for batch in shard.iter_torch_batches(
             batch_size=per_worker, drop_last=True, device=device, dtypes=torch.long
@@ -192,13 +197,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 window[key].append(float(losses[key].detach()))
             window["time"].append(time.perf_counter() - started)
 
-            last = state["step"] >= steps
+            last = state["step"] >= min(steps, stop_at)
             checkpoint_now = last or (
                 config.train.checkpoint_every and state["step"] % config.train.checkpoint_every == 0
             )
             if last or checkpoint_now or state["step"] % config.train.log_every == 0:
-                metrics = _window_metrics(window, state, scheduler, config)
+                metrics = _window_metrics(window, window_started, state, scheduler, config)
                 window = {key: [] for key in window}
+                window_started = time.perf_counter()
                 if writer is not None:
                     for key, value in metrics.items():
                         writer.add_scalar(f"train/{key}", value, state["step"])
@@ -215,8 +221,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         writer.close()
 
 
-def _window_metrics(window, state, scheduler, config: SantaConfig) -> dict[str, float]:
-    step_time = sum(window["time"]) / max(1, len(window["time"]))
+def _window_metrics(window, started, state, scheduler, config: SantaConfig) -> dict[str, float]:
+    """Means over the steps since the last report; throughput includes waiting for data."""
+    import resource
+
+    steps = max(1, len(window["time"]))
+    step_time = sum(window["time"]) / steps
+    elapsed = time.perf_counter() - started
     return {
         "step": state["step"],
         "epoch": state["epoch"],
@@ -225,7 +236,8 @@ def _window_metrics(window, state, scheduler, config: SantaConfig) -> dict[str, 
         "loss_mep": float(np.mean(window["loss_mep"])),
         "learning_rate": float(scheduler.get_last_lr()[0]),
         "step_time_s": step_time,
-        "pairs_per_s": config.train.global_batch_size / step_time if step_time else 0.0,
+        "pairs_per_s": config.train.global_batch_size * steps / elapsed if elapsed else 0.0,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 

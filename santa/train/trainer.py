@@ -37,6 +37,8 @@ class RunSpec:
     num_to_keep: int = 2
     warm_start: str = ""
     """A model folder or checkpoint to start from (fine-tuning), instead of the backbone."""
+    stop_at_step: int = 0
+    """Stop (with a checkpoint) at this step though the schedule spans the whole run; 0: no."""
 
     @property
     def run_uri(self) -> str:
@@ -140,6 +142,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             "train_rows": rows,
             "torch_threads": max(1, int(cpus)),
             "tensorboard_dir": tensorboard_dir,
+            "stop_at_step": spec.stop_at_step,
         },
         scaling_config=ScalingConfig(
             num_workers=spec.num_workers,

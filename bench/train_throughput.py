@@ -1,0 +1,176 @@
+"""Benchmark: pairs/s of the Ray Train loop (2 workers) vs a plain single-process loop.
+
+    python bench/train_throughput.py [--steps 30] [--workdir /tmp/santa-train-bench]
+
+Same `tiny` model and initial weights, same lengths, global batch 128, same total thread
+count (plain loop: 2 torch threads; Ray: 2 workers x 1 thread), pretraining (SDA + MEP).
+Throughput is steady state: the first window of steps (warm-up, Ray Data start) is left
+out; Ray's fixed start-up is reported separately. Also peak RSS per worker, tiny and minilm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+from santa.config import get_recipe  # noqa: E402
+from santa.data.records import PairOptions, build_code_pair  # noqa: E402
+from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
+from santa.data.source import SourceRecords, default_source_root  # noqa: E402
+from santa.distributed import identity_gather  # noqa: E402
+from santa.model import DualEncoder  # noqa: E402
+from santa.train.data import tokenize_pairs  # noqa: E402
+from santa.train.loop import compute_losses  # noqa: E402
+from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings  # noqa: E402
+
+
+def build_pairs(workdir: Path, limit: int = 8000) -> str:
+    """Pretraining pairs from the standard library, as the preprocessing job writes them."""
+    data = workdir / "pairs"
+    if (data / "data" / "part-0.parquet").exists():
+        return str(data)
+    rows = []
+    for record in SourceRecords(default_source_root(), languages=["python"]):
+        try:
+            rows.append(
+                dict(build_code_pair(record, "source", PairOptions()), drop_reason="", row_key="")
+            )
+        except Exception:  # noqa: BLE001 - bad rows are irrelevant to a throughput benchmark
+            continue
+        if len(rows) >= limit:
+            break
+    (data / "data").mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows_to_table(rows).select(PAIR_SCHEMA.names), data / "data" / "part-0.parquet")
+    return str(data)
+
+
+def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> dict:
+    """The same step in one process: tokenize, forward, loss, backward, AdamW."""
+    torch.set_num_threads(2)
+    torch.manual_seed(config.train.seed)
+    model = DualEncoder.from_pretrained(init_model, config.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
+    table = pq.read_table(Path(data) / "data")
+    batch_size = config.train.global_batch_size
+    settings = tokenization_settings(config)
+    timings = []
+    for step in range(steps):
+        start = (step * batch_size) % (table.num_rows - batch_size)
+        started = time.perf_counter()
+        arrays = tokenize_pairs(
+            table.slice(start, batch_size), tokenizer_path=init_model, **settings
+        )
+        batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
+        losses = compute_losses(model, batch, config, identity_gather)
+        optimizer.zero_grad()
+        losses["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        timings.append(time.perf_counter() - started)
+    steady = timings[warmup:]
+    return {
+        "mode": "plain PyTorch, 1 process x 2 threads",
+        "pairs_per_s": batch_size * len(steady) / sum(steady),
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: int) -> dict:
+    """The Ray Train loop on 2 workers (0.5 CPU each, one CPU left to Ray Data)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = config.with_overrides(
+        [
+            f"train.max_steps={steps}",
+            f"train.log_every={window}",
+            f"train.checkpoint_every={window}",
+        ]
+    )
+    spec = RunSpec(
+        data=data,
+        storage=str(workdir / "runs"),
+        name=name,
+        num_workers=2,
+        cpus_per_worker=0.5,
+        num_to_keep=steps // window + 1,
+    )
+    started = time.perf_counter()
+    result = fit(config, spec)
+    wall = time.perf_counter() - started
+    if result.error is not None:
+        raise RuntimeError(result.error)
+    windows = [metrics for _, metrics in result.best_checkpoints][1:]  # drop the warm-up window
+    train_time = sum(window * config.train.global_batch_size / m["pairs_per_s"] for m in windows)
+    pairs = window * config.train.global_batch_size * len(windows)
+    first_window = wall - train_time
+    return {
+        "mode": "Ray Train, 2 workers x 1 thread",
+        "pairs_per_s": pairs / train_time,
+        "max_rss_mb": max(m["max_rss_mb"] for m in windows),
+        "wall_s": wall,
+        "startup_and_first_window_s": first_window,
+    }
+
+
+def main() -> None:
+    """Run both loops, print a table, save JSON."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-train-bench"))
+    parser.add_argument("--output", type=Path, default=Path("bench/results/train_throughput.json"))
+    parser.add_argument("--skip-minilm", action="store_true")
+    args = parser.parse_args()
+    data = build_pairs(args.workdir)
+    config = get_recipe("tiny").with_overrides(
+        ["train.global_batch_size=128", "train.num_workers=2"]
+    )
+    init_model = prepare_initial_model(
+        config, RunSpec(data=data, storage=str(args.workdir / "runs"), name="init")
+    )
+    results = [plain_loop(config, init_model, data, args.steps, args.window)]
+    print(f"plain: {results[0]['pairs_per_s']:.1f} pairs/s", flush=True)
+    config = config.with_overrides([f"model.backbone={init_model}"])
+    results.append(
+        ray_loop(config, data, args.workdir, f"tiny-{int(time.time())}", args.steps, args.window)
+    )
+    print(f"ray: {results[1]['pairs_per_s']:.1f} pairs/s", flush=True)
+    memory = {"tiny": results[1]["max_rss_mb"]}
+    if not args.skip_minilm:
+        minilm = get_recipe("minilm").with_overrides(
+            [
+                "train.global_batch_size=32",
+                "train.max_query_length=32",
+                "train.max_document_length=128",
+                "train.num_workers=2",
+            ]
+        )
+        memory["minilm"] = ray_loop(
+            minilm, data, args.workdir, f"minilm-{int(time.time())}", steps=6, window=3
+        )["max_rss_mb"]
+    base = results[0]["pairs_per_s"]
+    print("\n| loop | pairs/s | vs plain | peak RSS per process (MB) |")
+    print("|---|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['mode']} | {r['pairs_per_s']:.1f} | {r['pairs_per_s'] / base:.2f}x | {r['max_rss_mb']:.0f} |"
+        )
+    print(f"\nRay start-up + first window: {results[1]['startup_and_first_window_s']:.1f} s")
+    print("peak RSS per Ray worker (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"results": results, "worker_rss_mb": memory}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

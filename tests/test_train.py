@@ -1,0 +1,194 @@
+"""The distributed trainer on a local two-node Ray cluster: learning, resume, failures, S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from ranx import Qrels, Run, evaluate
+
+from santa import storage
+from santa.config import get_recipe
+from santa.data.records import PairOptions, build_code_pair
+from santa.data.schema import PAIR_SCHEMA, rows_to_table
+from santa.model import DualEncoder
+from santa.train.trainer import RunSpec, fit
+from tests.datagen import stdlib_python_records
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def tiny_config(**train):
+    overrides = [f"train.{key}={value}" for key, value in train.items()]
+    return get_recipe("tiny").with_overrides(
+        [
+            "train.global_batch_size=8",
+            "train.max_query_length=24",
+            "train.max_document_length=96",
+            "train.max_target_length=32",
+            "model.tiny_vocab_size=2000",
+            *overrides,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Pretraining pairs (train) and held-out dev pairs built from real stdlib functions."""
+    root = tmp_path_factory.mktemp("pairs")
+    rows = [build_code_pair(r, "source", PairOptions()) for r in stdlib_python_records()]
+    rows = [dict(row, drop_reason="", row_key="") for row in rows]
+    train, dev = rows[:-48], rows[-48:]
+    (root / "train" / "data").mkdir(parents=True)
+    table = rows_to_table(train).select(PAIR_SCHEMA.names)
+    pq.write_table(table, root / "train" / "data" / "part-0.parquet")
+    return {"train": str(root / "train"), "dev": dev}
+
+
+def dev_metrics(model: DualEncoder, dev: list[dict], config) -> dict[str, float]:
+    """Contrastive loss and MRR@100 of ``model`` on held-out query–code pairs."""
+    tokenizer = model.tokenizer
+    model.eval()
+    with torch.no_grad():
+        q = tokenizer(
+            [r["query"] for r in dev],
+            max_length=config.train.max_query_length,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
+        d = tokenizer(
+            [r["document"] for r in dev],
+            max_length=config.train.max_document_length,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
+        queries = model.encode(q["input_ids"], q["attention_mask"])
+        documents = model.encode(d["input_ids"], d["attention_mask"])
+        scores = model.similarity(queries, documents)  # (queries, documents)
+        loss = torch.nn.functional.cross_entropy(scores, torch.arange(len(dev))).item()
+    qrels = Qrels({f"q{i}": {f"d{i}": 1} for i in range(len(dev))})
+    run = Run(
+        {
+            f"q{i}": {f"d{j}": float(s) for j, s in enumerate(row)}
+            for i, row in enumerate(scores.numpy())
+        }
+    )
+    return {"loss": loss, "mrr": float(evaluate(qrels, run, "mrr@100"))}
+
+
+def test_tiny_run_on_two_workers_learns(pairs, tmp_path):
+    config = tiny_config(max_steps=40, learning_rate=2e-3, log_every=10, checkpoint_every=40)
+    spec = RunSpec(
+        data=pairs["train"], storage=str(tmp_path), name="learn", num_workers=2, cpus_per_worker=0.5
+    )
+    result = fit(config, spec)
+    assert result.error is None
+    assert result.metrics["step"] == 40
+    initial = DualEncoder.from_pretrained(str(tmp_path / "learn" / "init_model"))
+    with result.checkpoint.as_directory() as directory:
+        trained = DualEncoder.from_pretrained(os.path.join(directory, "model"))
+        state = json.loads(Path(directory, "trainer_state.json").read_text())
+    assert state["step"] == 40
+    before, after = (
+        dev_metrics(initial, pairs["dev"], config),
+        dev_metrics(trained, pairs["dev"], config),
+    )
+    assert after["loss"] < before["loss"]
+    assert after["mrr"] > before["mrr"]
+    assert list((tmp_path / "learn" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def step_losses(result) -> dict[int, float]:
+    return {metrics["step"]: metrics["loss"] for _, metrics in result.best_checkpoints}
+
+
+def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
+    config = tiny_config(max_steps=6, log_every=1, checkpoint_every=1)
+    common = {
+        "data": pairs["train"],
+        "storage": str(tmp_path),
+        "num_workers": 1,
+        "cpus_per_worker": 0.5,
+        "num_to_keep": 10,
+    }
+    straight = fit(config, RunSpec(name="straight", **common))
+    first = fit(config, RunSpec(name="resumed", stop_at_step=3, **common))
+    assert first.metrics["step"] == 3
+    second = fit(config, RunSpec(name="resumed", **common))
+    assert second.metrics["step"] == 6
+    with second.checkpoint.as_directory() as directory:
+        state = json.loads(Path(directory, "trainer_state.json").read_text())
+    assert state["resumed_at"] == [3]
+    expected, got = step_losses(straight), step_losses(second)
+    for step in (4, 5, 6):
+        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
+    import ray
+    from ray.util.state import list_actors
+
+    config = tiny_config(max_steps=24, log_every=2, checkpoint_every=4)
+    spec = RunSpec(
+        data=pairs["train"],
+        storage=str(tmp_path),
+        name="killed",
+        num_workers=2,
+        cpus_per_worker=0.5,
+        max_failures=2,
+    )
+    killed: list[int] = []
+
+    def kill_a_worker_after_first_checkpoint() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list((tmp_path / "killed").glob("checkpoint_*")):
+            time.sleep(0.5)
+        for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True):
+            if "TrainWorker" in actor.class_name and actor.pid:
+                os.kill(actor.pid, 9)
+                killed.append(actor.pid)
+                return
+
+    killer = threading.Thread(target=kill_a_worker_after_first_checkpoint, daemon=True)
+    killer.start()
+    result = fit(config, spec)
+    killer.join(timeout=5)
+    assert killed, "no training worker was found to kill"
+    assert result.error is None and result.metrics["step"] == 24
+    with result.checkpoint.as_directory() as directory:
+        state = json.loads(Path(directory, "trainer_state.json").read_text())
+    assert state["step"] == 24
+    # Restarted from a checkpoint, so at most one checkpoint interval was repeated.
+    assert state["resumed_at"] and all(step % 4 == 0 and step > 0 for step in state["resumed_at"])
+    assert ray.is_initialized()
+
+
+def test_checkpoints_on_s3_load_back(pairs, moto_s3):
+    bucket = moto_s3.create_bucket("santa-train")
+    config = tiny_config(max_steps=4, log_every=2, checkpoint_every=4)
+    spec = RunSpec(
+        data=pairs["train"],
+        storage=f"{bucket}/runs",
+        name="s3run",
+        num_workers=2,
+        cpus_per_worker=0.5,
+    )
+    result = fit(config, spec)
+    assert result.error is None
+    path = result.checkpoint.path
+    uri = path if path.startswith("s3://") else f"s3://{path}"
+    model = DualEncoder.from_pretrained(storage.join(uri, "model"))
+    tokens = model.tokenizer(["def f(): pass"], return_tensors="pt")
+    embedding = model.encode(tokens["input_ids"], tokens["attention_mask"])
+    assert torch.isfinite(embedding).all()
+    assert np.asarray(embedding.detach()).shape[1] == model.embedding_dim
