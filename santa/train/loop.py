@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng_state.pt"
 MODEL_DIR = "model"
 BATCH_KEYS = {
     "query_input_ids": "query_input_ids",
@@ -74,6 +75,15 @@ def save_training_checkpoint(
     model.save_pretrained(os.path.join(directory, MODEL_DIR), santa_config=config)
     torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
     torch.save(scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
+    # Dropout draws from these: a resumed run repeats the uninterrupted one only with them.
+    rng = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, os.path.join(directory, RNG_FILE))
     with open(os.path.join(directory, STATE_FILE), "w") as handle:
         json.dump(state, handle)
 
@@ -90,6 +100,12 @@ def load_training_state(
     scheduler.load_state_dict(
         torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=False)
     )
+    rng = torch.load(os.path.join(directory, RNG_FILE), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     with open(os.path.join(directory, STATE_FILE)) as handle:
         return json.load(handle)
 
