@@ -16,10 +16,10 @@ import pyarrow as pa
 from ray.data.datasource import FileBasedDatasource
 
 from santa.data.schema import RAW_SCHEMA
+from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
 
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "dev": "valid", "test": "test"}
 _SPLIT_IN_NAME = re.compile(r"(?:^|[/_.-])(train|valid|dev|test)(?:[/_.-]|$)")
-CODE_LANGUAGES = ("python", "java", "go", "javascript", "ruby", "php")
 
 
 def split_from_path(path: str) -> str:

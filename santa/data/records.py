@@ -19,10 +19,10 @@ from santa.data.cleaning import (
     split_bullet_points,
     strip_html,
 )
+from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
 from santa.entities import UnparsableCodeError, extract_code_entities, extract_product_entities
 from santa.masking import contains_sentinel, mask_entities, mask_random_spans
 
-CODE_LANGUAGES = ("python", "java", "go", "javascript", "ruby", "php")
 CSN_FIELDS = (
     "repo",
     "path",
