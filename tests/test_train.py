@@ -152,7 +152,9 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
 
     def kill_a_worker_after_first_checkpoint() -> None:
         deadline = time.time() + 300
-        while time.time() < deadline and not list((tmp_path / "killed").glob("checkpoint_*")):
+        # A checkpoint folder appears before Ray has registered it: wait for a second one,
+        # so that the first is surely the one a restarted worker group resumes from.
+        while time.time() < deadline and len(list((tmp_path / "killed").glob("checkpoint_*"))) < 2:
             time.sleep(0.5)
         # Ray names worker processes after their actor class (`ray::RayTrainWorker...`).
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
