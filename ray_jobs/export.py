@@ -1,0 +1,79 @@
+"""Export a trained model as a plain Hugging Face folder (from local storage or S3).
+
+    python -m ray_jobs.export --checkpoint s3://bucket/runs/demo/checkpoint_... --to models/demo
+    python -m ray_jobs.export --latest s3://bucket/runs/demo --to models/demo
+    python -m ray_jobs.export --best s3://bucket/sweeps/lr --to models/best
+
+``--latest`` takes the newest complete checkpoint of a Ray Train run folder
+(``storage_path/name``), as Ray recorded it; ``--best`` follows the ``best.json`` a Tune
+sweep writes at its root. The folder at ``--to`` (config.json, model.safetensors, tokenizer
+files, santa_config.json) loads with ``santa.load`` and with plain transformers; it is
+written beside ``--to`` first and renamed into place, so it is never left half-written.
+S3 credentials come from the standard AWS chain; the endpoint from ``AWS_ENDPOINT_URL``.
+Exit status 2 with a one-line message when nothing complete is found or S3 fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+PROG = "python -m ray_jobs.export"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--checkpoint", metavar="URI", help="a checkpoint folder (with model/) or a model folder"
+    )
+    source.add_argument(
+        "--latest", metavar="RUN", help="a Ray Train run folder: its newest complete checkpoint"
+    )
+    source.add_argument(
+        "--best", metavar="SWEEP", help="a Tune sweep root (or its best.json): the best checkpoint"
+    )
+    parser.add_argument("--to", required=True, metavar="DIR", help="local folder to write")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace DIR if it exists and is not empty"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse → resolve → download → report."""
+    args = build_parser().parse_args(argv)
+    from santa import checkpoints
+    from santa.storage import StorageError
+
+    try:
+        if args.checkpoint:
+            resolved = checkpoints.resolve_checkpoint(args.checkpoint)
+        elif args.latest:
+            resolved = checkpoints.latest_checkpoint(args.latest)
+        else:
+            resolved = checkpoints.best_checkpoint(args.best)
+        target = checkpoints.download(resolved, args.to, overwrite=args.overwrite)
+    except StorageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    step = "unknown" if resolved.step is None else resolved.step
+    print(f"wrote {target} (step {step}) from {resolved.model_uri}")
+    if args.best:
+        facts = {
+            key: value
+            for key, value in resolved.details.items()
+            if isinstance(value, str | int | float | bool)
+        }
+        if facts:
+            print("best: " + ", ".join(f"{key}={value}" for key, value in sorted(facts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
