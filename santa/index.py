@@ -1,0 +1,230 @@
+"""A faiss inner-product index over embeddings with string ids: evaluation and mining.
+
+:class:`NegativeIndex` is a plain class (no Ray): the evaluator retrieves with it and the
+hard-negative miner searches it for each training query's top-K. Scores are raw inner
+products, the model's dot-product similarity (normalise the vectors first for cosine).
+
+Kinds:
+
+- ``"flat"``: exact search (``IndexFlatIP``).
+- ``"ivf"``: ``IndexIVFFlat`` with ``nlist`` k-means cells, ``nprobe`` of them searched. It is
+  trained on the first batch added; ``nlist`` is clamped to ``n // 39`` for small batches
+  (faiss wants about 39 training points per cell), so tiny corpora degrade to one cell,
+  which is exact.
+- ``"hnsw"``: ``IndexHNSWFlat`` with ``hnsw_m`` links per node (CPU only in faiss).
+
+GPU: ``use_gpu="auto"`` moves flat and IVF indexes to GPU 0 when faiss was built with GPU
+support *and* ``torch.cuda.is_available()``; ``True`` insists and raises when impossible.
+
+Ties: the hits of a query come back ordered by score, then by insertion order (the order
+of :meth:`NegativeIndex.add` calls and rows), so equal scores always rank the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["INDEX_KINDS", "NegativeIndex"]
+
+INDEX_KINDS = ("flat", "ivf", "hnsw")
+# faiss warns below ~39 training points per k-means centroid.
+_MIN_POINTS_PER_CENTROID = 39
+# Queries searched per faiss call: bounds the (batch, k) buffers and the id lists built
+# from them, whatever the number of queries.
+SEARCH_BATCH_SIZE = 8192
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def faiss_has_gpu() -> bool:
+    """Whether the installed faiss was built with GPU support and sees a GPU."""
+    faiss = _faiss()
+    if not hasattr(faiss, "StandardGpuResources"):
+        return False
+    try:
+        return faiss.get_num_gpus() > 0
+    except Exception:  # a GPU build on a machine whose driver is missing
+        return False
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return torch.cuda.is_available()
+
+
+class NegativeIndex:
+    """Inner-product nearest neighbours over float32 vectors, addressed by string ids."""
+
+    def __init__(
+        self,
+        dim: int,
+        kind: str = "flat",
+        *,
+        nlist: int = 1024,
+        nprobe: int = 32,
+        hnsw_m: int = 32,
+        use_gpu: str | bool = "auto",
+    ) -> None:
+        if not isinstance(dim, int | np.integer) or dim <= 0:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if kind not in INDEX_KINDS:
+            raise ValueError(f"kind must be one of {INDEX_KINDS}, got {kind!r}")
+        for name, value in (("nlist", nlist), ("nprobe", nprobe), ("hnsw_m", hnsw_m)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if use_gpu not in ("auto", True, False):
+            raise ValueError(f"use_gpu must be 'auto', True or False, got {use_gpu!r}")
+        self.dim = int(dim)
+        self.kind = kind
+        self.nlist = nlist
+        self.nprobe = nprobe
+        self.hnsw_m = hnsw_m
+        self.on_gpu = self._want_gpu(use_gpu)
+        self._ids: list[str] = []
+        self._id_set: set[str] = set()
+        self._index = None  # built on the first add (IVF needs the data to train)
+        self._gpu_resources = None
+
+    def _want_gpu(self, use_gpu: str | bool) -> bool:
+        if use_gpu is False:
+            return False
+        possible = faiss_has_gpu() and _torch_cuda()
+        if use_gpu is True:
+            if self.kind == "hnsw":
+                raise ValueError("use_gpu=True: faiss has no GPU HNSW index; use flat or ivf")
+            if not possible:
+                raise ValueError(
+                    "use_gpu=True but no GPU index is possible here: faiss needs a GPU build "
+                    "(pip install faiss-gpu-cu12, the [gpu] extra) and torch must see CUDA"
+                )
+            return True
+        return possible and self.kind != "hnsw"
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def build(
+        cls, embeddings: np.ndarray, ids: Sequence[str], kind: str = "flat", **kw
+    ) -> NegativeIndex:
+        """An index of ``kind`` holding ``embeddings`` ``(n, dim)`` under ``ids``."""
+        embeddings = _check_matrix(embeddings, "embeddings")
+        index = cls(embeddings.shape[1], kind, **kw)
+        index.add(embeddings, ids)
+        return index
+
+    def add(self, embeddings: np.ndarray, ids: Sequence[str]) -> None:
+        """Add ``embeddings`` ``(n, dim)`` float32 under string ``ids`` (unique overall)."""
+        embeddings = _check_matrix(embeddings, "embeddings", self.dim)
+        if isinstance(ids, str | bytes):
+            raise ValueError("ids must be a sequence of strings, not one string")
+        ids = list(ids)
+        if len(ids) != embeddings.shape[0]:
+            raise ValueError(f"{embeddings.shape[0]} embeddings but {len(ids)} ids")
+        if not all(isinstance(i, str) for i in ids):
+            raise ValueError("ids must be strings")
+        new = set(ids)
+        if len(new) != len(ids) or new & self._id_set:
+            seen: set[str] = set(self._id_set)
+            duplicate = next(i for i in ids if i in seen or seen.add(i))
+            raise ValueError(f"duplicate id {duplicate!r}: every id must be unique")
+        if not ids:
+            return
+        if self._index is None:
+            self._index = self._new_index(embeddings)
+        self._index.add(embeddings)
+        self._ids.extend(ids)
+        self._id_set |= new
+
+    def _new_index(self, first_batch: np.ndarray):
+        faiss = _faiss()
+        if self.kind == "flat":
+            index = faiss.IndexFlatIP(self.dim)
+        elif self.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        else:
+            nlist = max(1, min(self.nlist, first_batch.shape[0] // _MIN_POINTS_PER_CENTROID))
+            self.nlist = nlist
+            self._quantizer = faiss.IndexFlatIP(self.dim)  # kept alive beside the IVF index
+            index = faiss.IndexIVFFlat(self._quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            self.nprobe = min(self.nprobe, nlist)
+        if self.on_gpu:
+            self._gpu_resources = faiss.StandardGpuResources()
+            index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, index)
+        if self.kind == "ivf":
+            index.train(first_batch)
+            index.nprobe = self.nprobe
+        return index
+
+    # ----------------------------------------------------------------- searching
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def ids(self) -> list[str]:
+        """The ids in insertion order (row ``i`` of the index is ``ids[i]``)."""
+        return list(self._ids)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[list[list[str]], np.ndarray]:
+        """Top-``k`` ids per query and their scores ``(nq, k')``, ``k' = min(k, len(self))``.
+
+        Hits are ordered by score (highest first), ties by insertion order. An approximate
+        index can return fewer than ``k'`` hits for a query (IVF probing cells with too few
+        vectors): its id list is then shorter and the missing scores are ``-inf``.
+        """
+        if not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        queries = _check_matrix(queries, "queries", self.dim)
+        k = min(int(k), len(self))
+        if k == 0:
+            return [[] for _ in range(queries.shape[0])], np.zeros(
+                (queries.shape[0], 0), dtype=np.float32
+            )
+        if self.kind == "hnsw":
+            # efSearch below k caps the hits; twice k keeps recall high.
+            self._index.hnsw.efSearch = max(64, 2 * k)
+        hits: list[list[str]] = []
+        scores = np.empty((queries.shape[0], k), dtype=np.float32)
+        for start in range(0, queries.shape[0], SEARCH_BATCH_SIZE):
+            batch = queries[start : start + SEARCH_BATCH_SIZE]
+            distances, labels = self._index.search(batch, k)  # (b, k) each
+            # Ties: by score descending, then by row (insertion order); -1 (no hit) last.
+            missing = labels < 0
+            order = np.lexsort((np.where(missing, np.iinfo(np.int64).max, labels), -distances))
+            distances = np.take_along_axis(distances, order, axis=1)
+            labels = np.take_along_axis(labels, order, axis=1)
+            distances[labels < 0] = -np.inf
+            scores[start : start + len(batch)] = distances
+            ids = self._ids
+            hits.extend([ids[j] for j in row if j >= 0] for row in labels.tolist())
+        return hits, scores
+
+    def __repr__(self) -> str:
+        where = "gpu" if self.on_gpu else "cpu"
+        return f"NegativeIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"
+
+
+def _check_matrix(array: np.ndarray, name: str, dim: int | None = None) -> np.ndarray:
+    """A C-contiguous float32 ``(n, dim)`` view of ``array``, or a clear ValueError."""
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(array).__name__}")
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n, dim), got shape {array.shape}")
+    if array.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {array.dtype} (use .astype(np.float32))")
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(f"{name} have dimension {array.shape[1]}, the index has {dim}")
+    if array.shape[1] == 0:
+        raise ValueError(f"{name} must have a positive dimension")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contain NaN or infinite values")
+    return np.ascontiguousarray(array)

@@ -1,0 +1,130 @@
+"""NegativeIndex: exact search equals brute force; approximate kinds have high recall."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from santa import index as index_module
+from santa.index import NegativeIndex, faiss_has_gpu
+
+
+def random_data(n: int = 300, nq: int = 40, dim: int = 16, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    docs = rng.standard_normal((n, dim)).astype(np.float32)
+    queries = rng.standard_normal((nq, dim)).astype(np.float32)
+    return docs, queries, [f"d{i}" for i in range(n)]
+
+
+def clustered_data(n: int = 3000, nq: int = 100, dim: int = 32, clusters: int = 40, seed: int = 0):
+    """Points around cluster centres, as real embeddings are (random noise is IVF's worst case)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)) * 3
+    docs = centres[rng.integers(0, clusters, n)] + rng.standard_normal((n, dim))
+    queries = centres[rng.integers(0, clusters, nq)] + rng.standard_normal((nq, dim))
+    return docs.astype(np.float32), queries.astype(np.float32), [f"d{i}" for i in range(n)]
+
+
+def brute_force(docs: np.ndarray, queries: np.ndarray, k: int):
+    scores = torch.from_numpy(queries) @ torch.from_numpy(docs).T  # (nq, n)
+    top = torch.topk(scores, k)
+    return top.indices.numpy(), top.values.numpy()
+
+
+def test_flat_top_k_equals_brute_force_torch() -> None:
+    docs, queries, ids = random_data()
+    index = NegativeIndex.build(docs, ids, kind="flat")
+    hits, scores = index.search(queries, 10)
+    expected_rows, expected_scores = brute_force(docs, queries, 10)
+    assert hits == [[ids[j] for j in row] for row in expected_rows.tolist()]
+    assert scores.dtype == np.float32 and scores.shape == (40, 10)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    assert len(index) == 300 and index.ids == ids
+
+
+def test_k_is_clipped_to_the_index_size_and_batches_do_not_change_results(monkeypatch) -> None:
+    docs, queries, ids = random_data(n=12, nq=25)
+    index = NegativeIndex.build(docs, ids)
+    hits, scores = index.search(queries, 100)
+    assert scores.shape == (25, 12) and all(len(row) == 12 for row in hits)
+    monkeypatch.setattr(index_module, "SEARCH_BATCH_SIZE", 7)
+    batched_hits, batched_scores = index.search(queries, 100)
+    assert batched_hits == hits
+    np.testing.assert_array_equal(batched_scores, scores)
+
+
+def test_adding_in_parts_equals_one_build() -> None:
+    docs, queries, ids = random_data()
+    whole = NegativeIndex.build(docs, ids)
+    parts = NegativeIndex(16)
+    parts.add(docs[:100], ids[:100])
+    parts.add(docs[100:], ids[100:])
+    assert parts.search(queries, 20)[0] == whole.search(queries, 20)[0]
+
+
+def test_ties_rank_by_insertion_order() -> None:
+    vector = np.ones((1, 4), dtype=np.float32)
+    docs = np.concatenate([vector * 0.5, vector, vector, vector, vector * 0.1])
+    ids = ["low", "b", "a", "c", "lowest"]
+    hits, scores = NegativeIndex.build(docs, ids).search(vector, 5)
+    assert hits == [["b", "a", "c", "low", "lowest"]]
+    assert scores[0].tolist() == [4.0, 4.0, 4.0, 2.0, pytest.approx(0.4)]
+
+
+@pytest.mark.parametrize(
+    "kind, options", [("ivf", {"nlist": 64, "nprobe": 8}), ("hnsw", {"hnsw_m": 16})]
+)
+def test_approximate_indexes_have_high_recall(kind, options) -> None:
+    docs, queries, ids = clustered_data()
+    exact, _ = NegativeIndex.build(docs, ids).search(queries, 10)
+    approximate, scores = NegativeIndex.build(docs, ids, kind=kind, **options).search(queries, 10)
+    recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approximate, exact, strict=True)])
+    assert recall >= 0.9, recall
+    assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+
+
+def test_ivf_clamps_nlist_for_small_corpora() -> None:
+    docs, queries, ids = random_data(n=50)
+    index = NegativeIndex.build(docs, ids, kind="ivf", nlist=1024, nprobe=32)
+    assert index.nlist == 1 and index.nprobe == 1  # 50 points: one cell, an exact search
+    exact, _ = NegativeIndex.build(docs, ids).search(queries, 5)
+    assert index.search(queries, 5)[0] == exact
+
+
+def test_empty_index_returns_no_hits() -> None:
+    index = NegativeIndex(8)
+    hits, scores = index.search(np.zeros((3, 8), dtype=np.float32), 5)
+    assert hits == [[], [], []] and scores.shape == (3, 0) and len(index) == 0
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    docs, queries, ids = random_data(n=10, nq=2, dim=8)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        NegativeIndex(8, "lsh")
+    with pytest.raises(ValueError, match="dim must be a positive integer"):
+        NegativeIndex(0)
+    with pytest.raises(ValueError, match="must be float32"):
+        NegativeIndex.build(docs.astype(np.float64), ids)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        NegativeIndex.build(docs[0], ids)
+    with pytest.raises(ValueError, match="10 embeddings but 9 ids"):
+        NegativeIndex.build(docs, ids[:9])
+    with pytest.raises(ValueError, match="duplicate id 'd0'"):
+        NegativeIndex.build(docs, ["d0"] * 10)
+    index = NegativeIndex.build(docs, ids)
+    with pytest.raises(ValueError, match="duplicate id 'd3'"):
+        index.add(docs[:1], ["d3"])
+    with pytest.raises(ValueError, match="dimension 4, the index has 8"):
+        index.search(queries[:, :4].copy(), 3)
+    with pytest.raises(ValueError, match="NaN"):
+        index.search(np.full((1, 8), np.nan, dtype=np.float32), 3)
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        index.search(queries, 0)
+
+
+@pytest.mark.skipif(faiss_has_gpu(), reason="this machine can build GPU indexes")
+def test_forcing_a_gpu_without_one_fails_clearly() -> None:
+    with pytest.raises(ValueError, match="no GPU index is possible"):
+        NegativeIndex(8, use_gpu=True)
+    assert not NegativeIndex(8).on_gpu  # "auto" falls back to the CPU
