@@ -24,6 +24,15 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-failures", type=int, default=1)
     parser.add_argument("--num-to-keep", type=int, default=2)
     parser.add_argument(
+        "--hard-negatives",
+        default="none",
+        metavar="{none,table:URI,async}",
+        help="hard negatives: none (in-batch only), a mined table, or an async miner actor",
+    )
+    parser.add_argument(
+        "--negatives-per-query", type=int, default=1, help="hard negatives per query (n)"
+    )
+    parser.add_argument(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
     parser.add_argument(
@@ -45,7 +54,16 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         overrides.append("train.use_gpu=true")
     if args.max_steps:
         overrides.append(f"train.max_steps={args.max_steps}")
-    config = get_recipe(args.recipe).with_overrides([*overrides, *args.overrides])
+    if args.hard_negatives != "none":
+        overrides += [
+            f"train.hard_negatives={args.hard_negatives}",
+            f"train.hard_negatives_per_query={args.negatives_per_query}",
+        ]
+    try:
+        config = get_recipe(args.recipe).with_overrides([*overrides, *args.overrides])
+    except ValueError as error:
+        print(f"error: {error}")
+        return 2
     spec = RunSpec(
         data=args.data,
         storage=args.storage,

@@ -193,6 +193,26 @@ class TrainConfig:
     hard_negatives_per_query: int = 0
     """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
 
+    hard_negatives: str = "none"
+    """Where hard negatives come from: ``"none"``, ``"table:URI"`` (a table written by
+    ``ray_jobs.mine_negatives``) or ``"async"`` (a miner actor re-mines them with the newest
+    weights while training goes on)."""
+
+    negatives_refresh_every: int = 100
+    """``async``: send the miner a weights snapshot every this many steps."""
+
+    negatives_top_k: int = 100
+    """Hits retrieved per query to sample hard negatives from (the paper: top 100)."""
+
+    negatives_skip_top: int = 0
+    """Skip this many top hits (after removing positives): fewer false negatives."""
+
+    negatives_wait_for_first: bool = False
+    """``async``: wait once, before the first step, for the first table."""
+
+    negatives_index: str = "flat"
+    """faiss index the miner builds: ``flat`` (exact), ``ivf`` or ``hnsw``."""
+
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this; ``None`` turns clipping off."""
 
@@ -239,6 +259,23 @@ class TrainConfig:
                 "TrainConfig.hard_negatives_per_query must be >= 0, "
                 f"got {self.hard_negatives_per_query}"
             )
+        source = self.hard_negatives
+        if source not in ("none", "async") and not source.startswith("table:"):
+            _fail(
+                f"TrainConfig.hard_negatives must be 'none', 'async' or 'table:URI', got {source!r}"
+            )
+        if source == "table:":
+            _fail("TrainConfig.hard_negatives='table:' needs a URI after 'table:'")
+        if source != "none" and self.hard_negatives_per_query < 1:
+            _fail(f"TrainConfig.hard_negatives={source!r} needs hard_negatives_per_query >= 1")
+        if self.negatives_index not in ("flat", "ivf", "hnsw"):
+            _fail(
+                "TrainConfig.negatives_index must be flat, ivf or hnsw, "
+                f"got {self.negatives_index!r}"
+            )
+        _check_positive(self, "negatives_refresh_every", "negatives_top_k")
+        if self.negatives_skip_top < 0:
+            _fail(f"TrainConfig.negatives_skip_top must be >= 0, got {self.negatives_skip_top}")
         if self.global_batch_size % self.num_workers:
             _fail(
                 f"TrainConfig.global_batch_size={self.global_batch_size} is not divisible by "

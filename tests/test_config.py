@@ -78,6 +78,12 @@ def test_model_config_validation(kwargs: dict, message: str) -> None:
         ({"mep_weight": -1.0}, "mep_weight must be >= 0"),
         ({"hard_negatives_per_query": -1}, "hard_negatives_per_query must be >= 0"),
         ({"max_steps": 0}, "max_steps must be positive"),
+        ({"hard_negatives": "sometimes"}, "must be 'none', 'async' or 'table:URI'"),
+        ({"hard_negatives": "table:"}, "needs a URI after 'table:'"),
+        ({"hard_negatives": "async"}, "needs hard_negatives_per_query >= 1"),
+        ({"negatives_index": "lsh"}, "negatives_index must be flat, ivf or hnsw"),
+        ({"negatives_refresh_every": 0}, "negatives_refresh_every must be positive"),
+        ({"negatives_skip_top": -1}, "negatives_skip_top must be >= 0"),
     ],
 )
 def test_train_config_validation(kwargs: dict, message: str) -> None:

@@ -15,41 +15,19 @@ import torch
 from ranx import Qrels, Run, evaluate
 
 from santa import storage
-from santa.config import get_recipe
-from santa.data.records import PairOptions, build_code_pair
-from santa.data.schema import PAIR_SCHEMA, rows_to_table
 from santa.model import DualEncoder
 from santa.train.trainer import RunSpec, fit
-from tests.datagen import stdlib_python_records
+from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-
-def tiny_config(**train):
-    overrides = [f"train.{key}={value}" for key, value in train.items()]
-    return get_recipe("tiny").with_overrides(
-        [
-            "train.global_batch_size=8",
-            "train.max_query_length=24",
-            "train.max_document_length=96",
-            "train.max_target_length=32",
-            "model.tiny_vocab_size=2000",
-            *overrides,
-        ]
-    )
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """Pretraining pairs (train) and held-out dev pairs built from real stdlib functions."""
-    root = tmp_path_factory.mktemp("pairs")
-    rows = [build_code_pair(r, "source", PairOptions()) for r in stdlib_python_records()]
-    rows = [dict(row, drop_reason="", row_key="") for row in rows]
+    rows = stdlib_pair_rows()
     train, dev = rows[:-48], rows[-48:]
-    (root / "train" / "data").mkdir(parents=True)
-    table = rows_to_table(train).select(PAIR_SCHEMA.names)
-    pq.write_table(table, root / "train" / "data" / "part-0.parquet")
-    return {"train": str(root / "train"), "dev": dev}
+    return {"train": write_pairs(tmp_path_factory.mktemp("pairs") / "train", train), "dev": dev}
 
 
 def dev_metrics(model: DualEncoder, dev: list[dict], config) -> dict[str, float]:

@@ -15,6 +15,9 @@ import pyarrow as pa
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
 IGNORE_INDEX = -100
+# String columns carried beside the tensors (hard negatives are looked up by query id, and
+# a query's own document is never drawn as its filler negative).
+ID_COLUMNS = ("query_id", "doc_id")
 
 
 @functools.lru_cache(maxsize=4)
@@ -62,8 +65,25 @@ def tokenize_pairs(
     ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
     """
     tokenizer = load_tokenizer(tokenizer_path)
+    if "dataset" in batch.column_names:
+        from santa.negatives.mining import is_training_row
+
+        keep = [
+            is_training_row(dataset, label, target)
+            for dataset, label, target in zip(
+                batch.column("dataset").to_pylist(),
+                batch.column("label").to_pylist(),
+                batch.column("mep_target").to_pylist(),
+                strict=True,
+            )
+        ]
+        if not all(keep):
+            batch = batch.filter(pa.array(keep))
     columns = batch.to_pydict()
     out: dict[str, np.ndarray] = {}
+    for key in ID_COLUMNS:
+        if key in columns:
+            out[key] = np.asarray(columns[key], dtype=object)  # (batch,) strings
     out["query_input_ids"], out["query_attention_mask"] = _encode(
         tokenizer, columns["query"], max_query_length
     )  # (batch, max_query_length)
@@ -86,7 +106,16 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
 
     from santa import storage
 
-    columns = ["query", "document", "masked_document", "mep_target"]
+    columns = [
+        "dataset",
+        "label",
+        "query_id",
+        "doc_id",
+        "query",
+        "document",
+        "masked_document",
+        "mep_target",
+    ]
     dataset = ray.data.read_parquet(storage.join(data_uri, "data"), columns=columns)
     return dataset.map_batches(
         tokenize_pairs,

@@ -34,6 +34,8 @@ STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pt"
 MODEL_DIR = "model"
 BATCH_KEYS = {
+    "hard_negative_input_ids": "hard_negative_input_ids",
+    "hard_negative_attention_mask": "hard_negative_attention_mask",
     "query_input_ids": "query_input_ids",
     "query_attention_mask": "query_attention_mask",
     "document_input_ids": "document_input_ids",
@@ -108,6 +110,45 @@ def load_training_state(
         torch.cuda.set_rng_state_all(rng["cuda"])
     with open(os.path.join(directory, STATE_FILE)) as handle:
         return json.load(handle)
+
+
+def to_tensors(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]:
+    """The model inputs of a numpy batch as long tensors on ``device`` (id strings stay)."""
+    return {
+        key: torch.as_tensor(value, dtype=torch.long).to(device)
+        for key, value in arrays.items()
+        if key in BATCH_KEYS
+    }
+
+
+def hard_negative_batch(tokenizer, texts: list[str], max_length: int, device):
+    """Tokenize hard-negative documents (``batch * n`` texts, query-major) for the model."""
+    encoded = tokenizer(
+        texts, max_length=max_length, truncation=True, padding="max_length", return_tensors="pt"
+    )
+    return {
+        "hard_negative_input_ids": encoded["input_ids"].to(device),
+        "hard_negative_attention_mask": encoded["attention_mask"].to(device),
+    }
+
+
+def _negatives_client(loop_config: dict[str, Any], config: SantaConfig, rank: int, world: int):
+    """The worker's hard-negatives client, or None when training with in-batch negatives."""
+    source = config.train.hard_negatives
+    if source == "none":
+        return None
+    from santa.negatives.miner import NegativesClient
+
+    return NegativesClient(
+        source,
+        data_uri=loop_config["data_uri"],
+        n=config.train.hard_negatives_per_query,
+        seed=config.train.seed,
+        rank=rank,
+        world_size=world,
+        miner_name=loop_config.get("miner_name", ""),
+        refresh_every=config.train.negatives_refresh_every,
+    )
 
 
 def compute_losses(
@@ -186,18 +227,39 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     shard = ray.train.get_dataset_shard("train")
     writer = _tensorboard_writer(loop_config) if rank == 0 else None
     per_worker = config.train.per_worker_batch_size()
+    negatives = _negatives_client(loop_config, config, rank, world_size)
+    if negatives is not None and negatives.is_async:
+        negatives.maybe_send_weights(state["step"], model, force=True)  # the first refresh
+        if config.train.negatives_wait_for_first:
+            negatives.wait_for_first()
     window: dict[str, list[float]] = {"loss": [], "loss_sda": [], "loss_mep": [], "time": []}
     window_started = time.perf_counter()
 
     while state["step"] < min(steps, stop_at):
         skip = state["batches_in_epoch"]  # batches this epoch already trained before a resume
-        for batch in shard.iter_torch_batches(
-            batch_size=per_worker, drop_last=True, device=device, dtypes=torch.long
+        for arrays in shard.iter_batches(
+            batch_size=per_worker, drop_last=True, batch_format="numpy"
         ):
             if skip:
                 skip -= 1
                 continue
             started = time.perf_counter()
+            batch = to_tensors(arrays, device)
+            table = None
+            if negatives is not None:
+                negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
+                table = negatives.agreed_table(device)
+                if table is not None:
+                    batch.update(
+                        hard_negative_batch(
+                            model.tokenizer,
+                            negatives.negatives_for(
+                                table, arrays["query_id"], arrays["doc_id"], state["step"]
+                            ),
+                            config.train.max_document_length,
+                            device,
+                        )
+                    )
             model.train()
             with autocast:
                 losses = compute_losses(ddp_model, batch, config, gather)
@@ -208,6 +270,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             optimizer.step()
             scheduler.step()
             state["step"] += 1
+            if negatives is not None:
+                negatives.maybe_send_weights(state["step"], model)
             state["batches_in_epoch"] += 1
             for key in ("loss", "loss_sda", "loss_mep"):
                 window[key].append(float(losses[key].detach()))
@@ -219,6 +283,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             )
             if last or checkpoint_now or state["step"] % config.train.log_every == 0:
                 metrics = _window_metrics(window, window_started, state, scheduler, config)
+                if negatives is not None:
+                    metrics.update(negatives.metrics(state["step"], table))
                 window = {key: [] for key in window}
                 window_started = time.perf_counter()
                 if writer is not None:

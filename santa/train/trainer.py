@@ -39,6 +39,10 @@ class RunSpec:
     """A model folder or checkpoint to start from (fine-tuning), instead of the backbone."""
     stop_at_step: int = 0
     """Stop (with a checkpoint) at this step though the schedule spans the whole run; 0: no."""
+    miner_gpu: bool = False
+    """``async`` hard negatives: give the miner actor a GPU of its own (when ``use_gpu``)."""
+    miner_max_restarts: int = 3
+    """How often Ray restarts a dead hard-negative miner."""
 
     @property
     def run_uri(self) -> str:
@@ -134,6 +138,19 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         if not storage.is_s3(spec.storage)
         else os.path.join(os.path.expanduser("~/santa-runs"), spec.name, "tensorboard")
     )
+    miner = None
+    miner_name = f"santa-miner-{spec.name}"
+    if config.train.hard_negatives == "async":
+        from santa.negatives.miner import start_miner
+
+        miner = start_miner(
+            miner_name,
+            data_uri=spec.data,
+            model_uri=init_model,
+            config=config,
+            num_gpus=1 if spec.use_gpu and spec.miner_gpu else 0,
+            max_restarts=spec.miner_max_restarts,
+        )
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -143,6 +160,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             "torch_threads": max(1, int(cpus)),
             "tensorboard_dir": tensorboard_dir,
             "stop_at_step": spec.stop_at_step,
+            "data_uri": spec.data,
+            "miner_name": miner_name,
         },
         scaling_config=ScalingConfig(
             num_workers=spec.num_workers,
@@ -158,4 +177,10 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         ),
         datasets={"train": dataset},
     )
-    return trainer.fit()
+    try:
+        return trainer.fit()
+    finally:
+        if miner is not None:
+            import ray
+
+            ray.kill(miner)

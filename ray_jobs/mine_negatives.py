@@ -1,0 +1,102 @@
+"""The offline ANCE step: mine hard negatives with a trained model into a Parquet table.
+
+    python -m ray_jobs.mine_negatives --checkpoint runs/ckpt/demo/checkpoint_... \\
+        --data runs/csn-finetune --output runs/negatives [--top-k 100] [--sample 1]
+
+Encodes every document and training query of ``--data`` (the preprocess job's output),
+retrieves the top-K documents per query with faiss, drops every positive of the query and
+duplicates of positives, samples ``--sample`` negatives per query (seeded) and writes
+``negatives.parquet`` (query_id, negative_ids) under ``--output``. Train on it with
+``python -m ray_jobs.finetune ... --hard-negatives table:OUTPUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from santa import storage
+
+
+def resolve_model_uri(uri: str) -> str:
+    """A Ray/santa checkpoint keeps its HF model in ``model/``; a plain folder is used as is."""
+    inner = storage.join(uri, "model")
+    if (storage.is_s3(uri) or storage.exists(uri)) and storage.exists(
+        storage.join(inner, "config.json")
+    ):
+        return inner
+    return uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse → load → mine → write."""
+    parser = argparse.ArgumentParser(prog="python -m ray_jobs.mine_negatives", description=__doc__)
+    parser.add_argument("--checkpoint", required=True, help="model folder or checkpoint URI")
+    parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
+    parser.add_argument("--output", required=True, help="where negatives.parquet goes")
+    parser.add_argument("--top-k", type=int, default=100)
+    parser.add_argument("--sample", type=int, default=1, help="negatives kept per query")
+    parser.add_argument("--skip-top", type=int, default=0, help="hits skipped after positives")
+    parser.add_argument("--index", choices=("flat", "ivf", "hnsw"), default="flat")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-query-length", type=int, default=None)
+    parser.add_argument("--max-document-length", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    from santa.model import DualEncoder
+    from santa.negatives.miner import MinerSettings, refresh_table
+    from santa.negatives.mining import load_mining_corpus
+
+    try:
+        model_uri = resolve_model_uri(args.checkpoint)
+        model = DualEncoder.from_pretrained(model_uri)
+        corpus = load_mining_corpus(args.data)
+    except (OSError, ValueError, storage.StorageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    lengths = _saved_lengths(model_uri)
+    settings = MinerSettings(
+        n=args.sample,
+        top_k=args.top_k,
+        skip_top=args.skip_top,
+        seed=args.seed,
+        index_kind=args.index,
+        max_query_length=args.max_query_length or lengths[0],
+        max_document_length=args.max_document_length or lengths[1],
+        batch_size=args.batch_size,
+    )
+    print(
+        f"mining {args.sample} negative(s) per query for {len(corpus.queries)} queries "
+        f"among {len(corpus.documents)} documents (top {args.top_k})"
+    )
+    table = refresh_table(model, corpus, settings)
+    target = table.write_parquet(args.output)
+    counts = [len(ids) for ids in table.negatives.values()]
+    summary = {
+        "output": target,
+        "queries": len(counts),
+        "negatives": sum(counts),
+        "queries_short": sum(1 for c in counts if c < args.sample),
+        "build_s": round(table.build_s, 2),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _saved_lengths(model_uri: str) -> tuple[int, int]:
+    """Query/document lengths the model was trained with (santa_config.json), else 50/240."""
+    from santa.model import SANTA_CONFIG_FILE
+
+    config_uri = storage.join(model_uri, SANTA_CONFIG_FILE)
+    if (storage.is_s3(model_uri) or storage.exists(model_uri)) and storage.exists(config_uri):
+        train = storage.read_json(config_uri).get("train", {})
+        return train.get("max_query_length", 50), train.get("max_document_length", 240)
+    return 50, 240
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Hard-negative mining (ANCE): top-K hits of the current model, minus every positive.
+
+Plain functions and a plain table class: no Ray here (see :mod:`santa.negatives.miner` for
+the actor that runs them while training goes on).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from santa import storage
+
+__all__ = [
+    "MiningCorpus",
+    "NegativesTable",
+    "load_mining_corpus",
+    "mine_hard_negatives",
+    "read_negatives_table",
+]
+
+# Labels that make a judged document a positive of its query (code pairs: 1; ESCI E/S/C
+# are 3/2/1: Substitutes and Complements are too close to the query to be safe negatives).
+POSITIVE_MIN_LABEL = 1
+ESCI_EXACT = 3
+NEGATIVES_SCHEMA = pa.schema([("query_id", pa.string()), ("negative_ids", pa.list_(pa.string()))])
+
+
+def mine_hard_negatives(
+    query_ids: Sequence[str],
+    hit_ids: Sequence[Sequence[str]],
+    positives: Mapping[str, set[str]],
+    *,
+    n: int,
+    seed: int = 0,
+    skip_top: int = 0,
+    duplicate_of: Mapping[str, str] | None = None,
+) -> dict[str, list[str]]:
+    """Sample ``n`` negatives per query from its ranked hits.
+
+    Every positive of the query is dropped (all of its judged positives, not only the pair it
+    came from), and so is every document whose content duplicates a positive
+    (``duplicate_of`` maps a document id to a canonical id shared by documents with equal
+    text). Of what remains, the first ``skip_top`` hits are skipped (the likeliest false
+    negatives) and ``n`` are drawn without replacement from the rest, in rank order. The draw
+    depends only on ``seed`` and the query id, so it is reproducible and independent of the
+    order queries come in. A query with fewer candidates gets fewer negatives.
+    """
+    if n < 0 or skip_top < 0:
+        raise ValueError(f"n and skip_top must be >= 0, got n={n}, skip_top={skip_top}")
+    if len(query_ids) != len(hit_ids):
+        raise ValueError(f"{len(query_ids)} query ids but {len(hit_ids)} hit lists")
+    canonical = duplicate_of or {}
+    mined: dict[str, list[str]] = {}
+    for query_id, hits in zip(query_ids, hit_ids, strict=True):
+        positive_ids = positives.get(query_id, set())
+        positive_keys = {canonical.get(doc, doc) for doc in positive_ids}
+        seen: set[str] = set()
+        candidates: list[str] = []
+        for doc in hits:
+            key = canonical.get(doc, doc)
+            if doc in positive_ids or key in positive_keys or key in seen:
+                continue
+            seen.add(key)
+            candidates.append(doc)
+        candidates = candidates[skip_top:]
+        rng = random.Random(f"{seed}:{query_id}")
+        picked = sorted(rng.sample(range(len(candidates)), min(n, len(candidates))))
+        mined[query_id] = [candidates[i] for i in picked]
+    return mined
+
+
+@dataclass
+class NegativesTable:
+    """One published set of hard negatives: query id → negative document ids.
+
+    ``step`` is the training step of the weights the table was mined with (tables are
+    ordered by it, across miner restarts too); ``version`` counts the tables one miner
+    built; ``build_s`` is the refresh's wall time.
+    """
+
+    negatives: dict[str, list[str]]
+    step: int = 0
+    version: int = 0
+    built_at: float = field(default_factory=time.time)
+    build_s: float = 0.0
+
+    def metadata(self) -> dict[str, str]:
+        """What goes into the Parquet file's key-value metadata."""
+        return {
+            "santa.step": str(self.step),
+            "santa.version": str(self.version),
+            "santa.built_at": str(self.built_at),
+            "santa.build_s": str(self.build_s),
+        }
+
+    def to_arrow(self) -> pa.Table:
+        """The table as Arrow, with its provenance in the schema metadata."""
+        table = pa.table(
+            {
+                "query_id": list(self.negatives),
+                "negative_ids": list(self.negatives.values()),
+            },
+            schema=NEGATIVES_SCHEMA,
+        )
+        return table.replace_schema_metadata(self.metadata())
+
+    def write_parquet(self, uri: str) -> str:
+        """Write ``negatives.parquet`` under ``uri`` (local or s3://); returns its URI."""
+        target = storage.join(uri, "negatives.parquet")
+        sink = pa.BufferOutputStream()
+        pq.write_table(self.to_arrow(), sink)
+        storage.write_bytes(target, sink.getvalue().to_pybytes())
+        return target
+
+
+def read_negatives_table(uri: str) -> NegativesTable:
+    """Read a table :meth:`NegativesTable.write_parquet` wrote (the folder or the file)."""
+    target = uri if uri.endswith(".parquet") else storage.join(uri, "negatives.parquet")
+    if not storage.exists(target):
+        raise FileNotFoundError(f"no hard-negatives table at {target}")
+    filesystem, path = storage.resolve(target)
+    table = pq.read_table(path, filesystem=filesystem)
+    missing = {"query_id", "negative_ids"} - set(table.column_names)
+    if missing:
+        raise ValueError(f"{target} is not a hard-negatives table: no column(s) {sorted(missing)}")
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    columns = table.to_pydict()
+    return NegativesTable(
+        negatives=dict(zip(columns["query_id"], columns["negative_ids"], strict=True)),
+        step=int(meta.get("santa.step", 0)),
+        version=int(meta.get("santa.version", 0)),
+        built_at=float(meta.get("santa.built_at", 0.0)),
+        build_s=float(meta.get("santa.build_s", 0.0)),
+    )
+
+
+@dataclass
+class MiningCorpus:
+    """What mining needs from the preprocessed pairs.
+
+    ``documents``: every document (doc id → text, judged-only ESCI products included);
+    ``queries``: the training queries (query id → text); ``positives``: query id → ids of
+    its positive documents; ``duplicate_of``: doc id → the first doc id with the same text.
+    """
+
+    documents: dict[str, str]
+    queries: dict[str, str]
+    positives: dict[str, set[str]]
+    duplicate_of: dict[str, str]
+
+
+def load_mining_corpus(data_uri: str) -> MiningCorpus:
+    """Read the pairs under ``data_uri/data`` (the preprocess job's output)."""
+    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    if not files:
+        raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
+    columns = ["dataset", "query_id", "query", "doc_id", "document", "label", "mep_target"]
+    documents: dict[str, str] = {}
+    queries: dict[str, str] = {}
+    positives: dict[str, set[str]] = {}
+    first_with_text: dict[str, str] = {}
+    duplicate_of: dict[str, str] = {}
+    for uri in files:
+        filesystem, path = storage.resolve(uri)
+        rows = pq.read_table(path, filesystem=filesystem, columns=columns).to_pydict()
+        for dataset, query_id, query, doc_id, document, label, target in zip(
+            *rows.values(), strict=True
+        ):
+            if doc_id not in documents:
+                documents[doc_id] = document
+                duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)
+            if label is None or label >= POSITIVE_MIN_LABEL:
+                positives.setdefault(query_id, set()).add(doc_id)
+            if is_training_row(dataset, label, target):
+                queries.setdefault(query_id, query)
+    return MiningCorpus(documents, queries, positives, duplicate_of)
+
+
+def is_training_row(dataset: str | None, label: int | None, mep_target: str | None) -> bool:
+    """Whether a pair row is a training pair: every code / pretraining pair, and of ESCI's
+    graded query → product judgments (no MEP target) only the Exact ones (label 3)."""
+    graded = dataset == "esci" and not mep_target
+    return not graded or label == ESCI_EXACT

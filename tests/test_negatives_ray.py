@@ -1,0 +1,163 @@
+"""Hard negatives in Ray training: the async miner actor, its failure, and the offline table."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_jobs import finetune, mine_negatives
+from santa.model import DualEncoder
+from santa.negatives.mining import load_mining_corpus, read_negatives_table
+from santa.train.trainer import RunSpec, fit
+from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory) -> str:
+    return write_pairs(tmp_path_factory.mktemp("neg-pairs"), stdlib_pair_rows())
+
+
+def _state(result) -> dict:
+    with result.checkpoint.as_directory() as directory:
+        state = json.loads(Path(directory, "trainer_state.json").read_text())
+        DualEncoder.from_pretrained(os.path.join(directory, "model"))  # loads: consistent
+    return state
+
+
+def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
+    config = tiny_config(
+        stage="finetune",
+        max_steps=60,
+        log_every=5,
+        checkpoint_every=60,
+        hard_negatives="async",
+        hard_negatives_per_query=1,
+        negatives_refresh_every=5,
+        negatives_wait_for_first="true",
+    )
+    spec = RunSpec(
+        data=train_data, storage=str(tmp_path), name="async", num_workers=2, cpus_per_worker=0.5
+    )
+    result = fit(config, spec)
+    assert result.error is None
+    metrics = result.metrics
+    assert metrics["step"] == 60 and _state(result)["step"] == 60
+    assert metrics["negatives_swaps"] >= 2  # the first table and at least one refresh
+    assert 0 < metrics["negatives_step"] <= 60  # mined with trained weights, not step 0's
+    assert 0 <= metrics["negatives_staleness"] < 60
+    assert metrics["negatives_wait_first_s"] > 0
+    assert metrics["negatives_wait_s"] == 0  # never blocked after the first table
+    assert metrics["negatives_poll_s"] < 0.05 * 60 * metrics["step_time_s"] + 1.0
+    assert metrics["miner_restarts"] == 0 and metrics["miner_errors"] == 0
+    assert metrics["negatives_refresh_s"] > 0
+
+
+@pytest.mark.slow
+def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, tmp_path):
+    import ray
+
+    config = tiny_config(
+        stage="finetune",
+        max_steps=150,
+        log_every=10,
+        checkpoint_every=150,
+        hard_negatives="async",
+        hard_negatives_per_query=1,
+        negatives_refresh_every=5,
+    )
+    spec = RunSpec(
+        data=train_data, storage=str(tmp_path), name="killminer", num_workers=2, cpus_per_worker=0.5
+    )
+    killed: list[dict] = []
+
+    def kill_the_miner_once_trainers_use_its_tables() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                miner = ray.get_actor("santa-miner-killminer")
+                info = ray.get(miner.info.remote(), timeout=10)
+            except Exception:
+                time.sleep(0.2)
+                continue
+            # Tables mined from step 20 on: the trainers have been running and polling.
+            if info["step"] is not None and info["step"] >= 20:
+                ray.kill(miner, no_restart=False)  # Ray restarts it (max_restarts)
+                killed.append(info)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_the_miner_once_trainers_use_its_tables, daemon=True)
+    killer.start()
+    result = fit(config, spec)
+    killer.join(timeout=5)
+    assert killed, "the miner never built a table"
+    assert result.error is None and result.metrics["step"] == 150
+    state = _state(result)
+    assert state["step"] == 150
+    assert state["resumed_at"] == []  # the trainers never failed: no restart from a checkpoint
+    # A table from the restarted miner arrived, mined after the one before the kill.
+    assert result.metrics["miner_restarts"] >= 1
+    assert result.metrics["negatives_step"] > killed[0]["step"]
+
+
+def test_offline_mining_then_finetuning_on_the_table(train_data, tmp_path, ray_cluster, capsys):
+    init = tmp_path / "ckpt"
+    warm = fit(
+        tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
+        RunSpec(data=train_data, storage=str(init), name="warm", num_workers=1),
+    )
+    assert warm.error is None
+    checkpoint = warm.checkpoint.path
+    output = tmp_path / "negatives"
+    code = mine_negatives.main(
+        ["--checkpoint", checkpoint, "--data", train_data, "--output", str(output)]
+        + ["--top-k", "20", "--sample", "2"]
+    )
+    assert code == 0
+    table = read_negatives_table(str(output))
+    corpus = load_mining_corpus(train_data)
+    assert set(table.negatives) == set(corpus.queries)
+    for query_id, negatives in table.negatives.items():
+        assert len(negatives) == 2
+        assert not set(negatives) & corpus.positives[query_id]
+    assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["queries"] == len(table.negatives)
+
+    code = finetune.main(
+        ["--recipe", "tiny", "--data", train_data, "--storage", str(tmp_path / "ft")]
+        + [
+            "--name",
+            "ft",
+            "--num-workers",
+            "2",
+            "--max-steps",
+            "6",
+            "--address",
+            ray_cluster.address,
+        ]
+        + ["--init-checkpoint", checkpoint, "--hard-negatives", f"table:{output}"]
+        + ["--negatives-per-query", "2", "--cpus-per-worker", "0.5"]
+        + ["--set", "train.global_batch_size=8", "--set", "train.max_document_length=96"]
+        + ["--set", "train.max_query_length=24", "--set", "train.log_every=3"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    metrics = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    assert metrics["step"] == 6
+    assert metrics["negatives_step"] == 0 and metrics["negatives_filled"] == 0
+    assert metrics["negatives_swaps"] == 0  # a static table is never swapped
+
+
+def test_bad_hard_negative_sources_are_rejected_before_training(train_data, tmp_path, capsys):
+    code = finetune.main(
+        ["--data", train_data, "--storage", str(tmp_path), "--name", "bad"]
+        + ["--hard-negatives", "sometimes"]
+    )
+    assert code == 2
+    assert "hard_negatives must be 'none', 'async' or 'table:URI'" in capsys.readouterr().out

@@ -1,0 +1,42 @@
+"""Shared helpers of the training tests: a small tiny-T5 config and pair tables on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from santa.config import SantaConfig, get_recipe
+from santa.data.records import PairOptions, build_code_pair
+from santa.data.schema import PAIR_SCHEMA, rows_to_table
+from tests.datagen import stdlib_python_records
+
+
+def tiny_config(**train: Any) -> SantaConfig:
+    """The tiny recipe at test size (batch 8, short sequences), with ``train.*`` overrides."""
+    overrides = [f"train.{key}={value}" for key, value in train.items()]
+    return get_recipe("tiny").with_overrides(
+        [
+            "train.global_batch_size=8",
+            "train.max_query_length=24",
+            "train.max_document_length=96",
+            "train.max_target_length=32",
+            "model.tiny_vocab_size=2000",
+            *overrides,
+        ]
+    )
+
+
+def stdlib_pair_rows() -> list[dict[str, Any]]:
+    """Pretraining pair rows built from real standard-library functions."""
+    rows = [build_code_pair(r, "source", PairOptions()) for r in stdlib_python_records()]
+    return [dict(row, drop_reason="", row_key="") for row in rows]
+
+
+def write_pairs(root: Path, rows: list[dict[str, Any]]) -> str:
+    """Write pair rows the way the preprocess job does (``root/data/*.parquet``)."""
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    table = rows_to_table(rows).select(PAIR_SCHEMA.names)
+    pq.write_table(table, root / "data" / "part-0.parquet")
+    return str(root)
