@@ -24,6 +24,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-failures", type=int, default=1)
     parser.add_argument("--num-to-keep", type=int, default=2)
     parser.add_argument(
+        "--eval-data", default="", help="BEIR folder for dev metrics during training (dev_mrr)"
+    )
+    parser.add_argument("--eval-split", default="test", help="qrels split of --eval-data")
+    parser.add_argument(
         "--hard-negatives",
         default="none",
         metavar="{none,table:URI,async}",
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         max_failures=args.max_failures,
         num_to_keep=args.num_to_keep,
         warm_start=warm_start,
+        eval_data=args.eval_data,
+        eval_split=args.eval_split,
     )
     from santa.ray_utils import init_ray
     from santa.train.trainer import fit

@@ -225,6 +225,10 @@ class TrainConfig:
     checkpoint_every: int | None = None
     """Checkpoint every this many steps; ``None``: at the end of every epoch only."""
 
+    eval_every: int | None = None
+    """With a dev set (``RunSpec.eval_data``): report dev MRR/NDCG every this many steps;
+    ``None``: at every checkpoint and at the end."""
+
     use_gpu: bool = False
     """One GPU per worker (NCCL) instead of CPU (gloo)."""
 
@@ -247,6 +251,7 @@ class TrainConfig:
             "grad_clip",
             "log_every",
             "checkpoint_every",
+            "eval_every",
         )
         if self.weight_decay < 0:
             _fail(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")

@@ -14,14 +14,19 @@ from ray_jobs import finetune, mine_negatives
 from santa.model import DualEncoder
 from santa.negatives.mining import load_mining_corpus, read_negatives_table
 from santa.train.trainer import RunSpec, fit
-from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+from tests.training import stdlib_pair_rows, tiny_config, write_beir, write_pairs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 @pytest.fixture(scope="module")
 def train_data(tmp_path_factory) -> str:
-    return write_pairs(tmp_path_factory.mktemp("neg-pairs"), stdlib_pair_rows())
+    return write_pairs(tmp_path_factory.mktemp("neg-pairs"), stdlib_pair_rows()[:-32])
+
+
+@pytest.fixture(scope="module")
+def dev_data(tmp_path_factory) -> str:
+    return write_beir(tmp_path_factory.mktemp("neg-dev"), stdlib_pair_rows()[-32:], "valid")
 
 
 def _state(result) -> dict:
@@ -107,7 +112,9 @@ def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, t
     assert result.metrics["negatives_step"] > killed[0]["step"]
 
 
-def test_offline_mining_then_finetuning_on_the_table(train_data, tmp_path, ray_cluster, capsys):
+def test_offline_mining_then_finetuning_on_the_table(
+    train_data, dev_data, tmp_path, ray_cluster, capsys
+):
     init = tmp_path / "ckpt"
     warm = fit(
         tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
@@ -145,6 +152,7 @@ def test_offline_mining_then_finetuning_on_the_table(train_data, tmp_path, ray_c
         + ["--negatives-per-query", "2", "--cpus-per-worker", "0.5"]
         + ["--set", "train.global_batch_size=8", "--set", "train.max_document_length=96"]
         + ["--set", "train.max_query_length=24", "--set", "train.log_every=3"]
+        + ["--eval-data", dev_data, "--eval-split", "valid", "--set", "train.eval_every=3"]
     )
     out = capsys.readouterr().out
     assert code == 0, out
@@ -152,6 +160,9 @@ def test_offline_mining_then_finetuning_on_the_table(train_data, tmp_path, ray_c
     assert metrics["step"] == 6
     assert metrics["negatives_step"] == 0 and metrics["negatives_filled"] == 0
     assert metrics["negatives_swaps"] == 0  # a static table is never swapped
+    # Dev metrics of the final step, on the held-out BEIR split.
+    assert 0 < metrics["dev_mrr"] <= 1 and 0 < metrics["dev_ndcg"] <= 1
+    assert metrics["dev_eval_s"] > 0
 
 
 def test_bad_hard_negative_sources_are_rejected_before_training(train_data, tmp_path, capsys):

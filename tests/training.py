@@ -40,3 +40,17 @@ def write_pairs(root: Path, rows: list[dict[str, Any]]) -> str:
     table = rows_to_table(rows).select(PAIR_SCHEMA.names)
     pq.write_table(table, root / "data" / "part-0.parquet")
     return str(root)
+
+
+def write_beir(root: Path, rows: list[dict[str, Any]], split: str = "test") -> str:
+    """A BEIR folder (corpus, queries, qrels/{split}.tsv) of held-out query–document rows."""
+    import json
+
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(root / "corpus.jsonl", "w") as corpus, open(root / "queries.jsonl", "w") as queries:
+        for i, row in enumerate(rows):
+            corpus.write(json.dumps({"_id": f"d{i}", "title": "", "text": row["document"]}) + "\n")
+            queries.write(json.dumps({"_id": f"q{i}", "text": row["query"]}) + "\n")
+    lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(len(rows))]
+    (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return str(root)

@@ -132,6 +132,37 @@ def hard_negative_batch(tokenizer, texts: list[str], max_length: int, device):
     }
 
 
+def _dev_set(loop_config: dict[str, Any]):
+    """The held-out BEIR split to evaluate on, or None."""
+    uri = loop_config.get("eval_data")
+    if not uri:
+        return None
+    from santa.evaluate import load_beir
+
+    return load_beir(uri, loop_config.get("eval_split") or "test")
+
+
+def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float]:
+    """``dev_mrr`` (MRR@100), ``dev_ndcg`` (NDCG@100), ``dev_recall@10`` on the dev split."""
+    from santa.evaluate import evaluate_model
+
+    was_training = model.training
+    started = time.perf_counter()
+    result = evaluate_model(
+        model,
+        dev,
+        max_query_length=config.train.max_query_length,
+        max_document_length=config.train.max_document_length,
+    )
+    model.train(was_training)
+    return {
+        "dev_mrr": float(result["mrr@100"]),
+        "dev_ndcg": float(result["ndcg@100"]),
+        "dev_recall@10": float(result["recall@10"]),
+        "dev_eval_s": time.perf_counter() - started,
+    }
+
+
 def _negatives_client(loop_config: dict[str, Any], config: SantaConfig, rank: int, world: int):
     """The worker's hard-negatives client, or None when training with in-batch negatives."""
     source = config.train.hard_negatives
@@ -228,6 +259,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     writer = _tensorboard_writer(loop_config) if rank == 0 else None
     per_worker = config.train.per_worker_batch_size()
     negatives = _negatives_client(loop_config, config, rank, world_size)
+    # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes the
+    # held-out BEIR split at every eval step; the other ranks wait at the report barrier.
+    dev = _dev_set(loop_config) if rank == 0 else None
+    eval_every = config.train.eval_every or config.train.checkpoint_every or steps
     if negatives is not None and negatives.is_async:
         negatives.maybe_send_weights(state["step"], model, force=True)  # the first refresh
         if config.train.negatives_wait_for_first:
@@ -285,6 +320,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 metrics = _window_metrics(window, window_started, state, scheduler, config)
                 if negatives is not None:
                     metrics.update(negatives.metrics(state["step"], table))
+                if dev is not None and (last or state["step"] % eval_every == 0):
+                    metrics.update(dev_metrics(model, dev, config))
                 window = {key: [] for key in window}
                 window_started = time.perf_counter()
                 if writer is not None:

@@ -39,6 +39,10 @@ class RunSpec:
     """A model folder or checkpoint to start from (fine-tuning), instead of the backbone."""
     stop_at_step: int = 0
     """Stop (with a checkpoint) at this step though the schedule spans the whole run; 0: no."""
+    eval_data: str = ""
+    """A BEIR folder (the preprocess job's ``eval`` output) for dev metrics during training."""
+    eval_split: str = "test"
+    """Which qrels split of ``eval_data`` to evaluate."""
     miner_gpu: bool = False
     """``async`` hard negatives: give the miner actor a GPU of its own (when ``use_gpu``)."""
     miner_max_restarts: int = 3
@@ -162,6 +166,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             "stop_at_step": spec.stop_at_step,
             "data_uri": spec.data,
             "miner_name": miner_name,
+            "eval_data": spec.eval_data,
+            "eval_split": spec.eval_split,
         },
         scaling_config=ScalingConfig(
             num_workers=spec.num_workers,
