@@ -324,6 +324,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                     metrics.update(dev_metrics(model, dev, config))
                 window = {key: [] for key in window}
                 window_started = time.perf_counter()
+                if rank == 0:
+                    print(_progress_line(metrics, steps), flush=True)
                 if writer is not None:
                     for key, value in metrics.items():
                         writer.add_scalar(f"train/{key}", value, state["step"])
@@ -358,6 +360,20 @@ def _window_metrics(window, started, state, scheduler, config: SantaConfig) -> d
         "pairs_per_s": config.train.global_batch_size * steps / elapsed if elapsed else 0.0,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def _progress_line(metrics: dict[str, float], steps: int) -> str:
+    """One line of progress for the job's log (rank 0, every report)."""
+    line = (
+        f"[train] step {int(metrics['step'])}/{steps} loss {metrics['loss']:.4f} "
+        f"(sda {metrics['loss_sda']:.4f}, mep {metrics['loss_mep']:.4f}) "
+        f"{metrics['pairs_per_s']:.1f} pairs/s lr {metrics['learning_rate']:.2e}"
+    )
+    if "dev_mrr" in metrics:
+        line += f" dev_mrr {metrics['dev_mrr']:.4f}"
+    if "negatives_step" in metrics:
+        line += f" negatives@{int(metrics['negatives_step'])}"
+    return line
 
 
 def _report(metrics, state, model, optimizer, scheduler, config, rank, with_checkpoint) -> None:
