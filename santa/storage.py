@@ -73,7 +73,11 @@ def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
 
 
 def _relative_parts(path: str, root: str) -> list[str]:
-    return posixpath.relpath(path, root).split("/")
+    # Pure string work: posixpath.relpath would call os.getcwd(), which fails in a process
+    # whose working directory was removed (e.g. a finished job's unpacked working_dir).
+    prefix = root.rstrip("/") + "/"
+    relative = path[len(prefix) :] if path.startswith(prefix) else posixpath.basename(path)
+    return relative.split("/")
 
 
 def write_bytes(uri: str, data: bytes) -> None:
