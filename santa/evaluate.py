@@ -518,8 +518,8 @@ def dense_retrieve(
     )
     hits, scores = index.search(_prepare(query_embeddings, similarity), top_k)
     return {
-        qid: list(zip(row, row_scores[: len(row)].tolist(), strict=True))
-        for qid, row, row_scores in zip(query_ids, hits, scores, strict=True)
+        qid: list(zip(row, row_scores[: len(row)], strict=True))
+        for qid, row, row_scores in zip(query_ids, hits, scores.tolist(), strict=True)
     }
 
 
@@ -701,30 +701,34 @@ def _ranx_per_query(
 
     # Fixed-width internal doc ids (see _RANX_ID_WIDTH) and rank-derived scores, so ranx
     # evaluates exactly our order, ties included.
+    ranked_docs = {qid: _doc_ids(ranking.get(qid, ())) for qid in judged}
     internal: dict[str, str] = {}
-
-    def key(doc: str) -> str:
-        found = internal.get(doc)
-        if found is None:
-            found = internal[doc] = f"{len(internal):0{_RANX_ID_WIDTH}d}"
-        return found
-
+    for docs in (*judged.values(), *ranked_docs.values()):
+        for doc in docs:
+            if doc not in internal:
+                internal[doc] = f"{len(internal):0{_RANX_ID_WIDTH}d}"
+    depth = max((len(docs) for docs in ranked_docs.values()), default=0)
+    rank_scores = [float(depth - rank) for rank in range(depth)]  # strictly decreasing
     qrels_dict = {
-        qid: {key(doc): label for doc, label in docs.items()} for qid, docs in judged.items()
+        qid: {internal[doc]: label for doc, label in docs.items()} for qid, docs in judged.items()
     }
     run_dict: dict[str, dict[str, float]] = {}
-    for qid in judged:
-        ranked = ranking.get(qid, ())
-        docs = [item if isinstance(item, str) else item[0] for item in ranked]
-        depth = len(docs)
-        run_dict[qid] = {key(doc): float(depth - rank) for rank, doc in enumerate(docs)}
-        if len(run_dict[qid]) != depth:
+    for qid, docs in ranked_docs.items():
+        run_dict[qid] = dict(zip(map(internal.__getitem__, docs), rank_scores, strict=False))
+        if len(run_dict[qid]) != len(docs):
             raise ValueError(f"the ranking of query {qid!r} lists a document twice")
     run = ranx.Run(run_dict)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*unsafe cast.*")
         ranx.evaluate(ranx.Qrels(qrels_dict), run, list(metrics), save_results_in_run=True)
     return {m: {q: float(v) for q, v in run.scores[m].items()} for m in metrics}
+
+
+def _doc_ids(ranked: Sequence[tuple[str, float]] | Sequence[str]) -> list[str]:
+    """The doc ids of a ranked list of ``(doc, score)`` pairs or of plain ids."""
+    if ranked and isinstance(ranked[0], str):
+        return list(ranked)
+    return [item[0] for item in ranked]
 
 
 # ============================================================================ files

@@ -90,6 +90,7 @@ class NegativeIndex:
         self.hnsw_m = hnsw_m
         self.on_gpu = self._want_gpu(use_gpu)
         self._ids: list[str] = []
+        self._id_array: np.ndarray | None = None  # self._ids as an object array, built lazily
         self._id_set: set[str] = set()
         self._index = None  # built on the first add (IVF needs the data to train)
         self._gpu_resources = None
@@ -142,6 +143,7 @@ class NegativeIndex:
             self._index = self._new_index(embeddings)
         self._index.add(embeddings)
         self._ids.extend(ids)
+        self._id_array = None
         self._id_set |= new
 
     def _new_index(self, first_batch: np.ndarray):
@@ -192,25 +194,44 @@ class NegativeIndex:
         if self.kind == "hnsw":
             # efSearch below k caps the hits; twice k keeps recall high.
             self._index.hnsw.efSearch = max(64, 2 * k)
+        if self._id_array is None:
+            self._id_array = np.array(self._ids, dtype=object)  # (n,) for vectorised lookup
         hits: list[list[str]] = []
         scores = np.empty((queries.shape[0], k), dtype=np.float32)
         for start in range(0, queries.shape[0], SEARCH_BATCH_SIZE):
             batch = queries[start : start + SEARCH_BATCH_SIZE]
-            distances, labels = self._index.search(batch, k)  # (b, k) each
-            # Ties: by score descending, then by row (insertion order); -1 (no hit) last.
-            missing = labels < 0
-            order = np.lexsort((np.where(missing, np.iinfo(np.int64).max, labels), -distances))
-            distances = np.take_along_axis(distances, order, axis=1)
-            labels = np.take_along_axis(labels, order, axis=1)
-            distances[labels < 0] = -np.inf
+            distances, labels = _order_ties(*self._index.search(batch, k))  # (b, k) each
             scores[start : start + len(batch)] = distances
-            ids = self._ids
-            hits.extend([ids[j] for j in row if j >= 0] for row in labels.tolist())
+            names = self._id_array[np.maximum(labels, 0)].tolist()  # (b, k) ids
+            found = labels >= 0
+            if not found.all():  # missing hits are sorted last: cut them off
+                counts = found.sum(axis=1).tolist()
+                names = [row[:count] for row, count in zip(names, counts, strict=True)]
+            hits.extend(names)
         return hits, scores
 
     def __repr__(self) -> str:
         where = "gpu" if self.on_gpu else "cpu"
         return f"NegativeIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"
+
+
+def _order_ties(distances: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows by score descending, equal scores by label (insertion order), no-hits last.
+
+    faiss already returns each row best first; only rows with equal neighbouring scores,
+    missing hits (label -1) or any disorder are re-sorted, so the common case costs one
+    vectorised comparison.
+    """
+    redo = (np.diff(distances, axis=1) >= 0).any(axis=1) | (labels < 0).any(axis=1)
+    if redo.any():
+        rows = np.flatnonzero(redo)
+        sub_distances, sub_labels = distances[rows], labels[rows]
+        last = np.where(sub_labels < 0, np.iinfo(np.int64).max, sub_labels)
+        order = np.lexsort((last, -sub_distances))
+        distances[rows] = np.take_along_axis(sub_distances, order, axis=1)
+        labels[rows] = np.take_along_axis(sub_labels, order, axis=1)
+        distances[labels < 0] = -np.inf
+    return distances, labels
 
 
 def _check_matrix(array: np.ndarray, name: str, dim: int | None = None) -> np.ndarray:

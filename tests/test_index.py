@@ -92,6 +92,19 @@ def test_ivf_clamps_nlist_for_small_corpora() -> None:
     assert index.search(queries, 5)[0] == exact
 
 
+def test_ivf_cells_with_too_few_vectors_give_shorter_hit_lists() -> None:
+    docs, queries, ids = clustered_data(n=400, nq=20, clusters=10)
+    index = NegativeIndex.build(docs, ids, kind="ivf", nlist=10, nprobe=1)
+    hits, scores = index.search(queries, 300)  # one cell holds far fewer than 300
+    assert scores.shape == (20, 300)
+    for query, row, row_scores in zip(queries, hits, scores, strict=True):
+        assert 0 < len(row) < 300 and len(set(row)) == len(row)
+        assert np.all(np.isneginf(row_scores[len(row) :]))
+        expected = docs[[int(doc[1:]) for doc in row]] @ query  # the hits' own scores
+        np.testing.assert_allclose(row_scores[: len(row)], expected, rtol=1e-4, atol=1e-4)
+        assert np.all(np.diff(row_scores[: len(row)]) <= 0)
+
+
 def test_empty_index_returns_no_hits() -> None:
     index = NegativeIndex(8)
     hits, scores = index.search(np.zeros((3, 8), dtype=np.float32), 5)
