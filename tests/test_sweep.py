@@ -1,0 +1,234 @@
+"""``python -m tuning.sweep`` on a local two-node Ray cluster: best.json, TensorBoard, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from santa import storage
+from santa.checkpoints import best_checkpoint, latest_checkpoint, load
+from santa.config import get_recipe
+from tests.training import stdlib_pair_rows, write_beir, write_pairs
+from tuning import sweep
+
+# The tiny recipe at test size (as tests/training.py's tiny_config), through --set.
+TEST_SIZE = [
+    "train.global_batch_size=8",
+    "train.max_query_length=24",
+    "train.max_document_length=96",
+    "train.max_target_length=32",
+    "model.tiny_vocab_size=2000",
+    "train.log_every=1",
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Training pairs and a held-out BEIR dev set, both from real stdlib functions."""
+    rows = stdlib_pair_rows()
+    root = tmp_path_factory.mktemp("sweep-data")
+    return {
+        "train": write_pairs(root / "train", rows[:-32]),
+        "dev": write_beir(root / "dev", rows[-32:]),
+    }
+
+
+def sweep_args(data, storage, name, *extra: str) -> list[str]:
+    sets = [arg for item in TEST_SIZE for arg in ("--set", item)]
+    return [
+        "--recipe",
+        "tiny",
+        "--data",
+        data["train"],
+        "--eval-data",
+        data["dev"],
+        "--storage",
+        str(storage),
+        "--name",
+        name,
+        "--num-workers",
+        "2",
+        "--cpus-per-worker",
+        "0.5",
+        "--seed",
+        "0",
+        *sets,
+        *extra,
+    ]
+
+
+# ----------------------------------------------------------------------- without Ray
+
+
+def test_lambda_field_follows_the_objective():
+    tiny = get_recipe("tiny")
+    assert sweep.objective(tiny) == "santa" and sweep.lambda_field(tiny) == "train.mep_weight"
+    finetune = tiny.with_overrides(["train.stage=finetune"])
+    assert sweep.lambda_field(finetune) is None
+    minilm = get_recipe("minilm")  # encoder-only: MEP is impossible, λ is not swept
+    assert sweep.objective(minilm) == "dr" and sweep.lambda_field(minilm) is None
+
+
+def test_trial_config_applies_lr_and_lambda():
+    base = get_recipe("tiny").to_dict()
+    params = {
+        "lr": 1.5e-3,
+        "lambda": 0.25,
+        "sweep": {"santa": base, "lambda_field": "train.mep_weight"},
+    }
+    config = sweep.trial_config(params)
+    assert config.train.learning_rate == 1.5e-3 and config.train.mep_weight == 0.25
+    no_lambda = sweep.trial_config({"lr": 2e-4, "sweep": {"santa": base, "lambda_field": None}})
+    assert no_lambda.train.mep_weight == get_recipe("tiny").train.mep_weight
+
+
+def test_max_concurrent_trials_fits_the_cluster():
+    fit = sweep.max_concurrent_trials
+    assert fit({"CPU": 2}, 2, 0.5, False, 1.0) == 1  # the test cluster: one at a time
+    assert fit({"CPU": 16}, 2, 1.0, False, 1.0) == 5
+    assert fit({"CPU": 64, "GPU": 8}, 2, 1.0, True, 1.0) == 4  # GPUs bound it
+    assert fit({"CPU": 1}, 4, 1.0, False, 1.0) == 1  # never less than one
+
+
+def test_base_config_sets_the_eval_cadence():
+    args = sweep.build_parser().parse_args(
+        ["--data", "d", "--eval-data", "e", "--storage", "s", "--max-steps", "40"]
+    )
+    config = sweep.base_config(args)
+    assert config.train.max_steps == 40
+    assert config.train.eval_every == 10 and config.train.checkpoint_every == 10
+    args.max_steps = None
+    with pytest.raises(ValueError, match="--max-steps"):
+        sweep.base_config(args)
+
+
+def test_results_table_is_sorted_by_the_metric():
+    rows = [
+        {"trial": "a", "lr": 1e-3, "lambda": 0.5, "dev_mrr": 0.2, "step": 4, "status": "done"},
+        {"trial": "b", "lr": 2e-3, "lambda": 1.0, "dev_mrr": 0.4, "step": 4, "status": "done"},
+    ]
+    table = sweep.format_table(sorted(rows, key=lambda r: -r["dev_mrr"]))
+    assert table.splitlines()[0].split() == ["trial", "lr", "λ", "dev_mrr", "step", "status"]
+    assert table.splitlines()[1].startswith("b")
+
+
+# ----------------------------------------------------------------------- on the cluster
+
+
+@pytest.mark.timeout(600)
+def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_path, capsys):
+    args = sweep_args(
+        data, tmp_path, "tiny-sweep", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2"
+    )
+    args += ["--address", ray_cluster.address]
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "max_concurrent_trials=1" in out
+    root = tmp_path / "tiny-sweep"
+    best = json.loads((root / "best.json").read_text())
+    assert best["metric"] == "dev_mrr" and 0 <= best["value"] <= 1
+    assert best["lambda_field"] == "train.mep_weight"
+    assert best["config"]["santa"]["train"]["learning_rate"] == best["lr"]
+    assert best["config"]["santa"]["train"]["mep_weight"] == best["lambda"]
+    assert Path(best["checkpoint"]).is_dir()
+    assert Path(best["checkpoint"]).is_relative_to(root / "runs" / f"tiny-sweep-{best['trial_id']}")
+    resolved = best_checkpoint(str(root))
+    assert resolved.step == best["step"]
+    model = load(str(root))  # what santa.load / ray_jobs.export --best read
+    assert model.tokenizer is not None and model.model_config.kind == "t5"
+
+    trials = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("train_trial"))
+    assert len(trials) == 2
+    runs = sorted((root / "runs").iterdir())
+    assert len(runs) == 2
+    for run in runs:  # the training loop's own event files, one folder per trial
+        assert list((run / "tensorboard").glob("events.out.tfevents.*")), run
+    for trial in trials:  # and Tune's, beside each trial's params/results
+        assert list(trial.glob("events.out.tfevents.*")), trial
+        results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        assert all("dev_mrr" in result for result in results)
+    table = out[out.index("trial ") :].splitlines()
+    assert table[1].startswith(best["trial_id"])  # best first
+
+    # The same command again: the finished experiment is restored, nothing runs again.
+    checkpoints_before = sorted(str(p) for p in (root / "runs").rglob("checkpoint_*"))
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "resuming the sweep" in out
+    assert sorted(str(p) for p in (root / "runs").rglob("checkpoint_*")) == checkpoints_before
+    assert json.loads((root / "best.json").read_text()) == best
+
+
+def checkpoints_written(runs: str) -> dict[str, int]:
+    """Complete checkpoints (with trainer_state.json) per run under ``runs``."""
+    try:
+        files = storage.list_files(runs, suffixes=("trainer_state.json",))
+    except (storage.StorageError, OSError):  # not there yet
+        return {}
+    counts: dict[str, int] = {}
+    for uri in files:
+        run = uri[len(runs) :].strip("/").split("/")[0]
+        counts[run] = counts.get(run, 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_path, capsys):
+    """Kill the sweep's driver mid-trial; the same command again finishes the sweep on S3."""
+    bucket = moto_s3.create_bucket("santa-sweeps")
+    name = f"killed-{uuid.uuid4().hex[:6]}"
+    args = sweep_args(data, f"{bucket}/sweeps", name, "--num-samples", "2", "--max-steps", "12")
+    args += ["--eval-every", "2", "--scheduler", "fifo", "--address", ray_cluster.address]
+    root = f"{bucket}/sweeps/{name}"
+    log = tmp_path / "driver.log"
+    with open(log, "w") as output:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "tuning.sweep", *args],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    try:
+        # Kill the driver once the first trial has written two of its six checkpoints.
+        deadline = time.time() + 420
+        while time.time() < deadline and driver.poll() is None:
+            if max(checkpoints_written(f"{root}/runs").values(), default=0) >= 2:
+                break
+            time.sleep(1)
+        assert driver.poll() is None, log.read_text()[-3000:]
+        written = checkpoints_written(f"{root}/runs")
+        assert len(written) == 1 and max(written.values()) >= 2, written
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    assert not storage.exists(f"{root}/best.json")  # it was cut off mid-sweep
+    (interrupted,) = written
+
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "resuming the sweep" in out
+    best = storage.read_json(f"{root}/best.json")
+    assert best["checkpoint"].startswith(f"s3://santa-sweeps/sweeps/{name}/runs/")
+    assert best["step"] == 12
+    assert len(checkpoints_written(f"{root}/runs")) == 2  # both trials, no third
+    # The interrupted trial went on from its own latest checkpoint, under the same run name.
+    final = latest_checkpoint(f"{root}/runs/{interrupted}")
+    state = storage.read_json(f"{final.checkpoint_uri}/trainer_state.json")
+    assert state["step"] == 12 and state["resumed_at"] and state["resumed_at"][0] >= 2
+    model = load(root)  # santa.load follows best.json on S3
+    assert model.model_config.kind == "t5"
+    files = storage.list_files(root)  # Tune's per-trial event files went to S3 too
+    assert len([uri for uri in files if "events.out.tfevents" in uri]) >= 2
+    for run in Path("~/santa-runs").expanduser().glob(f"{name}-*"):
+        shutil.rmtree(run)  # the trainer's own TensorBoard of S3 runs is kept locally

@@ -1,0 +1,478 @@
+"""Ray Tune sweeps of the learning rate and λ around the santa trainer (ASHA on dev MRR).
+
+    python -m tuning.sweep --recipe tiny --data pairs/ --eval-data beir/ \\
+        --storage runs/ --name lr-lambda --num-samples 8 --max-steps 200
+
+Every trial is a Tune *function* trainable that builds the santa config from its sampled
+parameters and runs a Ray Train V2 ``TorchTrainer`` through :func:`santa.train.trainer.fit`;
+the trainer's reports reach Tune through ``TuneReportCallback`` (the V2 way: a Train
+callback, not ``Tuner(trainer)``). The trial driver itself asks for almost nothing
+(no CPU): the trainer's workers reserve their own resources.
+
+What lands under ``STORAGE/NAME`` (local or ``s3://``):
+
+- Tune's experiment: ``experiment_state-*.json`` and one folder per trial with
+  ``params.json``, ``result.json``, ``progress.csv`` and Tune's TensorBoard events;
+- ``runs/NAME-<trial id>/``: each trial's Ray Train run (checkpoints and, on local storage,
+  the loop's own ``tensorboard/``; on S3 storage that goes to ``~/santa-runs/<run>/`` of
+  the rank-0 worker's node);
+- ``best.json``: ``{"checkpoint": URI, "metric", "value", "trial_id", "config", ...}``,
+  the file ``santa.load`` and ``ray_jobs.export --best`` follow.
+
+Re-running the same command (same ``--storage`` and ``--name``) restores the experiment:
+finished trials are kept, unfinished and errored ones resume, each from its trainer's
+latest checkpoint (the trial id, and so the Train run name, is the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from santa import storage
+from santa.config import RECIPES, SantaConfig, get_recipe
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m tuning.sweep"
+METRIC = "dev_mrr"
+MODE = "max"
+TIME_ATTR = "step"
+RUNS_DIR = "runs"
+BEST_FILE = "best.json"
+TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 128 * 1024**2}
+"""The trial driver only waits on its trainer. Tune refuses an empty request, and even
+``{"CPU": 0.01}`` deadlocks a cluster that the workers and Ray Data fill exactly (a 1-CPU
+read task no longer fits in the 0.99 CPU left): ask for a little memory instead."""
+
+# The weight λ of each training objective, as a santa config field; None: it has none.
+# (SCodeR's adversarial weight will map here once the soft-label objective exists.)
+LAMBDA_FIELDS: dict[str, str | None] = {
+    "santa": "train.mep_weight",  # L = L_SDA + λ·L_MEP
+    "dr": None,  # SDA/DR contrastive loss only: encoder-only backbones, fine-tuning
+}
+
+
+def objective(config: SantaConfig) -> str:
+    """Which objective ``config`` trains: ``santa`` (SDA + λ·MEP) or ``dr`` (no λ)."""
+    if config.model.kind == "t5" and config.train.stage == "pretrain":
+        return "santa"
+    return "dr"
+
+
+def lambda_field(config: SantaConfig) -> str | None:
+    """The config field λ sweeps for this config's objective, or None when there is none."""
+    return LAMBDA_FIELDS[objective(config)]
+
+
+def run_name(sweep: str, trial_id: str) -> str:
+    """The Ray Train run name of one trial: unique, and the same again on restore."""
+    return f"{sweep}-{trial_id}"
+
+
+def absolute(uri: str) -> str:
+    """A local path made absolute (Ray workers run in other folders); URIs as they are."""
+    if not uri or "://" in uri:
+        return uri
+    return os.path.abspath(os.path.expanduser(uri))
+
+
+def trial_config(params: dict[str, Any]) -> SantaConfig:
+    """The santa config of one trial: the base config with the sampled lr (and λ)."""
+    base = SantaConfig.from_dict(params["sweep"]["santa"])
+    overrides = [f"train.learning_rate={params['lr']!r}"]
+    field = params["sweep"].get("lambda_field")
+    if field and "lambda" in params:
+        overrides.append(f"{field}={params['lambda']!r}")
+    return base.with_overrides(overrides)
+
+
+class EvalReportCallback(TuneReportCallback):
+    """``TuneReportCallback`` that forwards only the reports carrying the metric.
+
+    The loop also reports at every ``log_every`` step without dev metrics; Tune's strict
+    metric check (and ASHA) want the metric in every result, so those stay with Train
+    (and the run's TensorBoard). Rank 0's metrics are the ones forwarded.
+    """
+
+    def __init__(self, metric: str = METRIC):
+        super().__init__()
+        self.metric = metric
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if metrics and self.metric in metrics[0]:
+            super().after_report(run_context, metrics, checkpoint)
+
+
+def train_trial(params: dict[str, Any]) -> None:
+    """The Tune function trainable: one santa training run with the trial's parameters."""
+    from ray import tune
+
+    from santa.train.trainer import RunSpec, fit
+
+    sweep = params["sweep"]
+    config = trial_config(params)
+    trial_id = tune.get_context().get_trial_id()
+    spec = RunSpec(**sweep["run"], name=run_name(sweep["name"], trial_id))
+    result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
+    if result.error is not None:
+        raise result.error
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def max_concurrent_trials(
+    resources: dict[str, float],
+    num_workers: int,
+    cpus_per_worker: float,
+    use_gpu: bool,
+    data_cpus: float,
+) -> int:
+    """Trials that fit the cluster at once: its CPUs (and GPUs) over one trial's needs.
+
+    One trial takes ``num_workers × cpus_per_worker`` CPUs (and ``num_workers`` GPUs with
+    ``use_gpu``) plus ``data_cpus`` left to its Ray Data pipeline; at least 1.
+    """
+    per_trial_cpus = num_workers * cpus_per_worker + data_cpus
+    fits = math.floor(resources.get("CPU", 0) / per_trial_cpus + 1e-9) if per_trial_cpus else 1
+    if use_gpu:
+        fits = min(fits, math.floor(resources.get("GPU", 0) / num_workers + 1e-9))
+    return max(1, fits)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def checkpoint_uri(result, storage_root: str, run_uri: str) -> str:
+    """The URI of a trial's final checkpoint: the one its last report carried, else its run's
+    latest complete checkpoint."""
+    path = (result.metrics or {}).get("checkpoint_path")
+    if path:
+        if storage.is_s3(storage_root) and "://" not in path:
+            return "s3://" + path.lstrip("/")  # Ray's checkpoint paths drop the scheme
+        return path
+    from santa.checkpoints import latest_checkpoint
+
+    found = latest_checkpoint(run_uri)
+    return found.checkpoint_uri or found.model_uri
+
+
+def result_rows(result_grid, metric: str = METRIC) -> list[dict[str, Any]]:
+    """One row per trial (trial, lr, λ, metric, step, status), best first."""
+    rows = []
+    for result in result_grid:
+        metrics = result.metrics or {}
+        config = result.config or {}
+        rows.append(
+            {
+                "trial": metrics.get("trial_id") or os.path.basename(str(result.path)),
+                "lr": config.get("lr"),
+                "lambda": config.get("lambda"),
+                metric: metrics.get(metric),
+                "step": metrics.get(TIME_ATTR),
+                "status": "error" if result.error is not None else "done",
+            }
+        )
+    sign = 1 if MODE == "max" else -1
+    rows.sort(key=lambda row: (row[metric] is None, -sign * (row[metric] or 0.0)))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], metric: str = METRIC) -> str:
+    """The results as an aligned text table."""
+    header = ["trial", "lr", "λ", metric, "step", "status"]
+
+    def cell(value: Any, digits: str) -> str:
+        if value is None:
+            return "-"
+        return format(value, digits) if isinstance(value, float) else str(value)
+
+    lines = [
+        [
+            row["trial"],
+            cell(row["lr"], ".3g"),
+            cell(row["lambda"], ".3f"),
+            cell(row[metric], ".4f"),
+            cell(row["step"], ""),
+            row["status"],
+        ]
+        for row in rows
+    ]
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *lines, strict=True)]
+    return "\n".join(
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+        for line in [header, *lines]
+    )
+
+
+def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, Any]:
+    """What ``best.json`` holds: the best trial's final checkpoint, metric and config."""
+    best = result_grid.get_best_result(metric=METRIC, mode=MODE, scope="last")
+    params = best.config
+    sweep = params["sweep"]
+    trial_id = best.metrics["trial_id"]
+    name = run_name(sweep["name"], trial_id)
+    run_uri = storage.join(sweep["run"]["storage"], name)
+    config = trial_config(params)
+    return {
+        "checkpoint": checkpoint_uri(best, storage_root, run_uri),
+        "metric": METRIC,
+        "mode": MODE,
+        "value": best.metrics[METRIC],
+        "trial_id": trial_id,
+        "step": best.metrics.get(TIME_ATTR),
+        "lr": params["lr"],
+        "lambda": params.get("lambda"),
+        "lambda_field": sweep.get("lambda_field"),
+        "run": run_uri,
+        "sweep": sweep_root,
+        "config": {
+            "lr": params["lr"],
+            "lambda": params.get("lambda"),
+            "lambda_field": sweep.get("lambda_field"),
+            "santa": config.to_dict(),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Sweep the learning rate and λ of a santa recipe with Ray Tune (ASHA on "
+        "dev MRR); re-running the same --storage/--name resumes the sweep.",
+    )
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
+    parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
+    parser.add_argument(
+        "--eval-data", required=True, help="BEIR dev folder: the metric ASHA ranks trials by"
+    )
+    parser.add_argument("--eval-split", default="test", help="qrels split of --eval-data")
+    parser.add_argument(
+        "--storage", required=True, help="sweep storage (Tune's storage_path): local or s3://"
+    )
+    parser.add_argument("--name", default="sweep", help="sweep name (same name = resume)")
+    parser.add_argument("--num-samples", type=int, default=8, help="trials to sample")
+    parser.add_argument("--scheduler", choices=("asha", "fifo"), default="asha")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="steps per trial (ASHA's max_t)"
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="dev evaluation (and checkpoint) every N steps; default: max steps / 4",
+    )
+    parser.add_argument(
+        "--grace-period", type=int, default=None, help="ASHA: steps before stopping a trial"
+    )
+    parser.add_argument("--reduction-factor", type=float, default=2.0, help="ASHA's η")
+    parser.add_argument(
+        "--lr-range",
+        nargs=2,
+        type=float,
+        metavar=("LOW", "HIGH"),
+        default=None,
+        help="log-uniform learning-rate range; default: the recipe's lr / 10 to lr × 10",
+    )
+    parser.add_argument(
+        "--lambda-range",
+        nargs=2,
+        type=float,
+        metavar=("LOW", "HIGH"),
+        default=(0.0, 2.0),
+        help="uniform range of λ (the objective's loss weight); LOW == HIGH: fixed",
+    )
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        default=0.0,
+        help="CPUs per training worker; 0: what leaves one CPU of the cluster to Ray Data",
+    )
+    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
+    parser.add_argument(
+        "--data-cpus", type=float, default=1.0, help="CPUs left to each trial's Ray Data"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=0, help="parallel trials; 0: sized to the cluster"
+    )
+    parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the parameter sampling")
+    parser.add_argument(
+        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. train.global_batch_size=64",
+    )
+    return parser
+
+
+def base_config(args: argparse.Namespace) -> SantaConfig:
+    """The recipe with the sweep's own settings and the user's overrides applied."""
+    config = get_recipe(args.recipe).with_overrides(
+        [
+            f"train.num_workers={args.num_workers}",
+            *(["train.use_gpu=true"] if args.gpu else []),
+            *args.overrides,
+            *([f"train.max_steps={args.max_steps}"] if args.max_steps else []),
+        ]
+    )
+    max_steps = config.train.max_steps
+    if not max_steps:
+        raise ValueError("a sweep needs a step budget: --max-steps N (ASHA's max_t)")
+    eval_every = args.eval_every or config.train.eval_every or max(1, max_steps // 4)
+    cadence = [f"train.eval_every={eval_every}"]
+    if config.train.checkpoint_every is None:
+        # Every result Tune sees then comes with the checkpoint it was measured on.
+        cadence.append(f"train.checkpoint_every={eval_every}")
+    return config.with_overrides(cadence)
+
+
+def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str, Any]):
+    """Tune's param space: log-uniform lr, uniform λ (when the objective has one)."""
+    from ray import tune
+
+    lr = config.train.learning_rate
+    low, high = args.lr_range or (lr / 10, lr * 10)
+    if not 0 < low <= high:
+        raise ValueError(f"--lr-range must satisfy 0 < LOW <= HIGH, got {low} {high}")
+    space: dict[str, Any] = {"lr": tune.loguniform(low, high) if low < high else low}
+    if sweep["lambda_field"]:
+        low_l, high_l = args.lambda_range
+        if not 0 <= low_l <= high_l:
+            raise ValueError(f"--lambda-range must satisfy 0 <= LOW <= HIGH, got {low_l} {high_l}")
+        space["lambda"] = tune.uniform(low_l, high_l) if low_l < high_l else low_l
+    space["sweep"] = sweep
+    return space
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        config = base_config(args)
+    except ValueError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from santa.ray_utils import init_ray
+    from santa.train.trainer import RunSpec, worker_cpus
+
+    storage_root = absolute(args.storage)
+    sweep_root = storage.join(storage_root, args.name)
+    trainable = tune.with_resources(train_trial, TRIAL_DRIVER_RESOURCES)
+
+    init_ray(args.address)
+    import ray
+
+    if tune.Tuner.can_restore(sweep_root):
+        print(f"resuming the sweep at {sweep_root} (its trials, space and limits as first set)")
+        tuner = tune.Tuner.restore(sweep_root, trainable=trainable, resume_errored=True)
+    else:
+        field = lambda_field(config)
+        if field is None:
+            print(
+                f"λ is not swept: the {objective(config)!r} objective of recipe "
+                f"{args.recipe!r} has no loss weight (MEP needs a T5 backbone in pretraining)"
+            )
+        cpus = worker_cpus(
+            RunSpec(
+                data="",
+                storage="",
+                name="",
+                num_workers=args.num_workers,
+                cpus_per_worker=args.cpus_per_worker,
+            )
+        )
+        resources = ray.cluster_resources()
+        concurrent = args.max_concurrent or max_concurrent_trials(
+            resources, args.num_workers, cpus, args.gpu, args.data_cpus
+        )
+        print(
+            f"max_concurrent_trials={concurrent} (cluster: {resources.get('CPU', 0):g} CPU, "
+            f"{resources.get('GPU', 0):g} GPU; per trial: {args.num_workers} workers × "
+            f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''} + {args.data_cpus:g} CPU for Ray Data)"
+        )
+        sweep = {
+            "name": args.name,
+            "metric": METRIC,
+            "lambda_field": field,
+            "santa": config.to_dict(),
+            "run": {
+                "data": absolute(args.data),
+                "storage": storage.join(sweep_root, RUNS_DIR),
+                "num_workers": args.num_workers,
+                "use_gpu": args.gpu,
+                "cpus_per_worker": cpus,
+                "max_failures": args.max_failures,
+                "eval_data": absolute(args.eval_data),
+                "eval_split": args.eval_split,
+            },
+        }
+        try:
+            space = search_space(args, config, sweep)
+        except ValueError as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 2
+        max_steps = config.train.max_steps
+        if args.scheduler == "asha":
+            scheduler = ASHAScheduler(
+                time_attr=TIME_ATTR,
+                max_t=max_steps,
+                grace_period=min(max_steps, args.grace_period or config.train.eval_every),
+                reduction_factor=args.reduction_factor,
+            )
+        else:
+            scheduler = FIFOScheduler()
+        tuner = tune.Tuner(
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=METRIC,
+                mode=MODE,
+                num_samples=args.num_samples,
+                scheduler=scheduler,
+                # A SearchGenerator ignores TuneConfig's max_concurrent_trials: set it here.
+                search_alg=BasicVariantGenerator(random_state=args.seed, max_concurrent=concurrent),
+            ),
+            run_config=tune.RunConfig(name=args.name, storage_path=storage_root),
+        )
+    result_grid = tuner.fit()
+    rows = result_rows(result_grid)
+    print(format_table(rows))
+    try:
+        best = best_record(result_grid, sweep_root, storage_root)
+    except RuntimeError as error:  # no trial reported the metric
+        print(f"{PROG}: error: no best trial: {error}", file=sys.stderr)
+        return 1
+    storage.write_json(storage.join(sweep_root, BEST_FILE), best)
+    print(
+        f"best: trial {best['trial_id']} {METRIC}={best['value']:.4f} at step {best['step']} "
+        f"(lr={best['lr']:.3g}, λ={'-' if best['lambda'] is None else format(best['lambda'], '.3g')}) "
+        f"-> {best['checkpoint']}"
+    )
+    print(f"wrote {storage.join(sweep_root, BEST_FILE)}")
+    return 1 if result_grid.num_errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
