@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +55,20 @@ def _ray(args: list[str], env: dict[str, str], timeout: float = 180) -> subproce
     )
 
 
+def _stop_processes_of(temp_dir: Path) -> None:
+    """Kill this cluster's processes only (`ray stop` would kill every Ray on the machine,
+    e.g. the test session's own cluster): those whose command line names its temp dirs.
+    Their worker processes exit when their raylet goes."""
+    mine = str(temp_dir).encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if mine in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to kill
+    time.sleep(2)
+
+
 @pytest.fixture
 def shell_cluster(moto_s3, tmp_path):
     """A head and two worker nodes started with the `ray` command line, stopped after."""
@@ -81,7 +96,7 @@ def shell_cluster(moto_s3, tmp_path):
             assert worker.returncode == 0, worker.stdout + worker.stderr
         yield {"address": f"http://127.0.0.1:{dashboard}", "env": env, "temp_dir": temp_dir}
     finally:
-        _ray(["stop", "--force"], env, timeout=120)
+        _stop_processes_of(temp_dir)
         for directory in (temp_dir, Path(f"{temp_dir}-w0"), Path(f"{temp_dir}-w1")):
             shutil.rmtree(directory, ignore_errors=True)
 
