@@ -286,6 +286,7 @@ class DualEncoder(nn.Module):
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             decoder_start_token_id=tokenizer.pad_token_id,
+            dropout_rate=model_config.tiny_dropout,
         )
         # A private RNG stream: the same seed gives the same weights whatever ran before,
         # and the caller's global RNG state is left alone.

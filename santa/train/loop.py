@@ -273,7 +273,18 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     while state["step"] < min(steps, stop_at):
         skip = state["batches_in_epoch"]  # batches this epoch already trained before a resume
         for arrays in shard.iter_batches(
-            batch_size=per_worker, drop_last=True, batch_format="numpy"
+            batch_size=per_worker,
+            drop_last=True,
+            batch_format="numpy",
+            # Pairs arrive in corpus order (all functions of a file together); a seeded
+            # local shuffle makes in-batch negatives come from across the corpus and keeps
+            # the order reproducible (so a resumed run repeats the uninterrupted one).
+            local_shuffle_buffer_size=config.train.shuffle_buffer or None,
+            local_shuffle_seed=(
+                config.train.seed + 1000 * rank + state["epoch"]
+                if config.train.shuffle_buffer
+                else None
+            ),
         ):
             if skip:
                 skip -= 1
