@@ -84,7 +84,9 @@ def stdlib_splits(tmp_path_factory):
         shutil.copy(path, tree)
     common = {"dataset": "source", "input": str(tree)}
     run_preprocess(PreprocessConfig(output=str(root / "train"), stage="pretrain", **common))
-    run_preprocess(PreprocessConfig(output=str(root / "dev"), stage="eval", split="valid", **common))
+    run_preprocess(
+        PreprocessConfig(output=str(root / "dev"), stage="eval", split="valid", **common)
+    )
     return {"train": str(root / "train"), "dev": str(root / "dev")}
 
 
