@@ -123,6 +123,7 @@ def test_offline_mining_then_finetuning_on_the_table(
     assert warm.error is None
     checkpoint = warm.checkpoint.path
     output = tmp_path / "negatives"
+    capsys.readouterr()  # only the mining job's own output below
     code = mine_negatives.main(
         ["--checkpoint", checkpoint, "--data", train_data, "--output", str(output)]
         + ["--top-k", "20", "--sample", "2"]
@@ -134,7 +135,9 @@ def test_offline_mining_then_finetuning_on_the_table(
     for query_id, negatives in table.negatives.items():
         assert len(negatives) == 2
         assert not set(negatives) & corpus.positives[query_id]
-    assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["queries"] == len(table.negatives)
+    mined = capsys.readouterr().out
+    summary = json.loads(mined[mined.index("{") : mined.rindex("}") + 1])
+    assert summary["queries"] == len(table.negatives)
 
     code = finetune.main(
         ["--recipe", "tiny", "--data", train_data, "--storage", str(tmp_path / "ft")]
