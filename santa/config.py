@@ -427,7 +427,16 @@ def minilm_path() -> str:
 
 
 def _tiny() -> SantaConfig:
-    # The debug recipe: trains in seconds on CPU; same code paths as the real ones.
+    # The debug recipe: trains in seconds on CPU; same code paths as the real ones. Chosen
+    # so that ~150 steps raise held-out MRR (unseen files) of a random-init T5 (~1M params):
+    # - cosine / τ 0.1: at init every decoder-0 state is nearly the same vector (the start
+    #   token dominates), so dot scores are huge and uninformative;
+    # - documents embedded unmasked: entity masking removes every identifier, i.e. nearly
+    #   all the words a docstring shares with its code (MEP still trains on the masked one);
+    # - a 1000-token vocabulary: identifiers split into the sub-words docstrings use
+    #   (read + line), so matching carries over to files never trained on (with 8000
+    #   tokens the gain is about a third as large);
+    # - no dropout: it cancels the gain of a short run.
     return SantaConfig(
         model=ModelConfig(
             backbone=TINY_BACKBONE,
@@ -436,6 +445,7 @@ def _tiny() -> SantaConfig:
             temperature=0.1,
             embed_unmasked_document=True,
             tiny_d_ff=512,
+            tiny_vocab_size=1000,
             tiny_dropout=0.0,
         ),
         train=TrainConfig(
