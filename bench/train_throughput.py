@@ -29,7 +29,7 @@ from santa.data.source import SourceRecords, default_source_root  # noqa: E402
 from santa.distributed import identity_gather  # noqa: E402
 from santa.model import DualEncoder  # noqa: E402
 from santa.train.data import tokenize_pairs  # noqa: E402
-from santa.train.loop import compute_losses  # noqa: E402
+from santa.train.loop import compute_losses, to_tensors  # noqa: E402
 from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings  # noqa: E402
 
 
@@ -58,6 +58,7 @@ def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> d
     torch.set_num_threads(2)
     torch.manual_seed(config.train.seed)
     model = DualEncoder.from_pretrained(init_model, config.model)
+    model.train()  # as in the Ray loop (from_pretrained returns eval mode)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
     table = pq.read_table(Path(data) / "data")
     batch_size = config.train.global_batch_size
@@ -69,7 +70,7 @@ def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> d
         arrays = tokenize_pairs(
             table.slice(start, batch_size), tokenizer_path=init_model, **settings
         )
-        batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
+        batch = to_tensors(arrays, "cpu")
         losses = compute_losses(model, batch, config, identity_gather)
         optimizer.zero_grad()
         losses["loss"].backward()
@@ -136,8 +137,10 @@ def main() -> None:
     config = get_recipe("tiny").with_overrides(
         ["train.global_batch_size=128", "train.num_workers=2"]
     )
+    # A new initial model each time: a cached one may come from an older recipe.
     init_model = prepare_initial_model(
-        config, RunSpec(data=data, storage=str(args.workdir / "runs"), name="init")
+        config,
+        RunSpec(data=data, storage=str(args.workdir / "runs"), name=f"init-{int(time.time())}"),
     )
     results = [plain_loop(config, init_model, data, args.steps, args.window)]
     print(f"plain: {results[0]['pairs_per_s']:.1f} pairs/s", flush=True)
