@@ -140,6 +140,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.time()
     config = build_config(args)
+    for name in ("storage", "data", "eval_data", "input"):
+        if getattr(args, name, None):
+            setattr(args, name, storage.absolute(getattr(args, name)))
     run_uri = storage.join(args.storage, args.name)
     init_ray(args.address)
     phases: dict[str, float] = {}

@@ -31,6 +31,14 @@ def join(uri: str, *parts: str) -> str:
     return os.path.join(uri, *parts)
 
 
+def absolute(uri: str) -> str:
+    """A local path made absolute (Ray workers and Ray Train's storage need that: they run
+    in other folders, and Train V2 rejects a relative ``storage_path``); URIs as they are."""
+    if not uri or "://" in uri:
+        return uri
+    return os.path.abspath(os.path.expanduser(uri))
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """Return ``(filesystem, path)`` for a local path or ``s3://`` URI."""
     if is_s3(uri):

@@ -42,3 +42,15 @@ def test_bytes_are_verbatim_even_for_gz_names(tmp_path):
     storage.write_bytes(str(tmp_path / "x.jsonl.gz"), payload)
     assert (tmp_path / "x.jsonl.gz").read_bytes() == payload
     assert storage.read_bytes(str(tmp_path / "x.jsonl.gz")) == payload
+
+
+def test_absolute_makes_local_paths_absolute_and_leaves_uris(tmp_path, monkeypatch):
+    from santa.train.trainer import RunSpec
+
+    monkeypatch.chdir(tmp_path)
+    assert storage.absolute("runs") == str(tmp_path / "runs")
+    assert storage.absolute("s3://bucket/runs") == "s3://bucket/runs"
+    assert storage.absolute("") == ""
+    spec = RunSpec(data="data/pairs", storage="./runs", name="x", eval_data="s3://b/dev")
+    assert spec.storage == str(tmp_path / "runs") and spec.data == str(tmp_path / "data" / "pairs")
+    assert spec.eval_data == "s3://b/dev" and spec.run_uri == str(tmp_path / "runs" / "x")

@@ -58,7 +58,7 @@ def stdlib_splits(tmp_path_factory):
     return {"train": str(root / "train"), "dev": str(root / "dev")}
 
 
-def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path):
+def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkeypatch):
     """A short tiny run lowers the loss and raises held-out MRR over the untrained model.
 
     The dev split is the pipeline's ``valid`` split (whole files the run never saw);
@@ -78,9 +78,10 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path):
             "train.max_target_length=32",
         ]
     )
+    monkeypatch.chdir(tmp_path)  # a relative storage path, as the pipeline's default ./runs
     spec = RunSpec(
         data=stdlib_splits["train"],
-        storage=str(tmp_path),
+        storage="runs",
         name="learn",
         num_workers=2,
         cpus_per_worker=0.5,
@@ -100,7 +101,7 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path):
         for url in pq.read_table(Path(stdlib_splits["train"]) / "data").column("url").to_pylist()
     }
     assert not trained_files & {doc_id.split("#")[0] for doc_id in dev.doc_ids}
-    initial = DualEncoder.from_pretrained(str(tmp_path / "learn" / "init_model"))
+    initial = DualEncoder.from_pretrained(str(tmp_path / "runs" / "learn" / "init_model"))
     with result.checkpoint.as_directory() as directory:
         trained = DualEncoder.from_pretrained(os.path.join(directory, "model"))
     lengths = {
@@ -110,7 +111,7 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path):
     before = evaluate_model(initial, dev, **lengths)["mrr@100"]
     after = evaluate_model(trained, dev, **lengths)["mrr@100"]
     assert after > before + MRR_GAIN, (before, after)
-    assert list((tmp_path / "learn" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "runs" / "learn" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def step_losses(result) -> dict[int, float]:

@@ -76,13 +76,6 @@ def run_name(sweep: str, trial_id: str) -> str:
     return f"{sweep}-{trial_id}"
 
 
-def absolute(uri: str) -> str:
-    """A local path made absolute (Ray workers run in other folders); URIs as they are."""
-    if not uri or "://" in uri:
-        return uri
-    return os.path.abspath(os.path.expanduser(uri))
-
-
 def trial_config(params: dict[str, Any]) -> SantaConfig:
     """The santa config of one trial: the base config with the sampled lr (and λ)."""
     base = SantaConfig.from_dict(params["sweep"]["santa"])
@@ -377,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     from santa.ray_utils import init_ray
     from santa.train.trainer import RunSpec, worker_cpus
 
-    storage_root = absolute(args.storage)
+    storage_root = storage.absolute(args.storage)
     sweep_root = storage.join(storage_root, args.name)
     trainable = tune.with_resources(train_trial, TRIAL_DRIVER_RESOURCES)
 
@@ -418,13 +411,13 @@ def main(argv: list[str] | None = None) -> int:
             "lambda_field": field,
             "santa": config.to_dict(),
             "run": {
-                "data": absolute(args.data),
+                "data": storage.absolute(args.data),
                 "storage": storage.join(sweep_root, RUNS_DIR),
                 "num_workers": args.num_workers,
                 "use_gpu": args.gpu,
                 "cpus_per_worker": cpus,
                 "max_failures": args.max_failures,
-                "eval_data": absolute(args.eval_data),
+                "eval_data": storage.absolute(args.eval_data),
                 "eval_split": args.eval_split,
             },
         }

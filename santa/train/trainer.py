@@ -48,6 +48,12 @@ class RunSpec:
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
 
+    def __post_init__(self) -> None:
+        # Relative local paths would be resolved by Ray's processes in their own folders
+        # (and Train V2 rejects a relative storage_path outright).
+        for name in ("data", "storage", "eval_data"):
+            object.__setattr__(self, name, storage.absolute(getattr(self, name)))
+
     @property
     def run_uri(self) -> str:
         """The run's folder under the storage path."""
