@@ -100,9 +100,6 @@ EXACT = 3
 ESCI_GAINS = {3: 1.0, 2: 0.1, 1: 0.01, 0: 0.0}
 # ranx stores judgments as int64: gains go in scaled by this (NDCG is scale-invariant).
 GAIN_SCALE = 100
-# Internal doc ids handed to ranx all have this width: its numba kernels are compiled (and
-# cached on disk) per string width, so one width means one compilation, ever.
-_RANX_ID_WIDTH = 12
 
 # query id → [(doc id, score), ...], best first.
 Ranking = dict[str, list[tuple[str, float]]]
@@ -689,39 +686,58 @@ def _means(
     return out
 
 
+# Metric names → ranx's metric functions (the same ones ranx.evaluate dispatches to).
+_RANX_METRICS = {"mrr": "reciprocal_rank", "ndcg": "ndcg", "recall": "recall"}
+
+
 def _ranx_per_query(
     judged: dict[str, dict[str, int]],
     ranking: Mapping[str, Sequence[tuple[str, float]] | Sequence[str]],
     metrics: Sequence[str],
 ) -> dict[str, dict[str, float]]:
-    """{metric: {query id: value}} from ranx, for the queries of ``judged``."""
+    """{metric: {query id: value}} from ranx, for the queries of ``judged``.
+
+    Calls ranx's metric functions (``ranx.metrics``, what ``ranx.evaluate`` runs) on
+    padded arrays: doc ids become integers, each query's ranked list is a row in our order
+    (ranx's kernels read the run as sorted), qrels rows are sorted by label (what ranx's
+    ideal DCG expects). Padding has id -1 and label 0, below ranx's relevance level 1, so
+    it never counts. This skips building ranx's Qrels/Run dictionaries, whose conversion
+    cost dominated the evaluation of small and medium corpora.
+    """
     if not judged:
         return {metric: {} for metric in metrics}
-    import ranx
+    from ranx import metrics as ranx_metrics
 
-    # Fixed-width internal doc ids (see _RANX_ID_WIDTH) and rank-derived scores, so ranx
-    # evaluates exactly our order, ties included.
-    ranked_docs = {qid: _doc_ids(ranking.get(qid, ())) for qid in judged}
-    internal: dict[str, str] = {}
-    for docs in (*judged.values(), *ranked_docs.values()):
-        for doc in docs:
-            if doc not in internal:
-                internal[doc] = f"{len(internal):0{_RANX_ID_WIDTH}d}"
-    depth = max((len(docs) for docs in ranked_docs.values()), default=0)
-    rank_scores = [float(depth - rank) for rank in range(depth)]  # strictly decreasing
-    qrels_dict = {
-        qid: {internal[doc]: label for doc, label in docs.items()} for qid, docs in judged.items()
-    }
-    run_dict: dict[str, dict[str, float]] = {}
-    for qid, docs in ranked_docs.items():
-        run_dict[qid] = dict(zip(map(internal.__getitem__, docs), rank_scores, strict=False))
-        if len(run_dict[qid]) != len(docs):
+    internal: dict[str, int] = {}
+    number = internal.setdefault
+    qids = list(judged)
+    ranked = []
+    for qid in qids:
+        docs = _doc_ids(ranking.get(qid, ()))
+        ids = [number(doc, len(internal)) for doc in docs]
+        if len(set(ids)) != len(ids):
             raise ValueError(f"the ranking of query {qid!r} lists a document twice")
-    run = ranx.Run(run_dict)
+        ranked.append(ids)
+    depth = max(1, max(len(ids) for ids in ranked))
+    width = max(len(docs) for docs in judged.values())
+    run = np.full((len(qids), depth, 2), -1.0)
+    run[:, :, 1] = np.arange(depth, 0, -1, dtype=np.float64)  # strictly decreasing scores
+    qrels = np.zeros((len(qids), width, 2))
+    qrels[:, :, 0] = -1.0
+    for row, (qid, ids) in enumerate(zip(qids, ranked, strict=True)):
+        run[row, : len(ids), 0] = ids
+        labels = sorted(judged[qid].items(), key=lambda item: -item[1])
+        qrels[row, : len(labels), 0] = [number(doc, len(internal)) for doc, _ in labels]
+        qrels[row, : len(labels), 1] = [label for _, label in labels]
+    out: dict[str, dict[str, float]] = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*unsafe cast.*")
-        ranx.evaluate(ranx.Qrels(qrels_dict), run, list(metrics), save_results_in_run=True)
-    return {m: {q: float(v) for q, v in run.scores[m].items()} for m in metrics}
+        for metric in metrics:
+            name, _, cutoff = metric.partition("@")
+            function = getattr(ranx_metrics, _RANX_METRICS[name])
+            scores = function(qrels, run, k=int(cutoff or 0), rel_lvl=1)
+            out[metric] = dict(zip(qids, map(float, scores), strict=True))
+    return out
 
 
 def _doc_ids(ranked: Sequence[tuple[str, float]] | Sequence[str]) -> list[str]:
