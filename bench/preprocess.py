@@ -1,13 +1,16 @@
 """Benchmark: preprocessing records/s, single process without Ray vs Ray Data on 1 and 2 CPUs.
 
-    python bench/preprocess.py [--records 20000] [--workdir /tmp/santa-bench]
+    python bench/preprocess.py [--records 20000 60000] [--workdir /tmp/santa-bench]
 
 The corpus is real code: CodeSearchNet-format records of documented functions from this
-interpreter's standard library, topped up from its site-packages until ``--records`` is
-reached, written as gzipped JSON-lines shards. Every mode runs the same per-record work
-(parse, validate, docstring removal, entity extraction, masking; stage pretrain). Ray
-timings exclude Ray's start-up (reported separately) and include the pipeline's own
-accounting passes (held-out check, duplicates, Parquet write).
+interpreter's standard library, topped up from its site-packages until the size asked
+for is reached, written as gzipped JSON-lines shards. Every mode does the same work and
+writes the same output: parse, validate, docstring removal, entity extraction, masking
+(stage pretrain), duplicate removal, Parquet. Ray timings exclude ``ray.init`` (reported
+separately) and include the pipeline's start (its actor pool) and its accounting passes.
+
+Each mode runs at every size; from two sizes the table also gives the steady-state rate
+(extra records / extra seconds), which leaves out the fixed start of a run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
+import pyarrow.parquet as pq  # noqa: E402
+
 from santa.data.records import (  # noqa: E402
     DropRow,
     PairOptions,
@@ -33,14 +38,15 @@ from santa.data.records import (  # noqa: E402
     normalize_codesearchnet,
     parse_json_line,
 )
+from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
 from santa.data.source import SourceRecords, default_source_root  # noqa: E402
 from santa.entities import extract_code_entities  # noqa: E402
 
 
 def build_corpus(workdir: Path, records: int, shards: int = 16) -> list[Path]:
     """Write ``records`` CSN-format records as ``shards`` .jsonl.gz files (cached)."""
-    corpus = workdir / "corpus"
-    marker = corpus / f"done-{records}"
+    corpus = workdir / f"corpus-{records}"
+    marker = corpus / "done"
     if marker.exists():
         return sorted(corpus.glob("*.jsonl.gz"))
     corpus.mkdir(parents=True, exist_ok=True)
@@ -66,23 +72,30 @@ def build_corpus(workdir: Path, records: int, shards: int = 16) -> list[Path]:
     return sorted(corpus.glob("*.jsonl.gz"))
 
 
-def run_single_process(files: list[Path]) -> dict:
-    """The same per-record work in one Python process, no Ray."""
+def run_single_process(files: list[Path], workdir: Path) -> dict:
+    """The same work in one Python process, no Ray: pairs, duplicates dropped, Parquet."""
     options = PairOptions()
     started = time.perf_counter()
-    rows = written = 0
+    rows = 0
+    pairs, seen = [], set()
     for path in files:
         with gzip.open(path, "rb") as handle:
-            for line in handle:
+            for line_number, line in enumerate(handle, start=1):
                 rows += 1
                 try:
                     record = normalize_codesearchnet(parse_json_line(line))
-                    build_code_pair(record, "codesearchnet", options)
-                    written += 1
+                    pair = build_code_pair(record, "codesearchnet", options)
                 except DropRow:
-                    pass
+                    continue
+                if pair["dedup_key"] in seen:
+                    continue
+                seen.add(pair["dedup_key"])
+                pairs.append(dict(pair, drop_reason="", row_key=f"{path}:{line_number:010d}"))
+    output = workdir / "out-single"
+    output.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows_to_table(pairs).select(PAIR_SCHEMA.names), output / "part-0.parquet")
     seconds = time.perf_counter() - started
-    return {"mode": "single process", "rows": rows, "written": written, "seconds": seconds}
+    return {"mode": "single process", "rows": rows, "written": len(pairs), "seconds": seconds}
 
 
 def run_ray(files: list[Path], cpus: int, workdir: Path) -> dict:
@@ -130,38 +143,68 @@ def entity_rate(files: list[Path], limit: int = 5000) -> float:
 
 
 def main() -> None:
-    """Run every mode and print a table."""
+    """Run every mode at every size and print a table."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--records", type=int, nargs="+", default=[20_000, 60_000])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-bench"))
     parser.add_argument("--output", type=Path, default=Path("bench/results/preprocess.json"))
     args = parser.parse_args()
-    files = build_corpus(args.workdir, args.records)
-    results = [run_single_process(files)]
-    print(
-        f"single process: {results[0]['rows'] / results[0]['seconds']:,.0f} records/s", flush=True
-    )
-    for cpus in (1, 2):
-        results.append(run_ray(files, cpus, args.workdir))
-        print(
-            f"{results[-1]['mode']}: {results[-1]['rows'] / results[-1]['seconds']:,.0f} records/s",
-            flush=True,
-        )
+    results = []
+    for records in sorted(args.records):
+        files = build_corpus(args.workdir, records)
+        runs = [run_single_process(files, args.workdir)]
+        runs += [run_ray(files, cpus, args.workdir) for cpus in (1, 2)]
+        for run in runs:
+            run["records"] = records
+            print(
+                f"{records:,} records, {run['mode']}: "
+                f"{run['rows'] / run['seconds']:,.0f} records/s",
+                flush=True,
+            )
+        results += runs
     rate = entity_rate(files)
-    base = results[0]["rows"] / results[0]["seconds"]
-    print("\n| mode | records | written | seconds | records/s | vs single | Ray start-up s |")
+    steady = steady_rates(results)
+    print("\n| mode | records | written | seconds | records/s | vs single | ray.init s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         per_s = r["rows"] / r["seconds"]
+        base = next(b for b in results if b["records"] == r["records"] and "single" in b["mode"])
         print(
             f"| {r['mode']} | {r['rows']:,} | {r['written']:,} | {r['seconds']:.1f} | "
-            f"{per_s:,.0f} | {per_s / base:.2f}x | {r.get('startup', 0):.1f} |"
+            f"{per_s:,.0f} | {per_s / (base['rows'] / base['seconds']):.2f}x | "
+            f"{r.get('startup', 0):.1f} |"
         )
+    if steady:
+        base = steady["single process"]["records_per_s"]
+        print("\nSteady state (extra records / extra seconds between the two sizes):")
+        print("| mode | records/s | vs single | fixed start s |")
+        print("|---|---:|---:|---:|")
+        for mode, r in steady.items():
+            print(
+                f"| {mode} | {r['records_per_s']:,.0f} | {r['records_per_s'] / base:.2f}x | "
+                f"{r['fixed_s']:.1f} |"
+            )
     print(f"\nPython entity extraction alone: {rate:,.0f} functions/s on one core")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
-        json.dumps({"results": results, "entity_functions_per_s": rate}, indent=2)
+        json.dumps(
+            {"results": results, "steady_state": steady, "entity_functions_per_s": rate},
+            indent=2,
+        )
     )
+
+
+def steady_rates(results: list[dict]) -> dict[str, dict[str, float]]:
+    """Per mode, from its smallest and largest size: marginal records/s and fixed seconds."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        runs = sorted((r for r in results if r["mode"] == mode), key=lambda r: r["rows"])
+        small, large = runs[0], runs[-1]
+        if large["rows"] == small["rows"]:
+            continue
+        rate = (large["rows"] - small["rows"]) / (large["seconds"] - small["seconds"])
+        out[mode] = {"records_per_s": rate, "fixed_s": small["seconds"] - small["rows"] / rate}
+    return out
 
 
 if __name__ == "__main__":

@@ -340,3 +340,30 @@ def test_preprocess_job_cli_starts_its_own_ray(tmp_path):
     report = storage.read_json(str(tmp_path / "out" / "report.json"))
     assert report["rows_read"] == 1
     assert report["rows_written"] + report["filtered"].get("other_split", 0) == 1
+
+
+def test_reads_are_split_into_small_blocks_for_the_parser_pool(tmp_path):
+    """A file becomes several blocks (parser tasks), not one: Ray's 128 MiB default would
+    give a whole file to one actor and leave the other CPUs idle at the end."""
+    import ray.data
+
+    from santa.data.pipeline import _read_block_size
+    from santa.data.readers import JsonLinesDatasource
+
+    path = tmp_path / "train.jsonl.gz"
+    records = stdlib_python_records()[:400]
+    assert len(records) >= 100
+    write_jsonl_gz(path, records)
+
+    def read():
+        return ray.data.read_datasource(
+            JsonLinesDatasource([str(path)], root=str(tmp_path), lines_per_block=50)
+        )
+
+    default = ray.data.DataContext.get_current().target_max_block_size
+    with _read_block_size(64 << 10):
+        small = read()
+    assert ray.data.DataContext.get_current().target_max_block_size == default
+    small, usual = small.materialize(), read().materialize()
+    assert small.count() == usual.count() == len(records)
+    assert small.num_blocks() >= 3 * usual.num_blocks()

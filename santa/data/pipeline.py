@@ -7,6 +7,7 @@ written, dropped for a reason, or filtered out of the requested selection.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -99,6 +100,10 @@ class PreprocessConfig:
     """For ``source``: skip test directories."""
     batch_size: int = 256
     lines_per_block: int = 1_000
+    block_bytes: int = 2 << 20
+    """Target size of the blocks read (Ray Data's ``target_max_block_size`` for this
+    dataset only). Ray's default (128 MiB) would put a whole file or several into one
+    block, i.e. into one parser task: a few large tasks leave CPUs idle at the end."""
     num_cpus_per_actor: float = 1.0
     min_actors: int = 1
     """Lower bound of the pool (Ray Data scales it up to ``max_actors`` as CPUs free up)."""
@@ -118,8 +123,8 @@ class PreprocessConfig:
             raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
         if self.esci_version not in ("small", "large"):
             raise ValueError("esci_version must be small or large")
-        if self.batch_size < 1 or self.lines_per_block < 1:
-            raise ValueError("batch_size and lines_per_block must be positive")
+        if self.batch_size < 1 or self.lines_per_block < 1 or self.block_bytes < 1:
+            raise ValueError("batch_size, lines_per_block and block_bytes must be positive")
         object.__setattr__(self, "languages", tuple(self.languages))
 
     @property
@@ -363,6 +368,19 @@ def _source_files(config: PreprocessConfig) -> list[str]:
     return files
 
 
+@contextlib.contextmanager
+def _read_block_size(nbytes: int):
+    """Datasets created inside get ``target_max_block_size=nbytes`` (each copies the
+    current DataContext when created); the process-wide context is left unchanged."""
+    context = ray.data.DataContext.get_current()
+    saved = context.target_max_block_size
+    context.target_max_block_size = nbytes
+    try:
+        yield
+    finally:
+        context.target_max_block_size = saved
+
+
 def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     """Pair rows of the requested split, plus key-only rows of the held-out splits.
 
@@ -372,7 +390,9 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     heldout = _heldout_splits(config)
     if config.dataset == "source":
         files = _source_files(config)
-        raw = ray.data.read_binary_files(files, include_paths=True, **_READ_ARGS).map_batches(
+        with _read_block_size(config.block_bytes):
+            raw = ray.data.read_binary_files(files, include_paths=True, **_READ_ARGS)
+        raw = raw.map_batches(
             extract_source_records,
             fn_kwargs={"root": config.input, "repo": "local"},
             batch_size=16,
@@ -392,10 +412,13 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
             for f in files
         ):
             raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
-        raw = ray.data.read_datasource(
-            JsonLinesDatasource(files, root=config.input, lines_per_block=config.lines_per_block),
-            **_READ_ARGS,
-        )
+        with _read_block_size(config.block_bytes):
+            raw = ray.data.read_datasource(
+                JsonLinesDatasource(
+                    files, root=config.input, lines_per_block=config.lines_per_block
+                ),
+                **_READ_ARGS,
+            )
     return raw.map_batches(
         CodePairBuilder,
         fn_constructor_kwargs={
@@ -487,17 +510,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     work = work.materialize()
     phases = {"process_s": time.time() - started}
 
-    summary = work.select_columns(
-        [
-            "language",
-            "drop_reason",
-            "row_key",
-            "dedup_key",
-            "doc_id",
-            "num_tokens",
-            "num_masked_tokens",
-        ]
-    ).to_pandas()
+    summary = _summary(work)
     phases["summary_s"] = time.time() - started - sum(phases.values())
     heldout_rows = summary["drop_reason"] == HELDOUT_MARK
     heldout_ids = set(summary.loc[heldout_rows, "doc_id"]) - {""}
@@ -547,6 +560,26 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
         report["beir"] = written
     storage.write_json(storage.join(config.output, "report.json"), report)
     return report
+
+
+_SUMMARY_COLUMNS = [
+    "language",
+    "drop_reason",
+    "row_key",
+    "dedup_key",
+    "doc_id",
+    "num_tokens",
+    "num_masked_tokens",
+]
+
+
+def _summary(work: ray.data.Dataset) -> pd.DataFrame:
+    """The accounting columns of a materialized dataset, block by block from the object
+    store (zero-copy), without another Ray Data execution."""
+    tables = [ray.get(ref).select(_SUMMARY_COLUMNS) for ref in work.to_arrow_refs()]
+    if not tables:
+        return pd.DataFrame(columns=_SUMMARY_COLUMNS)
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
 
 def build_report(
