@@ -81,18 +81,26 @@ def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
     }
 
 
-def bench_training(steps: int, refresh_every: int) -> dict:
+def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> dict:
     """Step time of a 2-worker tiny run: static table vs async refresh."""
     import ray
 
     from ray_jobs import mine_negatives
     from santa.train.trainer import RunSpec, fit
-    from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+    from tests.training import tiny_config
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from train_throughput import build_pairs  # stdlib pairs as the preprocess job writes them
 
     ray.init(address="local", num_cpus=2, log_to_driver=False)
     work = Path(tempfile.mkdtemp(prefix="santa-bench-neg-"))
-    data = write_pairs(work / "pairs", stdlib_pair_rows())
-    common = {"stage": "finetune", "log_every": 10, "hard_negatives_per_query": 1}
+    data = build_pairs(work, limit=pairs)  # the corpus the miner re-encodes at each refresh
+    common = {
+        "stage": "finetune",
+        "log_every": 10,
+        "hard_negatives_per_query": 1,
+        "global_batch_size": batch,
+    }
     warm = fit(
         tiny_config(max_steps=2, checkpoint_every=2, **{"stage": "finetune"}),
         RunSpec(data=data, storage=str(work), name="warm", num_workers=1),
@@ -136,6 +144,8 @@ def bench_training(steps: int, refresh_every: int) -> dict:
             "poll_s": float(result.metrics.get("negatives_poll_s", 0)),
             "refresh_s": float(result.metrics.get("negatives_refresh_s", 0)),
             "staleness": float(result.metrics.get("negatives_staleness", 0)),
+            "corpus": pairs,
+            "global_batch": batch,
         }
     ray.shutdown()
     base = runs["static table"]["step_time_s"]
@@ -150,16 +160,17 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--refresh-every", type=int, default=10)
+    parser.add_argument("--refresh-every", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=2000, help="training pairs = corpus")
+    parser.add_argument("--batch", type=int, default=32, help="global batch")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
 
-    results = {}
-    if args.skip_search and RESULTS.exists():
-        results = json.loads(RESULTS.read_text())  # keep the earlier search figures
-    else:
+    # A part skipped keeps its earlier figures.
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.skip_search:
         search = bench_search(args.docs, args.queries, args.dim, args.k)
         print(f"\n{args.docs:,} x {args.dim} documents, {args.queries:,} queries, top {args.k}")
         print("| method | build s | vectors/s | search s | queries/s |\n|---|---:|---:|---:|---:|")
@@ -174,7 +185,7 @@ def main() -> int:
         print(f"top-{args.k} agreement: {search['top_k_agreement']:.4f}")
         results["search"] = search
     if not args.skip_training:
-        training = bench_training(args.steps, args.refresh_every)
+        training = bench_training(args.steps, args.refresh_every, args.pairs, args.batch)
         results["training"] = training
         print("\n| run | step s | pairs/s | swaps | wait after first s | first wait s |")
         print("|---|---:|---:|---:|---:|---:|")
