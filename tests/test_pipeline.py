@@ -367,3 +367,30 @@ def test_reads_are_split_into_small_blocks_for_the_parser_pool(tmp_path):
     small, usual = small.materialize(), read().materialize()
     assert small.count() == usual.count() == len(records)
     assert small.num_blocks() >= 3 * usual.num_blocks()
+
+
+def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
+    """Many small read blocks must not become one small Parquet file each."""
+    records = stdlib_python_records()
+    write_jsonl_gz(tmp_path / "in" / "train.jsonl.gz", records)
+    outputs = {}
+    for rows_per_file in (100_000, 40):
+        output = tmp_path / f"out-{rows_per_file}"
+        report = run_preprocess(
+            PreprocessConfig(
+                dataset="codesearchnet",
+                input=str(tmp_path / "in"),
+                output=str(output),
+                block_bytes=32 << 10,
+                rows_per_file=rows_per_file,
+            )
+        )
+        files = sorted((output / "data").glob("*.parquet"))
+        assert sum(pq.read_metadata(f).num_rows for f in files) == report["rows_written"]
+        outputs[rows_per_file] = (files, report["rows_written"])
+    files, written = outputs[100_000]
+    assert written >= 80 and len(files) == 1
+    files, written = outputs[40]
+    assert 2 <= len(files) <= written // 40
+    counts = [pq.read_metadata(f).num_rows for f in files]
+    assert sum(count < 40 for count in counts) <= 1  # only the last file may be short

@@ -100,6 +100,9 @@ class PreprocessConfig:
     """For ``source``: skip test directories."""
     batch_size: int = 256
     lines_per_block: int = 1_000
+    rows_per_file: int = 50_000
+    """Pair rows per Parquet file written, at least (the last file may hold fewer):
+    small read blocks would otherwise each become a small file, one write task each."""
     block_bytes: int = 2 << 20
     """Target size of the blocks read (Ray Data's ``target_max_block_size`` for this
     dataset only). Ray's default (128 MiB) would put a whole file or several into one
@@ -123,8 +126,10 @@ class PreprocessConfig:
             raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
         if self.esci_version not in ("small", "large"):
             raise ValueError("esci_version must be small or large")
-        if self.batch_size < 1 or self.lines_per_block < 1 or self.block_bytes < 1:
-            raise ValueError("batch_size, lines_per_block and block_bytes must be positive")
+        if min(self.batch_size, self.lines_per_block, self.block_bytes, self.rows_per_file) < 1:
+            raise ValueError(
+                "batch_size, lines_per_block, block_bytes and rows_per_file must be positive"
+            )
         object.__setattr__(self, "languages", tuple(self.languages))
 
     @property
@@ -544,7 +549,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     else:
         data_uri = storage.join(config.output, "data")
         if kept.any():
-            final.write_parquet(data_uri, mode="overwrite")
+            final.write_parquet(data_uri, mode="overwrite", min_rows_per_file=config.rows_per_file)
         else:
             # Ray writes no file for an empty dataset; readers still need the schema.
             storage.delete_dir(data_uri)
