@@ -493,3 +493,33 @@ def test_stdlib_records() -> None:
     assert {r["partition"] for r in records} == {"train", "valid", "test"}
     # Files that cannot be used are rare: Python 2 test data and deliberate encoding tests.
     assert len(stats.parse_errors) + len(stats.undecodable) < 50
+
+
+def test_python_parse_retries_cpython_ast_depth_mismatch(monkeypatch) -> None:
+    """CPython 3.11 can raise a spurious SystemError from ast.parse when another thread
+    converts an AST at the same time: retried, and counted as unparsable if it persists."""
+    import ast
+
+    import santa.data.source as source_module
+
+    real_parse = ast.parse
+    failures = {"left": 1}
+
+    def flaky_parse(source, *args, **kwargs):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise SystemError("AST constructor recursion depth mismatch (before=129, after=69)")
+        return real_parse(source, *args, **kwargs)
+
+    code = 'def f(x):\n    """Double x."""\n    return 2 * x\n'
+    monkeypatch.setattr(source_module.ast, "parse", flaky_parse)
+    assert [r["func_name"] for r in extract_functions(code, "m.py", "python")] == ["f"]
+    failures["left"] = 10
+    with pytest.raises(ValueError, match="cannot parse"):
+        extract_functions(code, "m.py", "python")
+    failures["left"] = 0
+    monkeypatch.setattr(
+        source_module.ast, "parse", lambda *a, **k: (_ for _ in ()).throw(SystemError("other"))
+    )
+    with pytest.raises(SystemError, match="other"):
+        extract_functions(code, "m.py", "python")

@@ -166,13 +166,30 @@ def _make_record(
 _STMT_BLOCK_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
 
 
+def _parse_python(source: str, attempts: int = 3) -> ast.Module:
+    """``ast.parse``, retried on CPython 3.11's spurious "AST constructor recursion depth
+    mismatch" SystemError: the AST converter keeps its depth counter in module-wide state,
+    so another thread converting an AST at the same moment (a driver's background thread,
+    a threaded actor) can trip the check. Each call resets the counter, so a retry is
+    sound; if it keeps failing the source counts as unparsable."""
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                # Invalid escape sequences etc. in old code are not our concern here.
+                warnings.simplefilter("ignore")
+                return ast.parse(source)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+            if attempt == attempts - 1:
+                raise ValueError(f"cannot parse: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
 def _extract_python(source: str) -> list[tuple[str, str, str, int, int]]:
     """(func_name, code, docstring, start_line, end_line) for documented Python functions."""
     try:
-        with warnings.catch_warnings():
-            # Invalid escape sequences etc. in old code are not our concern here.
-            warnings.simplefilter("ignore")
-            tree = ast.parse(source)
+        tree = _parse_python(source)
     except (RecursionError, MemoryError) as exc:
         # Pathologically nested code; report it like other unparsable input.
         raise ValueError(f"cannot parse: {type(exc).__name__}") from exc
