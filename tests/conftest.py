@@ -65,7 +65,12 @@ class MotoServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        executable = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+        # The server of this environment's moto first: another one on PATH (a global
+        # install) can be a version whose multipart uploads fail under pyarrow.
+        beside = Path(sys.executable).parent / "moto_server"
+        executable = str(beside) if beside.is_file() else shutil.which("moto_server")
+        if executable is None:
+            raise RuntimeError("moto_server not found: pip install 'moto[server]'")
         self.process = subprocess.Popen(
             [executable, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
