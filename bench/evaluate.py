@@ -45,7 +45,7 @@ from santa.evaluate import (  # noqa: E402
 from santa.model import DualEncoder  # noqa: E402
 
 TOP_K = 100
-REPEATS = 5
+REPEATS = 10
 
 
 def build_corpus(limit: int) -> BeirData:

@@ -36,6 +36,7 @@ scores so it evaluates exactly the ranking written to the TREC run files.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -65,6 +66,7 @@ __all__ = [
     "NDCG_4CLASS",
     "PROTOCOLS",
     "BeirData",
+    "RankedLists",
     "Ranking",
     "bm25_rerank",
     "bm25_retrieve",
@@ -103,6 +105,65 @@ GAIN_SCALE = 100
 
 # query id → [(doc id, score), ...], best first.
 Ranking = dict[str, list[tuple[str, float]]]
+
+
+class RankedLists(Mapping[str, list[tuple[str, float]]]):
+    """Dense retrieval's rankings kept as arrays; reads as a :data:`Ranking` mapping.
+
+    Row ``i`` of ``rows`` ``(nq, k)`` holds the hits of ``query_ids[i]`` as positions in
+    ``doc_ids``, best first, ``-1`` for a missing hit (sorted last); ``scores`` ``(nq, k)``
+    are their scores. :func:`compute_metrics` reads the arrays directly, so evaluation
+    never builds a Python object per hit; indexing by a query id gives the usual
+    ``[(doc id, score), ...]`` list (TREC files, callers that want lists).
+    ``doc_position`` (doc id → position in ``doc_ids``, e.g. the index's own) saves
+    building that map when metrics are computed.
+    """
+
+    def __init__(
+        self,
+        query_ids: Sequence[str],
+        doc_ids: Sequence[str],
+        rows: np.ndarray,
+        scores: np.ndarray,
+        doc_position: Mapping[str, int] | None = None,
+    ) -> None:
+        self.query_ids = list(query_ids)
+        self.doc_ids = doc_ids
+        self.rows = rows
+        self.scores = scores
+        if rows.shape != scores.shape or rows.shape[0] != len(self.query_ids):
+            raise ValueError(
+                f"rows {rows.shape} and scores {scores.shape} for {len(self.query_ids)} queries"
+            )
+        self.query_row = {qid: i for i, qid in enumerate(self.query_ids)}
+        if len(self.query_row) != len(self.query_ids):
+            raise ValueError("query ids must be unique")
+        self._doc_position = doc_position
+
+    @property
+    def doc_position(self) -> Mapping[str, int]:
+        """doc id → its position in ``doc_ids`` (built once, on first use)."""
+        if self._doc_position is None:
+            self._doc_position = {doc: i for i, doc in enumerate(self.doc_ids)}
+        return self._doc_position
+
+    def __getitem__(self, qid: str) -> list[tuple[str, float]]:
+        row = self.query_row[qid]
+        hits = self.rows[row]
+        found = int(np.count_nonzero(hits >= 0))
+        doc_ids = self.doc_ids
+        return [
+            (doc_ids[j], score)
+            for j, score in zip(
+                hits[:found].tolist(), self.scores[row, :found].tolist(), strict=True
+            )
+        ]
+
+    def __iter__(self):
+        return iter(self.query_ids)
+
+    def __len__(self) -> int:
+        return len(self.query_ids)
 
 
 # ============================================================================ data
@@ -504,8 +565,11 @@ def dense_retrieve(
     similarity: str = "dot",
     index_kind: str = "flat",
     **index_options: Any,
-) -> Ranking:
-    """Top-``k`` documents per query through :class:`~santa.index.NegativeIndex`."""
+) -> RankedLists:
+    """Top-``k`` documents per query through :class:`~santa.index.NegativeIndex`.
+
+    The result stays in array form (:class:`RankedLists`): no Python object per hit.
+    """
     from santa.index import NegativeIndex
 
     if len(query_ids) != len(query_embeddings):
@@ -513,11 +577,8 @@ def dense_retrieve(
     index = NegativeIndex.build(
         _prepare(doc_embeddings, similarity), doc_ids, kind=index_kind, **index_options
     )
-    hits, scores = index.search(_prepare(query_embeddings, similarity), top_k)
-    return {
-        qid: list(zip(row, row_scores[: len(row)], strict=True))
-        for qid, row, row_scores in zip(query_ids, hits, scores.tolist(), strict=True)
-    }
+    rows, scores = index.search_rows(_prepare(query_embeddings, similarity), top_k)
+    return RankedLists(query_ids, doc_ids, rows, scores, doc_position=index.positions)
 
 
 def dense_rerank(
@@ -629,115 +690,170 @@ def compute_metrics(
 ) -> dict[str, Any]:
     """ranx metrics of ``ranking`` (ranked lists, best first) against ``qrels``.
 
-    ``graded=None`` detects ESCI grading (a label above 1). Binary metrics take labels
-    ``>= 1`` as relevant, or Exact (3) only when graded; graded qrels add
-    ``ndcg@100_4class``. See the module doc for the definitions.
+    ``ranking`` is a :class:`RankedLists` (read as arrays) or any mapping of query id to
+    ``[(doc id, score), ...]`` or ``[doc id, ...]``. ``graded=None`` detects ESCI grading
+    (a label above 1). Binary metrics take labels ``>= 1`` as relevant, or Exact (3) only
+    when graded; graded qrels add ``ndcg@100_4class``. See the module doc.
     """
+    runs = _RunArrays(ranking)
+    judgments = _Judgments(qrels, runs)
+    labels = judgments.labels
     if graded is None:
-        graded = any(label > 1 for docs in qrels.values() for label in docs.values())
+        graded = bool(len(labels)) and int(labels.max()) > 1
     if graded:
-        bad = {label for docs in qrels.values() for label in docs.values()} - set(ESCI_GAINS)
+        bad = set(np.unique(labels).tolist()) - set(ESCI_GAINS)
         if bad:
             raise ValueError(f"graded qrels must use ESCI labels 0-3, got {sorted(bad)}")
     threshold = EXACT if graded else 1
-    binary = {
-        qid: {doc: 1 for doc, label in docs.items() if label >= threshold}
-        for qid, docs in qrels.items()
-    }
-    tables = [("", binary, METRICS)]
+    # suffix → (per-judgment relevance for ranx, metrics)
+    tables = [("", (labels >= threshold).astype(np.int64), METRICS)]
     if graded:
-        gains = {
-            qid: {
-                doc: round(ESCI_GAINS[label] * GAIN_SCALE)
-                for doc, label in docs.items()
-                if ESCI_GAINS[label] > 0
-            }
-            for qid, docs in qrels.items()
-        }
-        tables.append(("_4class", gains, ("ndcg@100",)))
+        gain_of = np.array([round(ESCI_GAINS[label] * GAIN_SCALE) for label in range(4)])
+        tables.append(("_4class", gain_of[labels], ("ndcg@100",)))
 
-    per_query: dict[str, dict[str, float]] = {}
-    counts: dict[str, list[str]] = {}
-    for suffix, judged, metrics in tables:
-        judged = {qid: docs for qid, docs in judged.items() if docs}
-        counts[suffix] = list(judged)
-        for metric, scores in _ranx_per_query(judged, ranking, metrics).items():
-            per_query[metric + suffix] = scores
+    # suffix → (rows of the judged queries in qrels order, {metric: per-query values})
+    scored: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    for suffix, relevance, metrics in tables:
+        scored[suffix] = judgments.score(relevance, metrics)
 
-    result = _means(per_query, counts, None)
+    result = _means(scored, None)
     if query_languages:
+        language_of = np.array([query_languages.get(q) for q in judgments.qids], dtype=object)
         by_language: dict[str, Any] = {}
         for language in sorted(set(query_languages.values())):
-            keep = {qid for qid, lang in query_languages.items() if lang == language}
-            by_language[language] = _means(per_query, counts, keep)
+            by_language[language] = _means(scored, language_of == language)
         result["by_language"] = by_language
     return result
 
 
 def _means(
-    per_query: dict[str, dict[str, float]], counts: dict[str, list[str]], keep: set[str] | None
+    scored: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]], keep: np.ndarray | None
 ) -> dict[str, Any]:
+    """Metric means over the judged queries, or those whose qrels row ``keep`` marks."""
     out: dict[str, Any] = {}
-    for metric, scores in per_query.items():
-        values = [v for q, v in scores.items() if keep is None or q in keep]
-        out[metric] = float(np.mean(values)) if values else 0.0
-    for suffix, qids in counts.items():
-        out["num_queries" + suffix] = sum(1 for q in qids if keep is None or q in keep)
+    for suffix, (rows, per_metric) in scored.items():
+        mask = None if keep is None else keep[rows]
+        for metric, values in per_metric.items():
+            chosen = values if mask is None else values[mask]
+            out[metric + suffix] = float(chosen.mean()) if len(chosen) else 0.0
+        out["num_queries" + suffix] = len(rows) if mask is None else int(mask.sum())
     return out
+
+
+class _RunArrays:
+    """A ranking as integer doc ids per query: what ranx's kernels read.
+
+    A :class:`RankedLists` already is one (ids are corpus positions); any other mapping is
+    numbered here once, whatever the number of qrels tables scored against it.
+    """
+
+    def __init__(self, ranking: Mapping[str, Sequence[tuple[str, float]] | Sequence[str]]):
+        if isinstance(ranking, RankedLists):
+            self.query_row = ranking.query_row
+            self.rows = ranking.rows
+            self.doc_number: Mapping[str, int] = ranking.doc_position
+            return
+        numbers: dict[str, int] = {}
+        number = numbers.setdefault
+        self.query_row = {}
+        lists = []
+        for qid, ranked in ranking.items():
+            ids = [number(doc, len(numbers)) for doc in _doc_ids(ranked)]
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"the ranking of query {qid!r} lists a document twice")
+            self.query_row[qid] = len(lists)
+            lists.append(ids)
+        self.rows = np.full((len(lists), max((len(ids) for ids in lists), default=0)), -1)
+        for row, ids in enumerate(lists):
+            self.rows[row, : len(ids)] = ids
+        self.doc_number = numbers
+
+    def select(self, qids: Sequence[str]) -> np.ndarray:
+        """Rows ``(len(qids), depth)`` of ``qids`` in order; an unranked query is all ``-1``."""
+        at = np.fromiter(map(self.query_row.get, qids, itertools.repeat(-1)), np.int64, len(qids))
+        depth = max(1, self.rows.shape[1])
+        out = np.full((len(qids), depth), -1, dtype=np.int64)
+        present = at >= 0
+        out[present, : self.rows.shape[1]] = self.rows[at[present]]
+        return out
+
+
+class _Judgments:
+    """Qrels flattened to arrays, documents numbered as the ranking numbers them.
+
+    A judged document the ranking never names gets an id of its own, above every id the
+    ranking uses, so it counts in recall and the ideal DCG but is never retrieved.
+    """
+
+    def __init__(self, qrels: Mapping[str, Mapping[str, int]], runs: _RunArrays) -> None:
+        self.qids = list(qrels)
+        self.runs = runs
+        counts = [len(docs) for docs in qrels.values()]
+        docs = [doc for judged in qrels.values() for doc in judged]
+        self.query_of = np.repeat(np.arange(len(self.qids)), counts)
+        self.labels = np.fromiter(
+            (label for judged in qrels.values() for label in judged.values()), np.int64, len(docs)
+        )
+        self.doc_of = np.fromiter(
+            map(runs.doc_number.get, docs, itertools.repeat(-1)), np.int64, len(docs)
+        )
+        unknown = np.flatnonzero(self.doc_of < 0)
+        if len(unknown):
+            base = max(len(runs.doc_number), int(runs.rows.max(initial=-1)) + 1)
+            extra: dict[str, int] = {}
+            for position in unknown.tolist():
+                self.doc_of[position] = extra.setdefault(docs[position], base + len(extra))
+        self._ranked: np.ndarray | None = None
+
+    def score(
+        self, relevance: np.ndarray, metrics: Sequence[str]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """ranx's per-query ``metrics`` for the queries with a judgment of ``relevance > 0``.
+
+        Calls ranx's metric functions (``ranx.metrics``, what ``ranx.evaluate`` runs) on
+        padded arrays: each query's ranked list is a row of integer doc ids in our order
+        (ranx's kernels read the run as sorted; it gets strictly decreasing rank scores),
+        qrels rows are sorted by relevance (what ranx's ideal DCG expects). Padding has id
+        -1 and relevance 0, below ranx's relevance level 1, so it never counts. This
+        skips building ranx's Qrels/Run dictionaries, whose conversion cost dominated the
+        evaluation of small and medium corpora.
+        """
+        keep = relevance > 0
+        query_of, doc_of, relevance = self.query_of[keep], self.doc_of[keep], relevance[keep]
+        rows = np.unique(query_of)  # judged queries, in qrels order
+        if not len(rows):
+            return rows, {metric: np.zeros(0) for metric in metrics}
+        from ranx import metrics as ranx_metrics
+
+        if self._ranked is None:
+            self._ranked = self.runs.select(self.qids)
+        ranked = self._ranked[rows]
+        run = np.empty((*ranked.shape, 2))
+        run[:, :, 0] = ranked
+        run[:, :, 1] = np.arange(ranked.shape[1], 0, -1, dtype=np.float64)
+
+        query_of = np.searchsorted(rows, query_of)  # → row in the judged subset
+        order = np.lexsort((-relevance, query_of))
+        query_of, doc_of, relevance = query_of[order], doc_of[order], relevance[order]
+        counts = np.bincount(query_of, minlength=len(rows))
+        column = np.arange(len(query_of)) - (np.cumsum(counts) - counts)[query_of]
+        qrels = np.zeros((len(rows), int(counts.max()), 2))
+        qrels[:, :, 0] = -1.0
+        qrels[query_of, column, 0] = doc_of
+        qrels[query_of, column, 1] = relevance
+
+        out: dict[str, np.ndarray] = {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*unsafe cast.*")
+            for metric in metrics:
+                name, _, cutoff = metric.partition("@")
+                function = getattr(ranx_metrics, _RANX_METRICS[name])
+                out[metric] = np.asarray(function(qrels, run, k=int(cutoff or 0), rel_lvl=1))
+        return rows, out
 
 
 # Metric names → ranx's metric functions (the same ones ranx.evaluate dispatches to).
 _RANX_METRICS = {"mrr": "reciprocal_rank", "ndcg": "ndcg", "recall": "recall"}
-
-
-def _ranx_per_query(
-    judged: dict[str, dict[str, int]],
-    ranking: Mapping[str, Sequence[tuple[str, float]] | Sequence[str]],
-    metrics: Sequence[str],
-) -> dict[str, dict[str, float]]:
-    """{metric: {query id: value}} from ranx, for the queries of ``judged``.
-
-    Calls ranx's metric functions (``ranx.metrics``, what ``ranx.evaluate`` runs) on
-    padded arrays: doc ids become integers, each query's ranked list is a row in our order
-    (ranx's kernels read the run as sorted), qrels rows are sorted by label (what ranx's
-    ideal DCG expects). Padding has id -1 and label 0, below ranx's relevance level 1, so
-    it never counts. This skips building ranx's Qrels/Run dictionaries, whose conversion
-    cost dominated the evaluation of small and medium corpora.
-    """
-    if not judged:
-        return {metric: {} for metric in metrics}
-    from ranx import metrics as ranx_metrics
-
-    internal: dict[str, int] = {}
-    number = internal.setdefault
-    qids = list(judged)
-    ranked = []
-    for qid in qids:
-        docs = _doc_ids(ranking.get(qid, ()))
-        ids = [number(doc, len(internal)) for doc in docs]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"the ranking of query {qid!r} lists a document twice")
-        ranked.append(ids)
-    depth = max(1, max(len(ids) for ids in ranked))
-    width = max(len(docs) for docs in judged.values())
-    run = np.full((len(qids), depth, 2), -1.0)
-    run[:, :, 1] = np.arange(depth, 0, -1, dtype=np.float64)  # strictly decreasing scores
-    qrels = np.zeros((len(qids), width, 2))
-    qrels[:, :, 0] = -1.0
-    for row, (qid, ids) in enumerate(zip(qids, ranked, strict=True)):
-        run[row, : len(ids), 0] = ids
-        labels = sorted(judged[qid].items(), key=lambda item: -item[1])
-        qrels[row, : len(labels), 0] = [number(doc, len(internal)) for doc, _ in labels]
-        qrels[row, : len(labels), 1] = [label for _, label in labels]
-    out: dict[str, dict[str, float]] = {}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*unsafe cast.*")
-        for metric in metrics:
-            name, _, cutoff = metric.partition("@")
-            function = getattr(ranx_metrics, _RANX_METRICS[name])
-            scores = function(qrels, run, k=int(cutoff or 0), rel_lvl=1)
-            out[metric] = dict(zip(qids, map(float, scores), strict=True))
-    return out
 
 
 def _doc_ids(ranked: Sequence[tuple[str, float]] | Sequence[str]) -> list[str]:

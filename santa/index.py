@@ -22,7 +22,8 @@ of :meth:`NegativeIndex.add` calls and rows), so equal scores always rank the sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class NegativeIndex:
         self.on_gpu = self._want_gpu(use_gpu)
         self._ids: list[str] = []
         self._id_array: np.ndarray | None = None  # self._ids as an object array, built lazily
-        self._id_set: set[str] = set()
+        self._positions: dict[str, int] = {}  # id → row, also what keeps ids unique
         self._index = None  # built on the first add (IVF needs the data to train)
         self._gpu_resources = None
 
@@ -130,11 +131,11 @@ class NegativeIndex:
         ids = list(ids)
         if len(ids) != embeddings.shape[0]:
             raise ValueError(f"{embeddings.shape[0]} embeddings but {len(ids)} ids")
-        if not all(isinstance(i, str) for i in ids):
+        if not set(map(type, ids)) <= {str}:
             raise ValueError("ids must be strings")
-        new = set(ids)
-        if len(new) != len(ids) or new & self._id_set:
-            seen: set[str] = set(self._id_set)
+        new = dict(zip(ids, range(len(self._ids), len(self._ids) + len(ids)), strict=True))
+        if len(new) != len(ids) or (self._positions and not new.keys().isdisjoint(self._positions)):
+            seen: set[str] = set(self._positions)
             duplicate = next(i for i in ids if i in seen or seen.add(i))
             raise ValueError(f"duplicate id {duplicate!r}: every id must be unique")
         if not ids:
@@ -144,7 +145,10 @@ class NegativeIndex:
         self._index.add(embeddings)
         self._ids.extend(ids)
         self._id_array = None
-        self._id_set |= new
+        if self._positions:
+            self._positions.update(new)
+        else:
+            self._positions = new
 
     def _new_index(self, first_batch: np.ndarray):
         faiss = _faiss()
@@ -176,6 +180,11 @@ class NegativeIndex:
         """The ids in insertion order (row ``i`` of the index is ``ids[i]``)."""
         return list(self._ids)
 
+    @property
+    def positions(self) -> Mapping[str, int]:
+        """id → its row (what :meth:`search_rows` returns), read-only."""
+        return MappingProxyType(self._positions)
+
     def search(self, queries: np.ndarray, k: int) -> tuple[list[list[str]], np.ndarray]:
         """Top-``k`` ids per query and their scores ``(nq, k')``, ``k' = min(k, len(self))``.
 
@@ -183,25 +192,12 @@ class NegativeIndex:
         index can return fewer than ``k'`` hits for a query (IVF probing cells with too few
         vectors): its id list is then shorter and the missing scores are ``-inf``.
         """
-        if not isinstance(k, int | np.integer) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        queries = _check_matrix(queries, "queries", self.dim)
-        k = min(int(k), len(self))
-        if k == 0:
-            return [[] for _ in range(queries.shape[0])], np.zeros(
-                (queries.shape[0], 0), dtype=np.float32
-            )
-        if self.kind == "hnsw":
-            # efSearch below k caps the hits; twice k keeps recall high.
-            self._index.hnsw.efSearch = max(64, 2 * k)
+        rows, scores = self.search_rows(queries, k)
         if self._id_array is None:
             self._id_array = np.array(self._ids, dtype=object)  # (n,) for vectorised lookup
         hits: list[list[str]] = []
-        scores = np.empty((queries.shape[0], k), dtype=np.float32)
-        for start in range(0, queries.shape[0], SEARCH_BATCH_SIZE):
-            batch = queries[start : start + SEARCH_BATCH_SIZE]
-            distances, labels = _order_ties(*self._index.search(batch, k))  # (b, k) each
-            scores[start : start + len(batch)] = distances
+        for start in range(0, rows.shape[0], SEARCH_BATCH_SIZE):
+            labels = rows[start : start + SEARCH_BATCH_SIZE]
             names = self._id_array[np.maximum(labels, 0)].tolist()  # (b, k) ids
             found = labels >= 0
             if not found.all():  # missing hits are sorted last: cut them off
@@ -209,6 +205,30 @@ class NegativeIndex:
                 names = [row[:count] for row, count in zip(names, counts, strict=True)]
             hits.extend(names)
         return hits, scores
+
+    def search_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` without the id lookup: insertion-order rows ``(nq, k')`` int64.
+
+        Row ``r`` is the document added ``r``-th (``ids[r]``); a missing hit is ``-1``,
+        sorted last, with score ``-inf``. The evaluator keeps rankings in this form.
+        """
+        if not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        queries = _check_matrix(queries, "queries", self.dim)
+        k = min(int(k), len(self))
+        rows = np.empty((queries.shape[0], k), dtype=np.int64)
+        scores = np.empty((queries.shape[0], k), dtype=np.float32)
+        if k == 0:
+            return rows, scores
+        if self.kind == "hnsw":
+            # efSearch below k caps the hits; twice k keeps recall high.
+            self._index.hnsw.efSearch = max(64, 2 * k)
+        for start in range(0, queries.shape[0], SEARCH_BATCH_SIZE):
+            batch = queries[start : start + SEARCH_BATCH_SIZE]
+            distances, labels = _order_ties(*self._index.search(batch, k))  # (b, k) each
+            scores[start : start + len(batch)] = distances
+            rows[start : start + len(batch)] = labels
+        return rows, scores
 
     def __repr__(self) -> str:
         where = "gpu" if self.on_gpu else "cpu"
@@ -246,6 +266,8 @@ def _check_matrix(array: np.ndarray, name: str, dim: int | None = None) -> np.nd
         raise ValueError(f"{name} have dimension {array.shape[1]}, the index has {dim}")
     if array.shape[1] == 0:
         raise ValueError(f"{name} must have a positive dimension")
-    if not np.isfinite(array).all():
+    # A NaN or infinity anywhere makes the sum non-finite; a finite sum proves there is
+    # none, at half the cost of the elementwise test (which settles overflowing sums).
+    if not np.isfinite(array.sum()) and not np.isfinite(array).all():
         raise ValueError(f"{name} contain NaN or infinite values")
     return np.ascontiguousarray(array)

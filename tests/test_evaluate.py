@@ -188,6 +188,59 @@ def test_dense_retrieval_equals_brute_force_ranking(similarity) -> None:
         np.testing.assert_allclose(scores, top.values[row].numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_array_rankings_read_as_lists_and_score_like_the_same_lists() -> None:
+    """dense_retrieve's RankedLists: a Mapping of (doc, score) lists, and compute_metrics
+    on its arrays equals compute_metrics on the same rankings as plain lists, for binary
+    and ESCI-graded qrels, a judged document outside the corpus and an unranked query."""
+    rng = np.random.default_rng(7)
+    docs = rng.standard_normal((120, 16)).astype(np.float32)
+    queries = rng.standard_normal((30, 16)).astype(np.float32)
+    doc_ids = [f"d{i}" for i in range(120)]
+    query_ids = [f"q{i}" for i in range(30)]
+    ranking = ev.dense_retrieve(queries, query_ids, docs, doc_ids, top_k=20)
+    assert isinstance(ranking, ev.RankedLists) and len(ranking) == 30
+    assert list(ranking) == query_ids
+    top = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :20]
+    assert [doc for doc, _ in ranking["q3"]] == [doc_ids[j] for j in top[3]]
+    as_lists = {qid: list(hits) for qid, hits in ranking.items()}
+
+    for graded in (False, True):
+        qrels = {}
+        for q in range(30):
+            labels = rng.integers(0, 4 if graded else 2, size=120)
+            qrels[f"q{q}"] = {doc_ids[j]: int(labels[j]) for j in top[q][:12] if labels[j] > 0}
+            qrels[f"q{q}"][doc_ids[int(rng.integers(120))]] = 3 if graded else 1
+        qrels["q0"]["not-in-corpus"] = 3 if graded else 1
+        qrels["unranked"] = {"d1": 3 if graded else 1}
+        languages = {q: ("go" if len(q) % 2 else "ruby") for q in qrels}
+        fast = ev.compute_metrics(qrels, ranking, graded=graded, query_languages=languages)
+        slow = ev.compute_metrics(qrels, as_lists, graded=graded, query_languages=languages)
+        assert fast.keys() == slow.keys() and fast["by_language"].keys() == {"go", "ruby"}
+        for metric, value in fast.items():
+            if metric == "by_language":
+                for language, values in value.items():
+                    assert values == pytest.approx(slow["by_language"][language])
+            else:
+                assert value == pytest.approx(slow[metric]), metric
+        assert fast["num_queries"] == 31
+        if graded:
+            assert "ndcg@100_4class" in fast
+
+
+def test_array_rankings_cut_missing_hits_and_reject_bad_shapes() -> None:
+    rows = np.array([[2, 0, -1], [-1, -1, -1]])
+    scores = np.array([[0.9, 0.5, -np.inf], [-np.inf] * 3], dtype=np.float32)
+    ranking = ev.RankedLists(["a", "b"], ["x", "y", "z"], rows, scores)
+    assert ranking["a"] == [("z", pytest.approx(0.9)), ("x", pytest.approx(0.5))]
+    assert ranking["b"] == []
+    result = ev.compute_metrics({"a": {"x": 1}, "b": {"y": 1}}, ranking)
+    assert result["mrr@100"] == pytest.approx((0.5 + 0) / 2)
+    with pytest.raises(ValueError, match="unique"):
+        ev.RankedLists(["a", "a"], ["x", "y", "z"], rows, scores)
+    with pytest.raises(ValueError, match="for 3 queries"):
+        ev.RankedLists(["a", "b", "c"], ["x", "y", "z"], rows, scores)
+
+
 def test_dense_rerank_ranks_each_querys_candidates_only() -> None:
     docs = np.array([[1, 0], [0, 1], [2, 0], [1, 1]], dtype=np.float32)
     queries = np.array([[1, 0], [0, 1]], dtype=np.float32)

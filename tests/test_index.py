@@ -105,6 +105,30 @@ def test_ivf_cells_with_too_few_vectors_give_shorter_hit_lists() -> None:
         assert np.all(np.diff(row_scores[: len(row)]) <= 0)
 
 
+def test_search_rows_are_the_positions_of_the_searched_ids() -> None:
+    docs, queries, ids = clustered_data(n=400, nq=20, clusters=10)
+    for kind, options in (("flat", {}), ("ivf", {"nlist": 10, "nprobe": 1})):
+        index = NegativeIndex.build(docs, ids, kind=kind, **options)
+        hits, scores = index.search(queries, 300)
+        rows, row_scores = index.search_rows(queries, 300)
+        assert rows.dtype == np.int64 and rows.shape == scores.shape == (20, 300)
+        np.testing.assert_array_equal(row_scores, scores)
+        for row, names in zip(rows, hits, strict=True):
+            assert [ids[j] for j in row[: len(names)]] == names
+            assert np.all(row[len(names) :] == -1)  # missing hits: -1, sorted last
+
+
+def test_finite_check_tells_overflowing_sums_from_nan_and_inf() -> None:
+    big = np.full((4, 8), 3e38, dtype=np.float32)  # finite, but its float32 sum overflows
+    index = NegativeIndex.build(big, [f"d{i}" for i in range(4)])
+    assert len(index) == 4
+    for bad in (np.nan, np.inf, -np.inf):
+        docs = np.ones((4, 8), dtype=np.float32)
+        docs[2, 5] = bad
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            NegativeIndex.build(docs, [f"d{i}" for i in range(4)])
+
+
 def test_empty_index_returns_no_hits() -> None:
     index = NegativeIndex(8)
     hits, scores = index.search(np.zeros((3, 8), dtype=np.float32), 5)
