@@ -18,6 +18,7 @@ support *and* ``torch.cuda.is_available()``; ``True`` insists and raises when im
 
 Ties: the hits of a query come back ordered by score, then by insertion order (the order
 of :meth:`NegativeIndex.add` calls and rows), so equal scores always rank the same way.
+Which of several documents tied at the ``k``-th score make the top ``k`` is faiss's choice.
 """
 
 from __future__ import annotations
@@ -238,13 +239,29 @@ class NegativeIndex:
 def _order_ties(distances: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows by score descending, equal scores by label (insertion order), no-hits last.
 
-    faiss already returns each row best first; only rows with equal neighbouring scores,
-    missing hits (label -1) or any disorder are re-sorted, so the common case costs one
-    vectorised comparison.
+    faiss returns each row best first but equal scores in no set order (a flat index gives
+    them highest label first). Rows already in order cost one vectorised comparison; rows
+    whose only fault is the order inside runs of equal scores get their labels sorted
+    within each run (one integer sort, scores untouched); rows with missing hits (label
+    -1) or scores out of order are fully re-sorted.
     """
-    redo = (np.diff(distances, axis=1) >= 0).any(axis=1) | (labels < 0).any(axis=1)
-    if redo.any():
-        rows = np.flatnonzero(redo)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where hits are missing
+        steps = np.diff(distances, axis=1)
+    ties = steps == 0
+    unsorted_ties = (ties & (np.diff(labels, axis=1) < 0)).any(axis=1)
+    full = (steps > 0).any(axis=1) | (labels < 0).any(axis=1)
+    within = unsorted_ties & ~full
+    if within.any():
+        rows = np.flatnonzero(within)
+        sub_labels = labels[rows]
+        # Run number along each row (scores are non-increasing there): sorting
+        # run * stride + label sorts labels inside runs and keeps the runs in place.
+        runs = np.zeros(sub_labels.shape, dtype=np.int64)
+        np.cumsum(~ties[rows], axis=1, out=runs[:, 1:])
+        stride = int(sub_labels.max()) + 1
+        labels[rows] = np.sort(runs * stride + sub_labels, axis=1) - runs * stride
+    if full.any():
+        rows = np.flatnonzero(full)
         sub_distances, sub_labels = distances[rows], labels[rows]
         last = np.where(sub_labels < 0, np.iinfo(np.int64).max, sub_labels)
         order = np.lexsort((last, -sub_distances))
