@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
@@ -17,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
@@ -102,7 +104,9 @@ class PreprocessConfig:
     lines_per_block: int = 1_000
     rows_per_file: int = 50_000
     """Pair rows per Parquet file written, at least (the last file may hold fewer):
-    small read blocks would otherwise each become a small file, one write task each."""
+    small read blocks would otherwise each become a small file, one write task each.
+    An output of fewer than ``rows_per_file`` × cluster CPUs rows is split evenly over
+    the CPUs instead, so that its files are written in parallel."""
     block_bytes: int = 2 << 20
     """Target size of the blocks read (Ray Data's ``target_max_block_size`` for this
     dataset only). Ray's default (128 MiB) would put a whole file or several into one
@@ -482,10 +486,17 @@ def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
     return set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
 
 
-def _drop_keys(batch: pa.Table, keys: set[str]) -> pa.Table:
-    """Ray Data function: remove rows whose ``row_key`` is in ``keys``."""
-    keep = [key not in keys for key in batch.column("row_key").to_pylist()]
-    return batch.filter(pa.array(keep, pa.bool_()))
+def _output_rows(batch: pa.Table, removed: pa.Array) -> pa.Table:
+    """Ray Data function: the kept pair rows of a work block, in the output schema.
+
+    Kept means built (no drop reason) and not removed by the driver's accounting (a
+    duplicate, a held-out leak: ``removed`` row keys). One fused operator instead of a
+    filter, a key filter and a projection: one task per block fewer, per operator.
+    """
+    keep = pc.equal(batch.column("drop_reason"), "")
+    if len(removed):
+        keep = pc.and_(keep, pc.invert(pc.is_in(batch.column("row_key"), value_set=removed)))
+    return batch.filter(keep).select(PAIR_SCHEMA.names)
 
 
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
@@ -540,16 +551,22 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
         kept = report_rows["drop_reason"] == ""
     removed = set(report_rows.loc[~kept & (summary["drop_reason"] == ""), "row_key"])
 
-    final = work.filter(expr=ray.data.expressions.col("drop_reason") == "")
-    if removed:
-        final = final.map_batches(_drop_keys, fn_kwargs={"keys": removed}, batch_format="pyarrow")
-    final = final.select_columns(PAIR_SCHEMA.names)
+    final = work.map_batches(
+        _output_rows,
+        fn_kwargs={"removed": pa.array(sorted(removed), pa.string())},
+        batch_format="pyarrow",
+        batch_size=None,  # whole blocks: the rows only need filtering
+    )
     if config.stage == "eval":
         written = write_beir(final, config.output, config.wanted_split)
     else:
         data_uri = storage.join(config.output, "data")
         if kept.any():
-            final.write_parquet(data_uri, mode="overwrite", min_rows_per_file=config.rows_per_file)
+            final.write_parquet(
+                data_uri,
+                mode="overwrite",
+                min_rows_per_file=_rows_per_file(config, int(kept.sum())),
+            )
         else:
             # Ray writes no file for an empty dataset; readers still need the schema.
             storage.delete_dir(data_uri)
@@ -565,6 +582,14 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
         report["beir"] = written
     storage.write_json(storage.join(config.output, "report.json"), report)
     return report
+
+
+def _rows_per_file(config: PreprocessConfig, rows: int) -> int:
+    """``config.rows_per_file``, or fewer so that every CPU of the cluster writes a share
+    of a small output in parallel (one file per write task)."""
+    from santa.ray_utils import cluster_cpus
+
+    return max(1, min(config.rows_per_file, math.ceil(rows / max(1, int(cluster_cpus())))))
 
 
 _SUMMARY_COLUMNS = [
