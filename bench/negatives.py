@@ -110,11 +110,13 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
         ["--checkpoint", warm.checkpoint.path, "--data", data, "--output", str(table_dir)]
     )
     runs = {}
+    # Train V2 keeps metrics per checkpoint only: one per window (10 steps, fewer for a
+    # short run, which still needs a window after the first), all kept.
+    window = max(1, min(10, steps // 4))
     for label, source in (("static table", f"table:{table_dir}"), ("async refresh", "async")):
         config = tiny_config(
             max_steps=steps,
-            # Train V2 keeps metrics per checkpoint only: one per window, all kept.
-            checkpoint_every=10,
+            checkpoint_every=window,
             hard_negatives=source,
             negatives_refresh_every=refresh_every,
             negatives_wait_for_first="true",
@@ -126,7 +128,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
             name=label.replace(" ", "-"),
             num_workers=2,
             cpus_per_worker=0.5,
-            num_to_keep=steps // 10 + 1,
+            num_to_keep=steps // window + 1,
         )
         started = time.perf_counter()
         result = fit(config, spec)
@@ -165,11 +167,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="global batch")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
 
     # A part skipped keeps its earlier figures.
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(args.output.read_text()) if args.output.exists() else {}
     if not args.skip_search:
         search = bench_search(args.docs, args.queries, args.dim, args.k)
         print(f"\n{args.docs:,} x {args.dim} documents, {args.queries:,} queries, top {args.k}")
@@ -197,9 +200,9 @@ def main() -> int:
                 f"| {run['wait_first_s']:.2f} |"
             )
         print(f"slowdown with a concurrent refresh: {training['slowdown']:.2f}x")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
     return 0
 
 

@@ -1,0 +1,105 @@
+"""The benchmark scripts run end to end at small sizes and write consistent results.
+
+Benchmarks are not timed tests: these only catch a script that no longer runs (one broke
+unnoticed before) or whose modes stop doing the same work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(script: str, *args: str, timeout: int = 600) -> str:
+    env = dict(os.environ, RAY_DATA_DISABLE_PROGRESS_BARS="1")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout
+
+
+def test_evaluate_bench(tmp_path: Path) -> None:
+    output = tmp_path / "evaluate.json"
+    stdout = run_bench(
+        "evaluate.py",
+        "--docs",
+        "150",
+        "--models",
+        "tiny",
+        "--scale",
+        "2000",
+        "--output",
+        str(output),
+    )
+    assert "| tiny |" in stdout
+    result = json.loads(output.read_text())
+    (tiny,) = result["models"]
+    assert tiny["documents"] == tiny["queries"] == 150
+    assert tiny["documents_per_s"] > 0 and 0 <= tiny["mrr@100"] <= 1
+    (scale,) = result["scale"]
+    assert scale["documents"] == 2000 and scale["raw_faiss_s"] > 0 and scale["metrics_s"] > 0
+
+
+def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
+    output = tmp_path / "preprocess.json"
+    run_bench(
+        "preprocess.py",
+        "--records",
+        "300",
+        "600",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--output",
+        str(output),
+    )
+    result = json.loads(output.read_text())
+    for records in (300, 600):
+        runs = [r for r in result["results"] if r["records"] == records]
+        assert [r["mode"] for r in runs] == ["single process", "Ray Data, 1 CPU", "Ray Data, 2 CPU"]
+        assert {r["rows"] for r in runs} == {records}
+        assert len({r["written"] for r in runs}) == 1 and runs[0]["written"] > records // 2
+    assert set(result["steady_state"]) == {"single process", "Ray Data, 1 CPU", "Ray Data, 2 CPU"}
+    assert result["entity_functions_per_s"] > 0
+
+
+def test_negatives_bench(tmp_path: Path) -> None:
+    output = tmp_path / "negatives.json"
+    run_bench(
+        "negatives.py",
+        *("--docs", "3000", "--queries", "200", "--dim", "32", "--k", "20"),
+        *("--steps", "8", "--refresh-every", "3", "--pairs", "200", "--batch", "8"),
+        *("--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    assert result["search"]["top_k_agreement"] > 0.99
+    for label in ("static table", "async refresh"):
+        assert result["training"][label]["step_time_s"] > 0
+    assert result["training"]["static table"]["swaps"] == 0
+
+
+def test_train_throughput_bench(tmp_path: Path) -> None:
+    output = tmp_path / "train.json"
+    run_bench(
+        "train_throughput.py",
+        *("--steps", "4", "--window", "2", "--skip-minilm"),
+        *("--workdir", str(tmp_path / "work"), "--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    modes = [r["mode"] for r in result["results"]]
+    assert len(modes) == 2 and all(r["pairs_per_s"] > 0 for r in result["results"])
+    assert result["worker_rss_mb"]["tiny"] > 0
