@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from santa import storage
+from santa.data.records import product_document
 from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
 
 if TYPE_CHECKING:
@@ -206,11 +207,13 @@ class BeirData:
 
 
 def document_text(doc: Mapping[str, Any]) -> str:
-    """``title + " " + text`` for products; the text alone for code (see module doc)."""
-    title = (doc.get("title") or "").strip()
+    """``title + " " + text`` for products; the text alone for code (see module doc).
+
+    Training embeds ESCI judgment pairs the same way (``records.embedded_document``).
+    """
     text = doc.get("text") or ""
-    if title and doc.get("language") not in CODE_LANGUAGES:
-        return f"{title} {text}" if text else title
+    if doc.get("language") not in CODE_LANGUAGES:
+        return product_document(doc.get("title") or "", text)
     return text
 
 

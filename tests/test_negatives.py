@@ -132,3 +132,51 @@ def test_corpus_keeps_judged_products_and_trains_on_exact_only(tmp_path) -> None
     assert corpus.positives == {"q1": {"p1", "p2", "p3"}, "q3": {"p5"}}  # I is a negative
     assert set(corpus.documents) == {"p1", "p2", "p3", "p4", "p5"}
     assert corpus.duplicate_of["p5"] == "p1"  # same description text
+
+
+def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path) -> None:
+    """Training, mining and evaluation embed an ESCI product the same way (title + text);
+    code pairs (title = function name) and product pretraining pairs do not get the title."""
+    from santa.data.records import embedded_document
+    from santa.data.schema import PAIR_SCHEMA, rows_to_table
+    from santa.evaluate import document_text
+    from santa.tokenizer import train_tokenizer
+    from santa.train.data import tokenize_pairs
+
+    assert embedded_document("esci", " Acme Lamp ", "a desk lamp", "") == "Acme Lamp a desk lamp"
+    assert embedded_document("esci", "Acme Lamp", "a desk lamp", "<extra_id_0> lamp") == (
+        "a desk lamp"
+    )
+    assert embedded_document("advtest", "read_file", "def f(): pass", "") == "def f(): pass"
+    assert document_text({"title": " Acme Lamp ", "text": "a desk lamp", "language": "us"}) == (
+        embedded_document("esci", " Acme Lamp ", "a desk lamp", "")
+    )
+
+    rows = [
+        _row(query_id="q1", query="lamp", doc_id="p1", title="Acme", document="a lamp", label=3),
+        _row(
+            query_id="q2",
+            query="read",
+            doc_id="c1",
+            dataset="codesearchnet",
+            language="python",
+            title="read_file",
+            document="def f(): pass",
+        ),
+    ]
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows))
+    assert corpus.documents == {"p1": "Acme a lamp", "c1": "def f(): pass"}
+
+    tokenizer = train_tokenizer(["Acme a lamp def f(): pass read_file lamp read"] * 20, 400)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    out = tokenize_pairs(
+        rows_to_table(rows).select(PAIR_SCHEMA.names),
+        tokenizer_path=str(tmp_path / "tok"),
+        max_query_length=8,
+        max_document_length=16,
+        max_target_length=8,
+        with_mep=False,
+        with_document=True,
+    )
+    decoded = tokenizer.batch_decode(out["document_input_ids"], skip_special_tokens=True)
+    assert [text.strip() for text in decoded] == ["Acme a lamp", "def f(): pass"]

@@ -265,6 +265,28 @@ def product_text(product: dict[str, Any]) -> str:
     return " ".join(part for part in [description, *bullets] if part)
 
 
+def product_document(title: str, text: str) -> str:
+    """What a product is embedded as, in training and in evaluation: ``title + " " + text``
+    (the title alone when there is no text, the text alone when there is no title)."""
+    title = (title or "").strip()
+    if not title:
+        return text
+    return f"{title} {text}" if text else title
+
+
+def embedded_document(dataset: str | None, title: str, document: str, mep_target: str) -> str:
+    """The text a pair row's document is embedded as during training and mining.
+
+    ESCI query → product judgments (no MEP target) embed ``title + " " + text``, exactly
+    as evaluation embeds the BEIR corpus (:func:`santa.evaluate.document_text`); code
+    pairs embed the code alone (their title is the function name, which for AdvTest is
+    the answer) and product pretraining pairs the description alone (the paper's SDA).
+    """
+    if dataset == "esci" and not mep_target:
+        return product_document(title, document)
+    return document
+
+
 def strip_html_keep_lines(text: str) -> str:
     """Strip HTML from each line separately, so bullet points stay one per line."""
     return "\n".join(strip_html(line) for line in text.splitlines())

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from santa import storage
+from santa.data.records import embedded_document
 
 __all__ = [
     "MiningCorpus",
@@ -160,7 +161,16 @@ def load_mining_corpus(data_uri: str) -> MiningCorpus:
     files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
     if not files:
         raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
-    columns = ["dataset", "query_id", "query", "doc_id", "document", "label", "mep_target"]
+    columns = [
+        "dataset",
+        "query_id",
+        "query",
+        "doc_id",
+        "title",
+        "document",
+        "label",
+        "mep_target",
+    ]
     documents: dict[str, str] = {}
     queries: dict[str, str] = {}
     positives: dict[str, set[str]] = {}
@@ -169,9 +179,11 @@ def load_mining_corpus(data_uri: str) -> MiningCorpus:
     for uri in files:
         filesystem, path = storage.resolve(uri)
         rows = pq.read_table(path, filesystem=filesystem, columns=columns).to_pydict()
-        for dataset, query_id, query, doc_id, document, label, target in zip(
+        for dataset, query_id, query, doc_id, title, document, label, target in zip(
             *rows.values(), strict=True
         ):
+            # Mined against what training embeds (title + text for ESCI judgments).
+            document = embedded_document(dataset, title, document, target)
             if doc_id not in documents:
                 documents[doc_id] = document
                 duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)

@@ -64,6 +64,8 @@ def tokenize_pairs(
     Outputs ``query_*`` always, ``document_*`` when the unmasked document is embedded, and
     ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
     """
+    from santa.data.records import embedded_document
+
     tokenizer = load_tokenizer(tokenizer_path)
     if "dataset" in batch.column_names:
         from santa.negatives.mining import is_training_row
@@ -88,8 +90,20 @@ def tokenize_pairs(
         tokenizer, columns["query"], max_query_length
     )  # (batch, max_query_length)
     if with_document:
+        documents = columns["document"]
+        if "title" in columns:  # ESCI judgments embed title + text, as evaluation does
+            documents = [
+                embedded_document(dataset, title, document, target)
+                for dataset, title, document, target in zip(
+                    columns["dataset"],
+                    columns["title"],
+                    documents,
+                    columns["mep_target"],
+                    strict=True,
+                )
+            ]
         out["document_input_ids"], out["document_attention_mask"] = _encode(
-            tokenizer, columns["document"], max_document_length
+            tokenizer, documents, max_document_length
         )  # (batch, max_document_length)
     if with_mep:
         out["masked_input_ids"], out["masked_attention_mask"] = _encode(
@@ -112,6 +126,7 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
         "query_id",
         "doc_id",
         "query",
+        "title",
         "document",
         "masked_document",
         "mep_target",
