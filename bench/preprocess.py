@@ -1,16 +1,25 @@
 """Benchmark: preprocessing records/s, single process without Ray vs Ray Data on 1 and 2 CPUs.
 
-    python bench/preprocess.py [--records 20000 60000] [--workdir /tmp/santa-bench]
+    python bench/preprocess.py [--records 20000 60000 100000] [--repeats 3]
+                               [--workdir /tmp/santa-bench]
 
 The corpus is real code: CodeSearchNet-format records of documented functions from this
 interpreter's standard library, topped up from its site-packages until the size asked
-for is reached, written as gzipped JSON-lines shards. Every mode does the same work and
-writes the same output: parse, validate, docstring removal, entity extraction, masking
-(stage pretrain), duplicate removal, Parquet. Ray timings exclude ``ray.init`` (reported
-separately) and include the pipeline's start (its actor pool) and its accounting passes.
+for is reached (about 100k are there), written as gzipped JSON-lines shards. Every mode
+does the same work and writes the same output: parse, validate, docstring removal,
+entity extraction, masking (stage pretrain), duplicate removal, Parquet.
 
-Each mode runs at every size; from two sizes the table also gives the steady-state rate
-(extra records / extra seconds), which leaves out the fixed start of a run.
+Ray runs start on a running cluster, as a job sent with ``ray job submit`` does: each run
+starts a fresh local Ray (``ray.init``, reported, not timed) and runs one tiny Ray Data
+job on it first (``warmup``, reported, not timed), which starts the cluster's prestarted
+workers and Ray Data's detached helper actors (stats, autoscaling coordinator), started
+once per cluster. The timed part is ``run_preprocess``: its actor pool's start, both of
+its executions and its accounting. ``--cold`` times the first job instead.
+
+Each repeat runs every mode at every size, interleaved, so that a slow spell of the
+machine (this VM's speed varies by tens of percent from minute to minute) hits every mode
+alike; the table gives medians. From the smallest and largest size it also gives the
+steady-state rate (extra records / extra seconds), which leaves out the fixed start.
 """
 
 from __future__ import annotations
@@ -98,20 +107,25 @@ def run_single_process(files: list[Path], workdir: Path) -> dict:
     return {"mode": "single process", "rows": rows, "written": len(pairs), "seconds": seconds}
 
 
-def run_ray(files: list[Path], cpus: int, workdir: Path) -> dict:
+def run_ray(files: list[Path], cpus: int, workdir: Path, cold: bool = False) -> dict:
     """Run the Ray Data pipeline in a fresh process with a local Ray of ``cpus`` CPUs."""
     code = f"""
 import json, time, ray
 t0 = time.perf_counter()
 ray.init(address="local", num_cpus={cpus}, include_dashboard=False, log_to_driver=False)
 startup = time.perf_counter() - t0
+import ray.data
 from santa.data.pipeline import PreprocessConfig, run_preprocess
 t1 = time.perf_counter()
+if not {cold!r}:
+    ray.data.range(1000).map_batches(lambda batch: batch).materialize()
+warmup = time.perf_counter() - t1
+t2 = time.perf_counter()
 report = run_preprocess(PreprocessConfig(dataset="codesearchnet", input={str(files[0].parent)!r},
                         output={str(workdir / f"out-{cpus}")!r}))
-seconds = time.perf_counter() - t1
+seconds = time.perf_counter() - t2
 print("RESULT" + json.dumps({{"rows": report["rows_read"], "written": report["rows_written"],
-      "seconds": seconds, "startup": startup}}))
+      "seconds": seconds, "startup": startup, "warmup": warmup, "phases": report["phases"]}}))
 """
     env = dict(os.environ, RAY_DATA_DISABLE_PROGRESS_BARS="1")
     proc = subprocess.run(
@@ -142,40 +156,70 @@ def entity_rate(files: list[Path], limit: int = 5000) -> float:
     return min(limit, len(codes)) / (time.perf_counter() - started)
 
 
+MODES = ("single process", "Ray Data, 1 CPU", "Ray Data, 2 CPU")
+
+
+def run_mode(mode: str, files: list[Path], workdir: Path, cold: bool) -> dict:
+    """One timed run of ``mode``."""
+    if mode == MODES[0]:
+        return run_single_process(files, workdir)
+    return run_ray(files, int(mode.split(", ")[1].split()[0]), workdir, cold)
+
+
+def medians(runs: list[dict]) -> list[dict]:
+    """Per (mode, records): the run of (lower) median seconds, with every repeat's seconds."""
+    out = []
+    for records in sorted({r["records"] for r in runs}):
+        for mode in MODES:
+            same = sorted(
+                (r for r in runs if r["records"] == records and r["mode"] == mode),
+                key=lambda r: r["seconds"],
+            )
+            if same:
+                median = dict(same[(len(same) - 1) // 2])
+                median["repeats_s"] = [round(r["seconds"], 2) for r in same]
+                out.append(median)
+    return out
+
+
 def main() -> None:
-    """Run every mode at every size and print a table."""
+    """Run every mode at every size, ``--repeats`` times interleaved, and print a table."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, nargs="+", default=[20_000, 60_000])
+    parser.add_argument("--records", type=int, nargs="+", default=[20_000, 60_000, 100_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="time each Ray cluster's first job")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-bench"))
     parser.add_argument("--output", type=Path, default=Path("bench/results/preprocess.json"))
     args = parser.parse_args()
-    results = []
-    for records in sorted(args.records):
-        files = build_corpus(args.workdir, records)
-        runs = [run_single_process(files, args.workdir)]
-        runs += [run_ray(files, cpus, args.workdir) for cpus in (1, 2)]
-        for run in runs:
-            run["records"] = records
-            print(
-                f"{records:,} records, {run['mode']}: "
-                f"{run['rows'] / run['seconds']:,.0f} records/s",
-                flush=True,
-            )
-        results += runs
-    rate = entity_rate(files)
+    corpora = {records: build_corpus(args.workdir, records) for records in sorted(args.records)}
+    runs = []
+    for repeat in range(1, args.repeats + 1):
+        for records, files in corpora.items():
+            for mode in MODES:
+                run = run_mode(mode, files, args.workdir, args.cold)
+                run["records"], run["repeat"] = records, repeat
+                runs.append(run)
+                print(
+                    f"repeat {repeat}/{args.repeats}, {records:,} records, {mode}: "
+                    f"{run['seconds']:.1f} s, {run['rows'] / run['seconds']:,.0f} records/s",
+                    flush=True,
+                )
+    results = medians(runs)
+    rate = entity_rate(next(iter(corpora.values())))
     steady = steady_rates(results)
-    print("\n| mode | records | written | seconds | records/s | vs single | ray.init s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"\nMedians of {args.repeats} interleaved repeats:")
+    print("| mode | records | written | seconds | records/s | vs single | repeats s |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for r in results:
         per_s = r["rows"] / r["seconds"]
-        base = next(b for b in results if b["records"] == r["records"] and "single" in b["mode"])
+        base = next(b for b in results if b["records"] == r["records"] and b["mode"] == MODES[0])
         print(
             f"| {r['mode']} | {r['rows']:,} | {r['written']:,} | {r['seconds']:.1f} | "
             f"{per_s:,.0f} | {per_s / (base['rows'] / base['seconds']):.2f}x | "
-            f"{r.get('startup', 0):.1f} |"
+            f"{', '.join(f'{s:.1f}' for s in r['repeats_s'])} |"
         )
     if steady:
-        base = steady["single process"]["records_per_s"]
+        base = steady[MODES[0]]["records_per_s"]
         print("\nSteady state (extra records / extra seconds between the two sizes):")
         print("| mode | records/s | vs single | fixed start s |")
         print("|---|---:|---:|---:|")
@@ -188,7 +232,14 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
         json.dumps(
-            {"results": results, "steady_state": steady, "entity_functions_per_s": rate},
+            {
+                "repeats": args.repeats,
+                "cold": args.cold,
+                "results": results,
+                "runs": runs,
+                "steady_state": steady,
+                "entity_functions_per_s": rate,
+            },
             indent=2,
         )
     )

@@ -62,6 +62,8 @@ def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
         "--records",
         "300",
         "600",
+        "--repeats",
+        "2",
         "--workdir",
         str(tmp_path / "work"),
         "--output",
@@ -73,6 +75,9 @@ def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
         assert [r["mode"] for r in runs] == ["single process", "Ray Data, 1 CPU", "Ray Data, 2 CPU"]
         assert {r["rows"] for r in runs} == {records}
         assert len({r["written"] for r in runs}) == 1 and runs[0]["written"] > records // 2
+        assert all(len(r["repeats_s"]) == 2 for r in runs)
+        assert all(round(r["seconds"], 2) == r["repeats_s"][0] for r in runs)  # lower median
+    assert len(result["runs"]) == 2 * 2 * 3
     assert set(result["steady_state"]) == {"single process", "Ray Data, 1 CPU", "Ray Data, 2 CPU"}
     assert result["entity_functions_per_s"] > 0
 
