@@ -80,6 +80,21 @@ def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
     return [("s3://" + p) if is_s3(uri) else p for p in found]
 
 
+def file_sizes(uris: list[str]) -> list[int]:
+    """The size in bytes of each file (one listing call, not one per file)."""
+    if not uris:
+        return []
+    fs, _ = resolve(uris[0])  # one filesystem: resolving every s3 URI would connect anew
+    paths = [uri.removeprefix("s3://") if is_s3(uri) else resolve(uri)[1] for uri in uris]
+    infos = fs.get_file_info(paths)
+    missing = [
+        uri for uri, info in zip(uris, infos, strict=True) if info.type != pafs.FileType.File
+    ]
+    if missing:
+        raise StorageError(f"no such file: {missing[0]}")
+    return [int(info.size) for info in infos]
+
+
 def _relative_parts(path: str, root: str) -> list[str]:
     # Pure string work: posixpath.relpath would call os.getcwd(), which fails in a process
     # whose working directory was removed (e.g. a finished job's unpacked working_dir).

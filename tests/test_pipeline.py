@@ -6,6 +6,7 @@ import gzip
 import json
 import shutil
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -342,31 +343,63 @@ def test_preprocess_job_cli_starts_its_own_ray(tmp_path):
     assert report["rows_written"] + report["filtered"].get("other_split", 0) == 1
 
 
-def test_reads_are_split_into_small_blocks_for_the_parser_pool(tmp_path):
-    """A file becomes several blocks (parser tasks), not one: Ray's 128 MiB default would
-    give a whole file to one actor and leave the other CPUs idle at the end."""
+def test_large_files_are_read_in_parts_with_their_line_numbers(tmp_path):
+    """A file read by several tasks yields every line once, numbered as in the whole file:
+    one task per file would leave all but a few parsers idle on a few large files."""
+    import ray
     import ray.data
 
-    from santa.data.pipeline import _read_block_size
     from santa.data.readers import JsonLinesDatasource
 
-    path = tmp_path / "train.jsonl.gz"
-    records = stdlib_python_records()[:400]
-    assert len(records) >= 100
-    write_jsonl_gz(path, records)
-
-    def read():
-        return ray.data.read_datasource(
-            JsonLinesDatasource([str(path)], root=str(tmp_path), lines_per_block=50)
+    records = (stdlib_python_records() * 4)[:400]  # lines only: repeats are fine
+    assert len(records) == 400
+    big, small = tmp_path / "train.jsonl.gz", tmp_path / "valid.jsonl"
+    write_jsonl_gz(big, records)
+    small.write_text("".join(json.dumps(r) + "\n" for r in records[:30]))
+    # The gzip file is most of the bytes: it gets most of the 6 tasks.
+    source = JsonLinesDatasource(
+        [str(big), str(small)], root=str(tmp_path), lines_per_block=50, target_tasks=6
+    )
+    assert source.parts[0] >= 2 and source.num_read_tasks == sum(source.parts) <= 6
+    dataset = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
+    rows = dataset.materialize()
+    blocks = [ray.get(ref) for ref in rows.to_arrow_refs()]
+    # Blocks of different read tasks are never merged: the big file came in several.
+    assert sum(b.num_rows > 0 and b["path"][0].as_py() == str(big) for b in blocks) >= 2
+    table = pa.concat_tables([b for b in blocks if b.num_rows])
+    lines = sorted(
+        zip(
+            table["path"].to_pylist(),
+            table["line_number"].to_pylist(),
+            table["raw"].to_pylist(),
+            strict=True,
         )
+    )
+    got_big = [(n, json.loads(raw)) for p, n, raw in lines if p == str(big)]
+    assert got_big == list(enumerate(records, start=1))
+    assert [n for p, n, _ in lines if p == str(small)] == list(range(1, 31))
+    assert set(table["split"].to_pylist()) == {"train", "valid"}
 
-    default = ray.data.DataContext.get_current().target_max_block_size
-    with _read_block_size(64 << 10):
-        small = read()
-    assert ray.data.DataContext.get_current().target_max_block_size == default
-    small, usual = small.materialize(), read().materialize()
-    assert small.count() == usual.count() == len(records)
-    assert small.num_blocks() >= 3 * usual.num_blocks()
+
+def test_plan_parts_is_proportional_and_capped():
+    from santa.data.readers import plan_parts
+
+    assert plan_parts([100, 100, 100, 100], target_tasks=2, max_parts=8) == [1, 1, 1, 1]
+    assert plan_parts([300, 100], target_tasks=8, max_parts=8) == [6, 2]
+    assert plan_parts([1000, 1], target_tasks=100, max_parts=8) == [8, 1]
+    assert plan_parts([0, 0], target_tasks=4, max_parts=8) == [1, 1]
+
+
+def test_parsers_read_their_own_input(csn_root, tmp_path):
+    """The JSON lines read fuses into the parser actor pool: no reader tasks of their own
+    (their worker processes cost CPU on every node), and no deadlock: unfused, the read
+    tasks would wait for a CPU that the whole-cluster pool holds."""
+    from santa.data.pipeline import _code_work_dataset
+
+    root, _ = csn_root
+    config = PreprocessConfig(dataset="codesearchnet", input=str(root), output=str(tmp_path))
+    stats = _code_work_dataset(config).materialize().stats()
+    assert "ReadJsonLines->MapBatches(CodePairBuilder)" in stats, stats
 
 
 def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
@@ -381,7 +414,7 @@ def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
                 dataset="codesearchnet",
                 input=str(tmp_path / "in"),
                 output=str(output),
-                block_bytes=32 << 10,
+                lines_per_block=20,
                 rows_per_file=rows_per_file,
             )
         )
@@ -393,6 +426,6 @@ def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
     counts = [pq.read_metadata(f).num_rows for f in files]
     assert written >= 80 and len(files) == 2 and sum(counts) == written
     files, written = outputs[40]
-    assert 2 <= len(files) <= written // 40
+    assert 2 <= len(files) <= -(-written // 40)  # files of 40 rows or more, but the last
     counts = [pq.read_metadata(f).num_rows for f in files]
     assert sum(count < 40 for count in counts) <= 1  # only the last file may be short

@@ -11,6 +11,7 @@ def test_local_roundtrip_and_listing(tmp_path):
     assert storage.list_files(str(tmp_path), suffixes=(".jsonl.gz",)) == [
         str(tmp_path / "a" / "c.jsonl.gz")
     ]
+    assert storage.file_sizes([str(tmp_path / "a" / "c.jsonl.gz")]) == [2]
     assert storage.exists(str(tmp_path / "a"))
     storage.delete_dir(str(tmp_path / "a"))
     assert not storage.exists(str(tmp_path / "a"))
@@ -24,6 +25,7 @@ def test_s3_roundtrip_on_moto(moto_s3):
     assert storage.list_files(f"{bucket}/run", suffixes=(".jsonl",)) == [
         f"{bucket}/run/data/part-0.jsonl"
     ]
+    assert storage.file_sizes([f"{bucket}/run/data/part-0.jsonl"]) == [3]
 
 
 def test_missing_paths_raise_clear_errors(tmp_path, moto_s3):
@@ -33,6 +35,8 @@ def test_missing_paths_raise_clear_errors(tmp_path, moto_s3):
         storage.list_files(str(tmp_path / "absent"))
     with pytest.raises(storage.StorageError):
         storage.read_bytes("s3://no-such-bucket-here/x.json")
+    with pytest.raises(storage.StorageError, match="no such file"):
+        storage.file_sizes([str(tmp_path / "absent.jsonl")])
 
 
 def test_bytes_are_verbatim_even_for_gz_names(tmp_path):

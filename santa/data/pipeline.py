@@ -102,6 +102,11 @@ class PreprocessConfig:
     """For ``source``: skip test directories."""
     batch_size: int = 256
     lines_per_block: int = 1_000
+    """JSON lines per block read, and per parser call."""
+    read_tasks_per_cpu: int = 4
+    """JSON lines inputs are read in about this many tasks per cluster CPU (one per file,
+    more for large files; see ``JsonLinesDatasource``): enough that the last tasks balance
+    the parsers' load, few enough that each parser call is large."""
     rows_per_file: int = 50_000
     """Pair rows per Parquet file written, at least (the last file may hold fewer):
     small read blocks would otherwise each become a small file, one write task each.
@@ -109,11 +114,9 @@ class PreprocessConfig:
     the CPUs instead, so that its files are written in parallel."""
     block_bytes: int = 16 << 20
     """Target size of the blocks read (Ray Data's ``target_max_block_size`` for this
-    dataset only). Ray's default (128 MiB) would put a whole file or several into one
-    block, i.e. into one parser task: a few large tasks leave CPUs idle at the end.
-    Much smaller blocks cost more per row: at 2 MiB (a few hundred CodeSearchNet records,
-    split further by Ray Data's read parallelism) each record paid for more tasks, more
-    blocks and more scheduling than at 16 MiB (a thousand or more per parser task)."""
+    dataset only): the unit of work a parser call gets. Ray's default (128 MiB) would
+    merge the lines of a whole JSON lines file, or many source files, into one block: a
+    few large parser calls, and a whole file in a parser's memory at once."""
     num_cpus_per_actor: float = 1.0
     min_actors: int = 1
     """Lower bound of the pool (Ray Data scales it up to ``max_actors`` as CPUs free up)."""
@@ -133,9 +136,11 @@ class PreprocessConfig:
             raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
         if self.esci_version not in ("small", "large"):
             raise ValueError("esci_version must be small or large")
-        if min(self.batch_size, self.lines_per_block, self.block_bytes, self.rows_per_file) < 1:
+        sizes = (self.batch_size, self.lines_per_block, self.read_tasks_per_cpu)
+        if min(*sizes, self.block_bytes, self.rows_per_file) < 1:
             raise ValueError(
-                "batch_size, lines_per_block, block_bytes and rows_per_file must be positive"
+                "batch_size, lines_per_block, read_tasks_per_cpu, block_bytes and "
+                "rows_per_file must be positive"
             )
         object.__setattr__(self, "languages", tuple(self.languages))
 
@@ -335,20 +340,29 @@ class ProductJudgmentBuilder:
 _READ_ARGS = {"num_cpus": 0, "concurrency": 2}
 
 
-def _actor_pool(config: PreprocessConfig, start_all: bool = False) -> dict[str, Any]:
+def _cluster_cpus() -> int:
+    from santa.ray_utils import cluster_cpus
+
+    return max(1, int(cluster_cpus()))
+
+
+_DEFAULT = object()
+
+
+def _actor_pool(
+    config: PreprocessConfig, start_all: bool = False, batch_size: Any = _DEFAULT
+) -> dict[str, Any]:
     """Map arguments for a pool of pair-builder actors, one per cluster CPU by default.
 
     ``start_all`` starts the whole pool at once (actor start-up takes seconds); only safe
-    when nothing upstream needs a CPU slot, i.e. behind our zero-CPU readers.
+    when nothing upstream needs a CPU slot: zero-CPU readers, or reads fused into the pool.
     """
-    from santa.ray_utils import cluster_cpus
-
-    max_size = config.max_actors or max(1, int(cluster_cpus() / config.num_cpus_per_actor))
+    max_size = config.max_actors or max(1, int(_cluster_cpus() / config.num_cpus_per_actor))
     min_size = max_size if start_all else min(config.min_actors, max_size)
     return {
         "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,
-        "batch_size": config.batch_size,
+        "batch_size": config.batch_size if batch_size is _DEFAULT else batch_size,
         "batch_format": "pyarrow",
     }
 
@@ -400,6 +414,14 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     can be checked against them; evaluation output needs no such check.
     """
     heldout = _heldout_splits(config)
+    builder_args = {
+        "dataset": config.dataset,
+        "options": config.pair_options(),
+        "split": config.wanted_split,
+        "heldout_splits": heldout,
+        "languages": config.languages,
+        "root": config.input,
+    }
     if config.dataset == "source":
         files = _source_files(config)
         with _read_block_size(config.block_bytes):
@@ -410,6 +432,7 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
             batch_size=16,
             batch_format="pyarrow",
         )
+        pool = _actor_pool(config)
     else:
         # Files whose name says another split are not read; files of unknown split are
         # read and their rows selected by the records' own `partition` field.
@@ -424,25 +447,19 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
             for f in files
         ):
             raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
+        source = JsonLinesDatasource(
+            files,
+            root=config.input,
+            lines_per_block=config.lines_per_block,
+            target_tasks=config.read_tasks_per_cpu * _cluster_cpus(),
+        )
         with _read_block_size(config.block_bytes):
-            raw = ray.data.read_datasource(
-                JsonLinesDatasource(
-                    files, root=config.input, lines_per_block=config.lines_per_block
-                ),
-                **_READ_ARGS,
-            )
-    return raw.map_batches(
-        CodePairBuilder,
-        fn_constructor_kwargs={
-            "dataset": config.dataset,
-            "options": config.pair_options(),
-            "split": config.wanted_split,
-            "heldout_splits": heldout,
-            "languages": config.languages,
-            "root": config.input,
-        },
-        **_actor_pool(config, start_all=config.dataset != "source"),
-    )
+            raw = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
+        # The read fuses into the actor pool (each actor reads its own input) as long as
+        # it has no resources or concurrency of its own and the pool takes whole blocks.
+        # Nothing upstream then needs a CPU, so the whole pool can start at once.
+        pool = _actor_pool(config, start_all=True, batch_size=None)
+    return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
 
 
 def _read_examples(config: PreprocessConfig) -> pa.Table:
@@ -496,6 +513,8 @@ def _output_rows(batch: pa.Table, removed: pa.Array) -> pa.Table:
     duplicate, a held-out leak: ``removed`` row keys). One fused operator instead of a
     filter, a key filter and a projection: one task per block fewer, per operator.
     """
+    if not batch.num_rows:  # a read task with no lines (e.g. a part past a file's end)
+        return PAIR_SCHEMA.empty_table()
     keep = pc.equal(batch.column("drop_reason"), "")
     if len(removed):
         keep = pc.and_(keep, pc.invert(pc.is_in(batch.column("row_key"), value_set=removed)))
@@ -590,9 +609,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
 def _rows_per_file(config: PreprocessConfig, rows: int) -> int:
     """``config.rows_per_file``, or fewer so that every CPU of the cluster writes a share
     of a small output in parallel (one file per write task)."""
-    from santa.ray_utils import cluster_cpus
-
-    return max(1, min(config.rows_per_file, math.ceil(rows / max(1, int(cluster_cpus())))))
+    return max(1, min(config.rows_per_file, math.ceil(rows / _cluster_cpus())))
 
 
 _SUMMARY_COLUMNS = [
@@ -609,7 +626,9 @@ _SUMMARY_COLUMNS = [
 def _summary(work: ray.data.Dataset) -> pd.DataFrame:
     """The accounting columns of a materialized dataset, block by block from the object
     store (zero-copy), without another Ray Data execution."""
-    tables = [ray.get(ref).select(_SUMMARY_COLUMNS) for ref in work.to_arrow_refs()]
+    tables = [ray.get(ref) for ref in work.to_arrow_refs()]
+    # Empty blocks (read tasks that found no lines) may come without columns.
+    tables = [table.select(_SUMMARY_COLUMNS) for table in tables if table.num_rows]
     if not tables:
         return pd.DataFrame(columns=_SUMMARY_COLUMNS)
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()
