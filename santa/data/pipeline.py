@@ -346,23 +346,22 @@ def _cluster_cpus() -> int:
     return max(1, int(cluster_cpus()))
 
 
-_DEFAULT = object()
-
-
 def _actor_pool(
-    config: PreprocessConfig, start_all: bool = False, batch_size: Any = _DEFAULT
+    config: PreprocessConfig, start_all: bool = False, whole_blocks: bool = False
 ) -> dict[str, Any]:
     """Map arguments for a pool of pair-builder actors, one per cluster CPU by default.
 
     ``start_all`` starts the whole pool at once (actor start-up takes seconds); only safe
     when nothing upstream needs a CPU slot: zero-CPU readers, or reads fused into the pool.
+    ``whole_blocks`` gives each call a whole block (no ``batch_size``), which a read needs
+    to fuse into the pool.
     """
     max_size = config.max_actors or max(1, int(_cluster_cpus() / config.num_cpus_per_actor))
     min_size = max_size if start_all else min(config.min_actors, max_size)
     return {
         "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,
-        "batch_size": config.batch_size if batch_size is _DEFAULT else batch_size,
+        "batch_size": None if whole_blocks else config.batch_size,
         "batch_format": "pyarrow",
     }
 
@@ -458,7 +457,7 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
         # The read fuses into the actor pool (each actor reads its own input) as long as
         # it has no resources or concurrency of its own and the pool takes whole blocks.
         # Nothing upstream then needs a CPU, so the whole pool can start at once.
-        pool = _actor_pool(config, start_all=True, batch_size=None)
+        pool = _actor_pool(config, start_all=True, whole_blocks=True)
     return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
 
 

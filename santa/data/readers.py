@@ -51,10 +51,10 @@ class JsonLinesDatasource(Datasource):
     stream needs no seeking (each part decompresses the file; parts are capped at
     ``MAX_PARTS_PER_FILE`` so that this stays a small fraction of the parsing work).
 
-    The read tasks take no arguments but their part, so that Ray Data fuses them into the
-    parser actor pool downstream (``ReadJsonLines->MapBatches(...)``): the actors read
-    their own input, and no separate reader processes start, copy every line into the
-    object store, and compete with the parsers for the CPUs.
+    Read without resources or concurrency of its own, it fuses into a parser actor pool
+    downstream that takes whole blocks (``ReadJsonLines->MapBatches(...)``): the actors
+    read their own input, and no separate reader processes start, copy every line into
+    the object store and compete with the parsers for the CPUs.
     """
 
     MAX_PARTS_PER_FILE = 8
