@@ -44,7 +44,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
         default=0,
         help="parser actors at most (default: one per cluster CPU)",
     )
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="records per parser call for ESCI and source trees (JSON lines inputs are "
+        "parsed in whole blocks of 1,000 lines)",
+    )
     parser.add_argument(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
