@@ -208,3 +208,23 @@ def test_checkpoints_on_s3_load_back(pairs, moto_s3):
     embedding = model.encode(tokens["input_ids"], tokens["attention_mask"])
     assert torch.isfinite(embedding).all()
     assert np.asarray(embedding.detach()).shape[1] == model.embedding_dim
+
+
+def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path):
+    """Ranks resuming from S3 must not share a download directory: Ray's
+    ``as_directory`` lets a second process re-download into it while the first reads."""
+    import ray.train
+
+    from santa.train.loop import local_checkpoint
+
+    bucket = moto_s3.create_bucket("resume-copies")
+    storage.write_bytes(f"{bucket}/ckpt/optimizer.pt", b"x" * 1000)
+    remote = ray.train.Checkpoint(f"{bucket}/ckpt")
+    with local_checkpoint(remote) as first, local_checkpoint(remote) as second:
+        assert first != second
+        for directory in (first, second):
+            assert Path(directory, "optimizer.pt").read_bytes() == b"x" * 1000
+    assert not Path(first).exists() and not Path(second).exists()
+    local = ray.train.Checkpoint.from_directory(str(tmp_path))
+    with local_checkpoint(local) as directory:
+        assert directory == str(tmp_path)

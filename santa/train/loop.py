@@ -15,7 +15,8 @@ import os
 import random
 import tempfile
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -210,6 +211,25 @@ def total_steps(config: SantaConfig, rows: int | None) -> int:
     return max(1, config.train.epochs * (rows // config.train.global_batch_size))
 
 
+@contextmanager
+def local_checkpoint(checkpoint: Any) -> Iterator[str]:
+    """A local directory with the checkpoint's files, private to this process.
+
+    ``Checkpoint.as_directory`` shares one download directory among the processes of a
+    node, and a process that finds it unlocked downloads into it again (Ray 2.60,
+    ``Checkpoint.to_directory``), rewriting files that another rank is still reading:
+    ranks of one node resuming from S3 read truncated files. A checkpoint on a local
+    filesystem is read in place.
+    """
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        yield checkpoint.path
+        return
+    with tempfile.TemporaryDirectory(prefix="santa-resume-") as directory:
+        yield checkpoint.to_directory(directory)
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: build, resume, train, report, checkpoint."""
     import ray.train
@@ -234,7 +254,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
+        with local_checkpoint(checkpoint) as directory:
             state = load_training_state(directory, model, optimizer, scheduler)
         state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
         logger.info("rank %d resumed at step %d", rank, state["step"])
