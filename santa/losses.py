@@ -29,13 +29,20 @@ def similarity_scores(
         similarity: ``"dot"`` (raw inner product, the paper) or ``"cosine"``.
         temperature: scores are divided by it (1.0 leaves them as they are).
     """
-    if similarity == "cosine":
-        query_embeddings = F.normalize(query_embeddings, dim=-1)
-        candidate_embeddings = F.normalize(candidate_embeddings, dim=-1)
-    elif similarity != "dot":
+    if similarity not in ("dot", "cosine"):
         raise ValueError(f"similarity must be 'dot' or 'cosine', got {similarity!r}")
-    scores = query_embeddings @ candidate_embeddings.T  # (queries, candidates)
-    return scores / temperature
+    # Scores (and the softmax over them) in fp32 even under bf16/fp16 autocast: raw dot
+    # products of 768-d vectors at temperature 1 are in the tens to hundreds, where bf16
+    # keeps 2-3 significant digits and ranks near-ties by rounding.
+    with torch.autocast(device_type=query_embeddings.device.type, enabled=False):
+        dtype = torch.promote_types(query_embeddings.dtype, torch.float32)  # fp64 stays
+        query_embeddings = query_embeddings.to(dtype)
+        candidate_embeddings = candidate_embeddings.to(dtype)
+        if similarity == "cosine":
+            query_embeddings = F.normalize(query_embeddings, dim=-1)
+            candidate_embeddings = F.normalize(candidate_embeddings, dim=-1)
+        scores = query_embeddings @ candidate_embeddings.T  # (queries, candidates)
+        return scores / temperature
 
 
 def contrastive_loss(
@@ -105,7 +112,8 @@ def contrastive_loss(
         query_embeddings, candidate_embeddings, similarity=similarity, temperature=temperature
     )  # (batch, candidates)
     positives = offset + torch.arange(len(query_embeddings), device=scores.device)  # (batch,)
-    return F.cross_entropy(scores, positives)
+    with torch.autocast(device_type=scores.device.type, enabled=False):
+        return F.cross_entropy(scores, positives)  # fp32 scores → fp32 softmax
 
 
 def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

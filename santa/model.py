@@ -15,6 +15,7 @@ Single-device code: parallelism (DDP, gathering) lives in the training loop and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -37,11 +38,21 @@ from transformers import (
 )
 
 from santa import losses, storage
+from santa.backbones import read_sentence_transformers_layout
 from santa.config import ModelConfig, SantaConfig
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 
 SANTA_CONFIG_FILE = "santa_config.json"
+# The projection after pooling (a sentence-transformers Dense), saved beside the weights.
+PROJECTION_FILE = "santa_projection.safetensors"
+_ACTIVATIONS = {
+    "identity": nn.Identity,
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "sigmoid": nn.Sigmoid,
+}
 # Encoder-decoder families whose stacks and LM head follow T5ForConditionalGeneration
 # (CodeT5 checkpoints are model_type "t5").
 T5_MODEL_TYPES = ("t5", "mt5", "umt5")
@@ -85,6 +96,16 @@ class DualEncoder(nn.Module):
         self.backbone = backbone
         self.model_config = model_config
         self.tokenizer = tokenizer
+        # A linear layer after pooling (a sentence-transformers Dense); None: none.
+        self.projection: nn.Linear | None = None
+        self.projection_activation: nn.Module = nn.Identity()
+        if model_config.projection_dim is not None:
+            self.projection = nn.Linear(
+                backbone.config.hidden_size,
+                model_config.projection_dim,
+                bias=model_config.projection_bias,
+            )
+            self.projection_activation = _ACTIVATIONS[model_config.projection_activation]()
         if model_config.gradient_checkpointing:
             self.gradient_checkpointing_enable()
 
@@ -99,6 +120,8 @@ class DualEncoder(nn.Module):
     def embedding_dim(self) -> int:
         """Size of the vectors :meth:`encode` returns."""
         config = self.backbone.config
+        if self.projection is not None:
+            return self.projection.out_features
         return config.d_model if self.is_t5 else config.hidden_size
 
     @property
@@ -118,6 +141,31 @@ class DualEncoder(nn.Module):
         return int(start)
 
     # ----------------------------------------------------------------- encoding
+
+    def prepare_texts(self, texts: list[str]) -> list[str]:
+        """Texts as the backbone expects them (lower-cased when its folder says so)."""
+        if self.model_config.lowercase:
+            return [text.lower() for text in texts]
+        return list(texts)
+
+    def token_limit(self, max_length: int) -> int:
+        """``max_length`` capped by the backbone's own limit (``max_seq_length``)."""
+        limit = self.model_config.max_seq_length
+        return max_length if limit is None else min(max_length, limit)
+
+    def tokenize(
+        self, texts: list[str], max_length: int, padding: bool | str = True
+    ) -> dict[str, torch.Tensor]:
+        """Tokenize for :meth:`encode`: lower-casing and length limit of the backbone."""
+        if self.tokenizer is None:
+            raise ValueError("the model has no tokenizer: load it from a folder that has one")
+        return self.tokenizer(
+            self.prepare_texts(texts),
+            max_length=self.token_limit(max_length),
+            truncation=True,
+            padding=padding,
+            return_tensors="pt",
+        )
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Embed a batch of sequences: ``(batch, length)`` ids → ``(batch, dim)``."""
@@ -261,10 +309,14 @@ class DualEncoder(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask
         ).last_hidden_state  # (batch, length, dim)
         if self.model_config.pooling == "cls":
-            return states[:, 0]
-        mask = attention_mask.unsqueeze(-1).to(states.dtype)  # (batch, length, 1)
-        # Padding must not dilute the mean; clamp guards an all-padding row.
-        return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            pooled = states[:, 0]  # (batch, hidden)
+        else:
+            mask = attention_mask.unsqueeze(-1).to(states.dtype)  # (batch, length, 1)
+            # Padding must not dilute the mean; clamp guards an all-padding row.
+            pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        if self.projection is None:
+            return pooled
+        return self.projection_activation(self.projection(pooled))  # (batch, projection_dim)
 
     # ----------------------------------------------------------------- building and loading
 
@@ -336,11 +388,20 @@ class DualEncoder(nn.Module):
         saved_config_path = Path(location) / SANTA_CONFIG_FILE
         if model_config is None and is_local and saved_config_path.is_file():
             model_config = ModelConfig.from_dict(json.loads(saved_config_path.read_text())["model"])
+        layout = read_sentence_transformers_layout(location) if is_local else None
         if model_config is None:
-            model_config = _infer_model_config(location)
+            model_config = _infer_model_config(location, layout)
+        elif layout is not None:
+            model_config = _with_folder_structure(model_config, layout.model_fields)
         auto_class = AutoModelForSeq2SeqLM if model_config.kind == "t5" else AutoModel
         backbone = auto_class.from_pretrained(location)
-        return cls(backbone, model_config, _load_tokenizer(location, model_config, is_local))
+        model = cls(backbone, model_config, _load_tokenizer(location, model_config, is_local))
+        if model.projection is not None:
+            state = _saved_projection(location) or (layout and layout.projection_state)
+            if not state:
+                raise ValueError(f"{location}: the config has a projection but no weights for it")
+            model.projection.load_state_dict(state)
+        return model
 
     def save_pretrained(self, uri: str, santa_config: SantaConfig | None = None) -> None:
         """Write HF weights (safetensors), the tokenizer and ``santa_config.json`` to ``uri``.
@@ -368,26 +429,63 @@ class DualEncoder(nn.Module):
             payload = SantaConfig(model=self.model_config, train=santa_config.train).to_dict()
         text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
         (Path(directory) / SANTA_CONFIG_FILE).write_text(text)
+        if self.projection is not None:
+            from safetensors.torch import save_file
+
+            state = {
+                key: value.detach().cpu().contiguous()
+                for key, value in self.projection.state_dict().items()
+            }
+            save_file(state, str(Path(directory) / PROJECTION_FILE))
 
 
-def _infer_model_config(location: str) -> ModelConfig:
-    """A ModelConfig for a plain HF folder or hub name that has no santa_config.json."""
+# Fields that describe the weights and tokenizer of a folder (not choices of a recipe).
+_STRUCTURE_FIELDS = (
+    "max_seq_length",
+    "lowercase",
+    "projection_dim",
+    "projection_bias",
+    "projection_activation",
+)
+
+
+def _infer_model_config(location: str, layout=None) -> ModelConfig:
+    """A ModelConfig for a folder or hub name that has no santa_config.json.
+
+    Encoder-decoder → T5 with decoder-0 pooling; a sentence-transformers folder → its own
+    module list (pooling, projection, normalization → cosine, length, lower-casing); any
+    other encoder → CLS pooling and dot product.
+    """
     hf_config = AutoConfig.from_pretrained(location)
     if getattr(hf_config, "is_encoder_decoder", False):
         return ModelConfig(backbone=location, kind="t5")
-    return ModelConfig(
-        backbone=location, kind="encoder", pooling=_sentence_transformers_pooling(location)
-    )
+    fields = {"pooling": "cls"} if layout is None else layout.model_fields
+    return ModelConfig(backbone=location, kind="encoder", **fields)
 
 
-def _sentence_transformers_pooling(location: str) -> str:
-    """The pooling a sentence-transformers folder declares (``1_Pooling``), else CLS."""
-    pooling_file = Path(location) / "1_Pooling" / "config.json"
-    if pooling_file.is_file():
-        pooling = json.loads(pooling_file.read_text())
-        if pooling.get("pooling_mode_mean_tokens"):
-            return "mean"
-    return "cls"
+def _with_folder_structure(model_config: ModelConfig, folder_fields: dict[str, Any]) -> ModelConfig:
+    """``model_config`` with the structure a sentence-transformers folder declares.
+
+    A recipe chooses pooling and similarity; the projection, length limit and lower-casing
+    belong to the weights and tokenizer, so they come from the folder unless set.
+    """
+    defaults = ModelConfig()
+    changes = {
+        name: folder_fields[name]
+        for name in _STRUCTURE_FIELDS
+        if name in folder_fields and getattr(model_config, name) == getattr(defaults, name)
+    }
+    return dataclasses.replace(model_config, **changes) if changes else model_config
+
+
+def _saved_projection(location: str) -> dict[str, torch.Tensor] | None:
+    """The projection santa saved beside the weights, if any."""
+    path = Path(location) / PROJECTION_FILE
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
 
 
 def _load_tokenizer(

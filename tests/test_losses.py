@@ -253,3 +253,24 @@ def test_gathered_loss_on_two_processes_equals_single_process(tmp_path: Path) ->
     wrong = ranks[0]["wrong_weight_grad"]
     assert not torch.allclose(wrong, reference_step["weight_grad"])
     assert not torch.allclose(wrong * WORLD_SIZE, reference_step["weight_grad"])
+
+
+def test_scores_and_softmax_stay_fp32_under_bf16_autocast() -> None:
+    """Under autocast the matmul would run in bf16 (2-3 significant digits): the loss on
+    raw dot products of large vectors must equal the fp32 loss, not a rounded one."""
+    torch.manual_seed(0)
+    queries = torch.randn(16, 256)  # raw dot products in the tens
+    docs = 0.1 * queries + torch.randn(16, 256)
+    negatives = torch.randn(32, 256)
+    expected = contrastive_loss(queries, docs, negatives)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        got = contrastive_loss(queries, docs, negatives)
+        scores = similarity_scores(queries, docs)
+    assert got.dtype == torch.float32 and scores.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    # The same computation left to autocast is measurably off: the guard is doing work.
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        rounded = torch.nn.functional.cross_entropy(
+            torch.cat([queries @ docs.T, queries @ negatives.T], dim=1), torch.arange(16)
+        )
+    assert abs(rounded.float().item() - expected.item()) > 1e-3
