@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name, None):
             setattr(args, name, storage.absolute(getattr(args, name)))
     run_uri = storage.join(args.storage, args.name)
-    init_ray(args.address)
+    print(init_ray(args.address), flush=True)
     phases: dict[str, float] = {}
 
     if args.data:
