@@ -20,12 +20,14 @@ from typing import Any
 
 __all__ = [
     "MINILM_PACKAGE",
+    "PIPELINE_STAGES",
     "RECIPES",
     "ModelConfig",
     "SantaConfig",
     "TrainConfig",
     "get_recipe",
     "minilm_path",
+    "stage_recipe",
 ]
 
 TINY_BACKBONE = "tiny"
@@ -364,6 +366,17 @@ class SantaConfig:
                 f"(model.kind='t5'), not kind={self.model.kind!r}: encoder-only backbones "
                 "train with the SDA/DR loss only; set train.mep_weight=0"
             )
+        if (
+            self.train.uses_mep
+            and self.train.hard_negatives != "none"
+            and not self.model.embed_unmasked_document
+        ):
+            # Single-pass MEP embeds positives from the *masked* document (sentinels inside)
+            # while mined hard negatives are plain text: the model could tell them apart by
+            # the sentinels alone. With hard negatives, positives are embedded unmasked too
+            # (a second pass gives the MEP loss), so both sides of the softmax look alike.
+            model = dataclasses.replace(self.model, embed_unmasked_document=True)
+            object.__setattr__(self, "model", model)
 
     def to_dict(self) -> dict[str, Any]:
         """Return ``{"model": {...}, "train": {...}}`` of plain values."""
@@ -539,13 +552,66 @@ def _t5_base_product() -> SantaConfig:
     )
 
 
+# The paper's staged recipe (SANTA section 4 and appendix A.4): structure-aware
+# pretraining with in-batch negatives, fine-tuning with in-batch negatives, then ANCE-style
+# fine-tuning on one hard negative per query sampled from the top 100 the fine-tuned model
+# retrieves (positives removed), each stage starting from the previous one's checkpoint.
+# Code follows A.4's batch-128 setting (pretraining lr 5e-5 for 10 epochs, fine-tuning
+# lr 2e-5 for 12 epochs; the hard-negative lr 1e-6 of section 4); products follow section 4
+# (batch 16; lr 1e-4 / 5e-5 / 1e-5; 6 and 60 epochs). The paper gives no epoch count for
+# the hard-negative stage: santa repeats the fine-tuning stage's.
+PIPELINE_STAGES = ("pretrain", "finetune", "ance")
+
+
+def _finetune(base: SantaConfig, **train: Any) -> SantaConfig:
+    """``base`` as a fine-tuning stage (DR loss, no MEP) with ``train`` changes."""
+    changes = {"stage": "finetune", "mep_weight": 0.0, **train}
+    return dataclasses.replace(base, train=dataclasses.replace(base.train, **changes))
+
+
+def _ance(base: SantaConfig, **train: Any) -> SantaConfig:
+    """``base`` as the hard-negative stage: one mined negative per query from the top 100."""
+    changes = {"hard_negatives_per_query": 1, "negatives_top_k": 100, **train}
+    return _finetune(base, **changes)
+
+
+def _codet5_base_code_pretrain() -> SantaConfig:
+    config = _codet5_base_code()
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, epochs=10))
+
+
 # Factories, not instances: 'minilm' looks its package up only when asked for.
 RECIPES: dict[str, Callable[[], SantaConfig]] = {
     "tiny": _tiny,
+    "tiny-finetune": lambda: _finetune(_tiny(), learning_rate=2e-4),
+    "tiny-ance": lambda: _ance(_tiny(), learning_rate=5e-5),
     "minilm": _minilm,
-    "codet5-base-code": _codet5_base_code,
-    "t5-base-product": _t5_base_product,
+    "minilm-finetune": lambda: _finetune(_minilm()),
+    "minilm-ance": lambda: _ance(_minilm(), learning_rate=5e-6),
+    "codet5-base-code": _codet5_base_code_pretrain,
+    "codet5-base-code-finetune": lambda: _finetune(
+        _codet5_base_code(), learning_rate=2e-5, epochs=12
+    ),
+    "codet5-base-code-ance": lambda: _ance(_codet5_base_code(), learning_rate=1e-6, epochs=12),
+    "t5-base-product": lambda: dataclasses.replace(
+        _t5_base_product(), train=dataclasses.replace(_t5_base_product().train, epochs=6)
+    ),
+    "t5-base-product-finetune": lambda: _finetune(
+        _t5_base_product(), learning_rate=5e-5, epochs=60
+    ),
+    "t5-base-product-ance": lambda: _ance(_t5_base_product(), learning_rate=1e-5, epochs=60),
 }
+
+
+def stage_recipe(recipe: str, stage: str) -> SantaConfig:
+    """The config of ``stage`` (``pretrain``, ``finetune``, ``ance``) of a recipe family.
+
+    ``recipe`` names the family's pretraining recipe (``tiny``, ``codet5-base-code``, ...);
+    the later stages are ``<recipe>-finetune`` and ``<recipe>-ance``.
+    """
+    if stage not in PIPELINE_STAGES:
+        _fail(f"unknown stage {stage!r}; stages are {PIPELINE_STAGES}")
+    return get_recipe(recipe if stage == "pretrain" else f"{recipe}-{stage}")
 
 
 def get_recipe(name: str) -> SantaConfig:

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from santa.config import (
+    PIPELINE_STAGES,
     RECIPES,
     ModelConfig,
     SantaConfig,
     TrainConfig,
     get_recipe,
     minilm_path,
+    stage_recipe,
 )
 
 
@@ -192,3 +194,60 @@ def test_minilm_recipe_points_into_the_package() -> None:
     assert config.train.mep_weight == 0
     assert config.model.backbone == minilm_path()
     assert (Path(config.model.backbone) / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("family", "expected"),
+    [
+        # (stage, learning rate, global batch, epochs, MEP on, hard negatives per query)
+        (
+            "codet5-base-code",
+            [
+                ("pretrain", 5e-5, 128, 10, True, 0),
+                ("finetune", 2e-5, 128, 12, False, 0),
+                ("ance", 1e-6, 128, 12, False, 1),
+            ],
+        ),
+        (
+            "t5-base-product",
+            [
+                ("pretrain", 1e-4, 16, 6, True, 0),
+                ("finetune", 5e-5, 16, 60, False, 0),
+                ("ance", 1e-5, 16, 60, False, 1),
+            ],
+        ),
+    ],
+)
+def test_paper_stage_recipes(family: str, expected: list) -> None:
+    """SANTA section 4 and appendix A.4: each stage's learning rate, batch and epochs."""
+    for stage, lr, batch, epochs, mep, negatives in expected:
+        config = stage_recipe(family, stage)
+        train = config.train
+        assert train.stage == ("pretrain" if stage == "pretrain" else "finetune")
+        assert (train.learning_rate, train.global_batch_size, train.epochs) == (lr, batch, epochs)
+        assert train.uses_mep is mep
+        assert train.hard_negatives_per_query == negatives
+        # Pretraining uses in-batch negatives only (the paper's appendix).
+        assert stage != "pretrain" or train.hard_negatives == "none"
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_recipe(family, "distill")
+
+
+def test_every_recipe_has_its_stages() -> None:
+    for family in ("tiny", "minilm", "codet5-base-code", "t5-base-product"):
+        for stage in PIPELINE_STAGES:
+            stage_recipe(family, stage)  # loads and validates
+
+
+def test_single_pass_mep_with_hard_negatives_embeds_positives_unmasked() -> None:
+    """Single-pass MEP embeds the masked document (sentinels inside); mined negatives are
+    plain text. With hard negatives, positives must be embedded unmasked as well."""
+    base = get_recipe("codet5-base-code")
+    assert base.model.embed_unmasked_document is False  # in-batch only: the paper's one pass
+    with_negatives = base.with_overrides(
+        ["train.hard_negatives=async", "train.hard_negatives_per_query=1"]
+    )
+    assert with_negatives.model.embed_unmasked_document is True
+    assert with_negatives.train.uses_mep
+    finetune = get_recipe("codet5-base-code-ance").with_overrides(["train.hard_negatives=async"])
+    assert finetune.model.embed_unmasked_document is False  # no MEP, nothing masked
