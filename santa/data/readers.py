@@ -11,6 +11,7 @@ import functools
 import os
 import posixpath
 import re
+import zlib
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from santa import storage
+from santa.data.records import Reason
 from santa.data.schema import RAW_SCHEMA
 from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
 
@@ -118,31 +120,67 @@ def read_lines_part(
     """Blocks ``part, part + parts, ...`` of ``lines_per_block`` non-empty lines of a file
     (gzip-compressed when its name ends in ``.gz``), with their line numbers."""
     fs, local = storage.resolve(path)
-    compression = "gzip" if path.endswith(".gz") else None
     rows: list[bytes] = []
     first_line = 0
-    with fs.open_input_stream(local, compression=compression) as f:
-        for index, line in enumerate(_iter_lines(f)):
-            block, offset = divmod(index, lines_per_block)
-            if block % parts != part:
-                continue
-            if offset == 0 and rows:
-                yield _raw_block(path, first_line, rows, split)
-                rows = []
-            if not rows:
-                first_line = index + 1
-            rows.append(line)
+    index = -1
+    try:
+        with fs.open_input_stream(local, compression=None) as f:
+            chunks = _gunzipped_chunks(f) if path.endswith(".gz") else _chunks(f)
+            for index, line in enumerate(_iter_lines(chunks)):
+                block, offset = divmod(index, lines_per_block)
+                if block % parts != part:
+                    continue
+                if offset == 0 and rows:
+                    yield _raw_block(path, first_line, rows, split)
+                    rows = []
+                if not rows:
+                    first_line = index + 1
+                rows.append(line)
+    except (OSError, EOFError, zlib.error) as error:
+        # A truncated or corrupt file: keep what was read, count the rest once (part 0).
+        if rows:
+            yield _raw_block(path, first_line, rows, split)
+            rows = []
+        if part == 0:
+            message = f"{path}: {type(error).__name__}: {error}".encode()
+            yield _raw_block(path, index + 2, [message], split, drop_reason=Reason.CORRUPT_FILE)
     if rows:
         yield _raw_block(path, first_line, rows, split)
 
 
-def _iter_lines(f: pa.NativeFile, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-    """Non-empty lines of a binary stream, without decoding them."""
+_CHUNK_BYTES = 1 << 20
+
+
+def _chunks(f: pa.NativeFile) -> Iterator[bytes]:
+    while chunk := f.read(_CHUNK_BYTES):
+        yield chunk
+
+
+def _gunzipped_chunks(f: pa.NativeFile) -> Iterator[bytes]:
+    """Decompressed bytes of a gzip stream (several members allowed), as they come.
+
+    Unlike a decompressing stream that fails a whole read at a fault, everything before
+    a truncation or corruption is handed out first; then ``EOFError``/``zlib.error``.
+    """
+    decompressor = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+    fed = False
+    for chunk in _chunks(f):
+        while chunk:
+            fed = True
+            if out := decompressor.decompress(chunk):
+                yield out
+            if not decompressor.eof:
+                break
+            chunk = decompressor.unused_data  # the next gzip member, if any
+            decompressor, fed = zlib.decompressobj(wbits=47), False
+    if fed and not decompressor.eof:
+        raise EOFError("compressed stream ends before its end-of-stream marker (truncated)")
+
+
+def _iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Non-empty lines of a stream of byte chunks, without decoding them."""
     pending = b""
-    while True:
-        chunk = f.read(chunk_size)
-        if not chunk:
-            break
+    for chunk in chunks:
         pending += chunk
         lines = pending.split(b"\n")
         pending = lines.pop()
@@ -153,7 +191,9 @@ def _iter_lines(f: pa.NativeFile, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         yield pending
 
 
-def _raw_block(path: str, first_line: int, lines: list[bytes], split: str) -> pa.Table:
+def _raw_block(
+    path: str, first_line: int, lines: list[bytes], split: str, drop_reason: str = ""
+) -> pa.Table:
     count = len(lines)
     return pa.Table.from_arrays(
         [
@@ -161,7 +201,7 @@ def _raw_block(path: str, first_line: int, lines: list[bytes], split: str) -> pa
             pa.array(range(first_line, first_line + count), pa.int64()),
             pa.array(lines, pa.binary()),
             pa.array([split] * count, pa.string()),
-            pa.array([""] * count, pa.string()),
+            pa.array([drop_reason] * count, pa.string()),
         ],
         schema=RAW_SCHEMA,
     )

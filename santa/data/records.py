@@ -57,6 +57,9 @@ class Reason:
     SENTINEL_IN_TEXT = "sentinel_in_text"
     UNSUPPORTED_LANGUAGE = "unsupported_language"
     UNREADABLE_FILE = "unreadable_file"
+    # A file that breaks off (truncated or corrupt gzip, read error): the lines before the
+    # fault are kept, the rest of the file counts as one corrupt_file row naming it.
+    CORRUPT_FILE = "corrupt_file"
     # Filters: rows that are fine but not part of the requested selection.
     OTHER_LANGUAGE = "other_language"
     OTHER_SPLIT = "other_split"
