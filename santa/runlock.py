@@ -1,0 +1,192 @@
+"""One writer per run: a lock on ``STORAGE/NAME`` held for as long as a job writes there.
+
+Two runs with the same ``--name`` would interleave their checkpoints and overwrite each
+other's reports. The first job to take the lock writes; a second one fails at once with
+one line naming the holder.
+
+- Local storage: an exclusive ``flock`` on ``NAME/.santa-lock`` (released by the kernel
+  when the holder exits, even on ``kill -9``; the file says who holds it).
+- S3: a lease object ``NAME/.santa-lock.json`` with the owner, host, pid and a heartbeat
+  refreshed every ``heartbeat_s`` by a daemon thread. A lease whose heartbeat is older than
+  ``stale_after_s`` belongs to a run that died; ``force=True`` (``--force``) takes it over.
+  S3 has no compare-and-swap that pyarrow exposes, so taking a lease is write-then-verify:
+  after writing, the job waits ``settle_s`` and reads the lease back; of two jobs starting
+  together, the one whose write landed last keeps it and the other fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from santa import storage
+
+__all__ = ["RunLock", "RunLockedError"]
+
+LOCAL_LOCK_FILE = ".santa-lock"
+S3_LEASE_FILE = ".santa-lock.json"
+
+
+class RunLockedError(ValueError):
+    """Another job holds the run's lock (bad input: pick another --name or wait)."""
+
+
+class RunLock:
+    """The lock of one run folder; use as a context manager or acquire()/release()."""
+
+    def __init__(
+        self,
+        run_uri: str,
+        *,
+        force: bool = False,
+        stale_after_s: float = 120.0,
+        heartbeat_s: float = 20.0,
+        settle_s: float = 1.0,
+        description: str = "",
+    ) -> None:
+        self.run_uri = run_uri
+        self.force = force
+        self.stale_after_s = stale_after_s
+        self.heartbeat_s = heartbeat_s
+        self.settle_s = settle_s
+        self.owner = {
+            "id": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "job": description,
+        }
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise :class:`RunLockedError` naming the holder."""
+        if storage.is_s3(self.run_uri):
+            self._acquire_lease()
+        else:
+            self._acquire_flock()
+        return self
+
+    def release(self) -> None:
+        """Give the lock back (idempotent)."""
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            lease = self._read_lease()
+            if lease is not None and lease.get("id") == self.owner["id"]:
+                fs, path = storage.resolve(self._lease_uri)
+                fs.delete_file(path)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+    # ------------------------------------------------------------------ local
+
+    def _acquire_flock(self) -> None:
+        import fcntl
+
+        os.makedirs(self.run_uri, exist_ok=True)
+        path = os.path.join(self.run_uri, LOCAL_LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+            os.close(fd)
+            raise RunLockedError(
+                f"run {self.run_uri} is in use by {_describe(_parse(holder))}; "
+                "wait for it or pick another --name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(self.owner).encode(), 0)
+        self._fd = fd
+
+    # ------------------------------------------------------------------ S3
+
+    @property
+    def _lease_uri(self) -> str:
+        return storage.join(self.run_uri, S3_LEASE_FILE)
+
+    def _read_lease(self) -> dict[str, Any] | None:
+        # A read racing the holder's heartbeat can see a torn object (pyarrow sizes the
+        # object first, then reads it): read again until it parses.
+        for attempt in range(10):
+            if not storage.exists(self._lease_uri):
+                return None
+            lease = _parse(storage.read_bytes(self._lease_uri).decode("utf-8", "replace"))
+            if lease.get("id"):
+                return lease
+            time.sleep(0.05 * (attempt + 1))
+        # Unreadable for seconds: someone holds it; treat it as a live lease of unknown owner.
+        return {"id": "?", "heartbeat": time.time()}
+
+    def _write_lease(self) -> None:
+        payload = {**self.owner, "heartbeat": time.time(), "stale_after_s": self.stale_after_s}
+        storage.write_bytes(self._lease_uri, json.dumps(payload).encode())
+
+    def _acquire_lease(self) -> None:
+        lease = self._read_lease()
+        if lease is not None and lease.get("id") != self.owner["id"]:
+            age = time.time() - float(lease.get("heartbeat", 0))
+            if age < self.stale_after_s:
+                raise RunLockedError(
+                    f"run {self.run_uri} is in use by {_describe(lease)} "
+                    f"(heartbeat {age:.0f} s ago); wait for it or pick another --name"
+                )
+            if not self.force:
+                raise RunLockedError(
+                    f"run {self.run_uri} has a stale lock from {_describe(lease)} "
+                    f"(no heartbeat for {age:.0f} s: that job died); rerun with --force "
+                    "to take it over"
+                )
+        self._write_lease()
+        time.sleep(self.settle_s)
+        lease = self._read_lease()
+        if lease is None or lease.get("id") != self.owner["id"]:
+            raise RunLockedError(
+                f"run {self.run_uri} was taken by {_describe(lease or {})} at the same time"
+            )
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._heartbeat, name="santa-run-lock", daemon=True)
+        self._thread.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            # A brief outage: the next beat retries; a long one lets the lease go stale.
+            with contextlib.suppress(storage.StorageError):
+                self._write_lease()
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "another job"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
+    job = f" ({holder['job']})" if holder.get("job") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{job}, started {started}"
