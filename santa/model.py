@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import torch
 from torch import nn
 from transformers import (
@@ -37,11 +36,11 @@ from transformers import (
 )
 
 from santa import losses, storage
+from santa.checkpoints import SANTA_CONFIG_FILE
 from santa.config import ModelConfig, SantaConfig
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 
-SANTA_CONFIG_FILE = "santa_config.json"
 # Encoder-decoder families whose stacks and LM head follow T5ForConditionalGeneration
 # (CodeT5 checkpoints are model_type "t5").
 T5_MODEL_TYPES = ("t5", "mt5", "umt5")
@@ -326,7 +325,7 @@ class DualEncoder(nn.Module):
         """
         if storage.is_s3(uri_or_name):
             with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
-                _download_dir(uri_or_name, local_dir)
+                storage.download_dir(uri_or_name, local_dir)
                 return cls._load(local_dir, model_config)
         return cls._load(uri_or_name, model_config)
 
@@ -352,7 +351,7 @@ class DualEncoder(nn.Module):
         if storage.is_s3(uri):
             with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
                 self._save_local(local_dir, santa_config)
-                _upload_dir(local_dir, uri)
+                storage.upload_dir(local_dir, uri)
             return
         self._save_local(uri, santa_config)
 
@@ -400,33 +399,3 @@ def _load_tokenizer(
     if not is_local:
         return AutoTokenizer.from_pretrained(location)  # a hub name: its own tokenizer
     return None
-
-
-def _download_dir(uri: str, local_dir: str) -> None:
-    """Copy every file under an s3:// prefix into ``local_dir``, keeping relative paths."""
-    if not storage.exists(uri):
-        raise storage.StorageError(f"no model at {uri}")
-    filesystem, path = storage.resolve(uri)
-    try:
-        pafs.copy_files(
-            path,
-            local_dir,
-            source_filesystem=filesystem,
-            destination_filesystem=pafs.LocalFileSystem(),
-        )
-    except OSError as error:
-        raise storage.StorageError(f"cannot download {uri}: {error}") from error
-
-
-def _upload_dir(local_dir: str, uri: str) -> None:
-    """Copy every file of ``local_dir`` under an s3:// prefix, keeping relative paths."""
-    filesystem, path = storage.resolve(uri)
-    try:
-        pafs.copy_files(
-            local_dir,
-            path,
-            source_filesystem=pafs.LocalFileSystem(),
-            destination_filesystem=filesystem,
-        )
-    except OSError as error:
-        raise storage.StorageError(f"cannot upload to {uri}: {error}") from error

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from santa.encoding import encode_texts
+from santa.index import NegativeIndex
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
@@ -80,9 +82,6 @@ def refresh_table(
     model, corpus: MiningCorpus, settings: MinerSettings, *, step: int = 0, version: int = 0
 ) -> NegativesTable:
     """Encode corpus and queries with ``model``, search top-K, mine: one table."""
-    from santa.evaluate import encode_texts
-    from santa.index import NegativeIndex
-
     started = time.perf_counter()
     doc_ids = list(corpus.documents)
     query_ids = list(corpus.queries)
