@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from santa import storage
+from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
 from santa.train.data import build_train_dataset
@@ -84,11 +85,7 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     same weights.
     """
     if spec.warm_start:
-        # A Ray checkpoint folder holds the HF model in model/; a plain HF folder is used as is.
-        inner = storage.join(spec.warm_start, "model")
-        if not storage.is_s3(spec.warm_start) and not os.path.isdir(spec.warm_start):
-            return spec.warm_start  # a hub name
-        return inner if storage.exists(storage.join(inner, "config.json")) else spec.warm_start
+        return resolve_model(spec.warm_start).model_uri
     if not config.model.is_tiny:
         return config.model.backbone
     init_uri = storage.join(spec.run_uri, "init_model")
