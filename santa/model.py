@@ -325,7 +325,7 @@ class DualEncoder(nn.Module):
         """
         if storage.is_s3(uri_or_name):
             with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
-                storage.download_dir(uri_or_name, local_dir)
+                storage.download_dir(uri_or_name, local_dir, what="model")
                 return cls._load(local_dir, model_config)
         return cls._load(uri_or_name, model_config)
 

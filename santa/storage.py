@@ -347,13 +347,16 @@ def read_json_or_none(location: Location, invalid_ok: bool = False) -> Any | Non
         raise StorageError(f"not valid JSON: {location.uri}") from None
 
 
-def download_dir(source: str | Location, local_dir: str) -> None:
-    """Copy every file under a folder (a URI or :class:`Location`) into ``local_dir``."""
+def download_dir(source: str | Location, local_dir: str, what: str = "folder") -> None:
+    """Copy every file under a folder (a URI or :class:`Location`) into ``local_dir``.
+
+    A missing folder raises ``StorageError("no {what} at {uri}")``.
+    """
     if isinstance(source, str):
         filesystem, path = resolve(source)
         source = Location(filesystem, path, source)
     if file_info(source).type == pafs.FileType.NotFound:
-        raise StorageError(f"no such file or directory: {source.uri}")
+        raise StorageError(f"no {what} at {source.uri}")
     classified(
         lambda: pafs.copy_files(
             source.path,

@@ -168,25 +168,20 @@ def evaluate_model(
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    started = time.perf_counter()
     doc_ids, query_ids = beir.doc_ids, list(beir.queries)
-    doc_embeddings = encode_texts(
-        model,
-        beir.document_texts(),
-        max_length=max_document_length,
-        batch_size=batch_size,
-        desc="documents",
-        progress=progress,
-    )
-    encoded_docs = time.perf_counter()
-    query_embeddings = encode_texts(
-        model,
-        [beir.queries[q] for q in query_ids],
-        max_length=max_query_length,
-        batch_size=batch_size,
-        desc="queries",
-        progress=progress,
-    )
+    inputs = {
+        "documents": (beir.document_texts(), max_document_length),
+        "queries": ([beir.queries[q] for q in query_ids], max_query_length),
+    }
+    embeddings: dict[str, np.ndarray] = {}
+    timings: dict[str, float] = {}
+    for name, (texts, max_length) in inputs.items():
+        mark = time.perf_counter()
+        embeddings[name] = encode_texts(
+            model, texts, max_length=max_length, batch_size=batch_size, desc=name, progress=progress
+        )
+        timings[f"encode_{name}_s"] = time.perf_counter() - mark
+    doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
     encoded = time.perf_counter()
     ranking = _dense_ranking(
         model, beir, query_embeddings, query_ids, doc_embeddings, doc_ids, protocol, top_k
@@ -197,8 +192,7 @@ def evaluate_model(
     )
     done = time.perf_counter()
     metrics["timings"] = {
-        "encode_documents_s": encoded_docs - started,
-        "encode_queries_s": encoded - encoded_docs,
+        **timings,
         "retrieval_s": retrieved - encoded,
         "metrics_s": done - retrieved,
     }
@@ -303,30 +297,19 @@ def evaluate(
         "progress": config.progress,
         "ray_options": config.ray_options,
     }
-    mark = time.perf_counter()
     doc_texts = beir.document_texts()
-    doc_embeddings = _encode(
-        encoder,
-        model_uri,
-        doc_texts,
-        max_length=document_length,
-        on_ray=docs_on_ray,
-        desc="documents",
-        **common,
-    )
-    timings["encode_documents_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
     query_texts = [beir.queries[q] for q in query_ids]
-    query_embeddings = _encode(
-        encoder,
-        model_uri,
-        query_texts,
-        max_length=query_length,
-        on_ray=queries_on_ray,
-        desc="queries",
-        **common,
-    )
-    timings["encode_queries_s"] = time.perf_counter() - mark
+    embeddings: dict[str, np.ndarray] = {}
+    for name, texts, max_length, on_ray in (
+        ("documents", doc_texts, document_length, docs_on_ray),
+        ("queries", query_texts, query_length, queries_on_ray),
+    ):
+        mark = time.perf_counter()
+        embeddings[name] = _encode(
+            encoder, model_uri, texts, max_length=max_length, on_ray=on_ray, desc=name, **common
+        )
+        timings[f"encode_{name}_s"] = time.perf_counter() - mark
+    doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
 
     rankings: dict[str, Ranking] = {}
     for proto in protocols:

@@ -39,6 +39,7 @@ from santa.negatives.mining import (
     NegativesTable,
     load_mining_corpus,
     mine_hard_negatives,
+    read_negatives_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -275,8 +276,6 @@ class NegativesClient:
         miner_name: str = "",
         refresh_every: int = 100,
     ) -> None:
-        from santa.negatives.mining import load_mining_corpus, read_negatives_table
-
         self.source = source
         self.n = n
         self.seed = seed

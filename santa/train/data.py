@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from santa import storage
+from santa.data.records import embedded_document
+from santa.negatives.mining import is_training_row
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
@@ -30,7 +32,7 @@ def load_tokenizer(location: str):
 
     if storage.is_s3(location):
         local_dir = tempfile.mkdtemp(prefix="santa-tokenizer-")
-        storage.download_dir(location, local_dir)
+        storage.download_dir(location, local_dir, what="tokenizer")
         location = local_dir
     return AutoTokenizer.from_pretrained(location)
 
@@ -61,12 +63,8 @@ def tokenize_pairs(
     Outputs ``query_*`` always, ``document_*`` when the unmasked document is embedded, and
     ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
     """
-    from santa.data.records import embedded_document
-
     tokenizer = load_tokenizer(tokenizer_path)
     if "dataset" in batch.column_names:
-        from santa.negatives.mining import is_training_row
-
         keep = [
             is_training_row(dataset, label, target)
             for dataset, label, target in zip(
