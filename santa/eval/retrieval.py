@@ -34,9 +34,9 @@ class RankedLists(Mapping[str, list[tuple[str, float]]]):
 
     Row ``i`` of ``rows`` ``(nq, k)`` holds the hits of ``query_ids[i]`` as positions in
     ``doc_ids``, best first, ``-1`` for a missing hit (sorted last); ``scores`` ``(nq, k)``
-    are their scores. :func:`compute_metrics` reads the arrays directly, so evaluation
-    never builds a Python object per hit; indexing by a query id gives the usual
-    ``[(doc id, score), ...]`` list (TREC files, callers that want lists).
+    are their scores. :func:`~santa.eval.metrics.compute_metrics` reads the arrays
+    directly, so evaluation never builds a Python object per hit; indexing by a query id
+    gives the usual ``[(doc id, score), ...]`` list (TREC files, callers that want lists).
     ``doc_position`` (doc id → position in ``doc_ids``, e.g. the index's own) saves
     building that map when metrics are computed.
     """
