@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 
-from santa.evaluate import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, evaluate, format_markdown
+from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: parse → evaluate → print the table."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
-    results = evaluate(
-        args.checkpoint,
-        args.data,
+    config = EvalConfig(
         split=args.split,
         output=args.output,
         baseline=None if args.baseline == "none" else args.baseline,
@@ -95,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         index_kind=args.index,
         progress=not args.no_progress,
     )
+    results = evaluate(args.checkpoint, args.data, config)
     print(format_markdown(results), end="")
     if args.output:
         print(f"output: {args.output}")

@@ -18,16 +18,10 @@ import logging
 import sys
 
 from santa import storage
-
-
-def resolve_model_uri(uri: str) -> str:
-    """A Ray/santa checkpoint keeps its HF model in ``model/``; a plain folder is used as is."""
-    inner = storage.join(uri, "model")
-    if (storage.is_s3(uri) or storage.exists(uri)) and storage.exists(
-        storage.join(inner, "config.json")
-    ):
-        return inner
-    return uri
+from santa.checkpoints import load_model
+from santa.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
+from santa.negatives.miner import MinerSettings, refresh_table
+from santa.negatives.mining import load_mining_corpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,26 +41,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    from santa.model import DualEncoder
-    from santa.negatives.miner import MinerSettings, refresh_table
-    from santa.negatives.mining import load_mining_corpus
-
     try:
-        model_uri = resolve_model_uri(args.checkpoint)
-        model = DualEncoder.from_pretrained(model_uri)
+        model, train = load_model(args.checkpoint)
         corpus = load_mining_corpus(args.data)
     except (OSError, ValueError, storage.StorageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    lengths = _saved_lengths(model_uri)
     settings = MinerSettings(
         n=args.sample,
         top_k=args.top_k,
         skip_top=args.skip_top,
         seed=args.seed,
         index_kind=args.index,
-        max_query_length=args.max_query_length or lengths[0],
-        max_document_length=args.max_document_length or lengths[1],
+        max_query_length=args.max_query_length
+        or train.get("max_query_length", DEFAULT_MAX_QUERY_LENGTH),
+        max_document_length=args.max_document_length
+        or train.get("max_document_length", DEFAULT_MAX_DOCUMENT_LENGTH),
         batch_size=args.batch_size,
     )
     print(
@@ -85,17 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary, indent=2))
     return 0
-
-
-def _saved_lengths(model_uri: str) -> tuple[int, int]:
-    """Query/document lengths the model was trained with (santa_config.json), else 50/240."""
-    from santa.model import SANTA_CONFIG_FILE
-
-    config_uri = storage.join(model_uri, SANTA_CONFIG_FILE)
-    if (storage.is_s3(model_uri) or storage.exists(model_uri)) and storage.exists(config_uri):
-        train = storage.read_json(config_uri).get("train", {})
-        return train.get("max_query_length", 50), train.get("max_document_length", 240)
-    return 50, 240
 
 
 if __name__ == "__main__":

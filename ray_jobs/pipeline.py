@@ -214,19 +214,15 @@ def evaluate_systems(
     *, trained: str, untrained: str | None, data: str, split: str, output: str, baseline
 ) -> dict[str, dict[str, Any]]:
     """The trained model, the untrained one and the baseline on the same BEIR split."""
-    from santa.evaluate import evaluate
+    from santa.eval import EvalConfig, evaluate
 
-    results = evaluate(trained, data, split=split, output=output, baseline=baseline)
+    results = evaluate(trained, data, EvalConfig(split=split, output=output, baseline=baseline))
     systems = {"santa (trained)": results.pop("model")}
     if untrained:
-        zero_shot = evaluate(
-            untrained,
-            data,
-            split=split,
-            output=storage.join(output, "untrained"),
-            baseline=None,
-            progress=False,
+        zero_shot_config = EvalConfig(
+            split=split, output=storage.join(output, "untrained"), baseline=None, progress=False
         )
+        zero_shot = evaluate(untrained, data, zero_shot_config)
         systems["untrained"] = zero_shot["model"]
     systems.update(results)
     return systems
@@ -234,7 +230,7 @@ def evaluate_systems(
 
 def format_report(report: dict[str, Any], plot: str | None) -> str:
     """``report.md``: the metrics table, training summary and where things are."""
-    from santa.evaluate import format_markdown
+    from santa.eval import format_markdown
 
     final = report["final_metrics"]
     lines = [

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import torch
 from torch import nn
 from transformers import (
@@ -39,11 +38,11 @@ from transformers import (
 
 from santa import losses, storage
 from santa.backbones import read_sentence_transformers_layout
+from santa.checkpoints import SANTA_CONFIG_FILE
 from santa.config import ModelConfig, SantaConfig
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 
-SANTA_CONFIG_FILE = "santa_config.json"
 # The projection after pooling (a sentence-transformers Dense), saved beside the weights.
 PROJECTION_FILE = "santa_projection.safetensors"
 _ACTIVATIONS = {
@@ -378,7 +377,7 @@ class DualEncoder(nn.Module):
         """
         if storage.is_s3(uri_or_name):
             with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
-                _download_dir(uri_or_name, local_dir)
+                storage.download_dir(uri_or_name, local_dir, what="model")
                 return cls._load(local_dir, model_config)
         return cls._load(uri_or_name, model_config)
 
@@ -413,7 +412,7 @@ class DualEncoder(nn.Module):
         if storage.is_s3(uri):
             with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
                 self._save_local(local_dir, santa_config)
-                _upload_dir(local_dir, uri)
+                storage.upload_dir(local_dir, uri)
             return
         self._save_local(uri, santa_config)
 
@@ -498,33 +497,3 @@ def _load_tokenizer(
     if not is_local:
         return AutoTokenizer.from_pretrained(location)  # a hub name: its own tokenizer
     return None
-
-
-def _download_dir(uri: str, local_dir: str) -> None:
-    """Copy every file under an s3:// prefix into ``local_dir``, keeping relative paths."""
-    if not storage.exists(uri):
-        raise storage.StorageError(f"no model at {uri}")
-    filesystem, path = storage.resolve(uri)
-    try:
-        pafs.copy_files(
-            path,
-            local_dir,
-            source_filesystem=filesystem,
-            destination_filesystem=pafs.LocalFileSystem(),
-        )
-    except OSError as error:
-        raise storage.StorageError(f"cannot download {uri}: {error}") from error
-
-
-def _upload_dir(local_dir: str, uri: str) -> None:
-    """Copy every file of ``local_dir`` under an s3:// prefix, keeping relative paths."""
-    filesystem, path = storage.resolve(uri)
-    try:
-        pafs.copy_files(
-            local_dir,
-            path,
-            source_filesystem=pafs.LocalFileSystem(),
-            destination_filesystem=filesystem,
-        )
-    except OSError as error:
-        raise storage.StorageError(f"cannot upload to {uri}: {error}") from error

@@ -1,7 +1,13 @@
 """URIs everywhere: a local path or ``s3://bucket/prefix``, resolved through pyarrow.
 
+All file access of santa goes through here: whole files (bytes, JSON), listings, folder
+copies to and from S3, and :class:`Location` (a filesystem with a path) for code that walks
+storage, such as :mod:`santa.checkpoints`.
+
 S3 endpoints and credentials come from the standard AWS chain (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, instance profiles, ...); nothing here reads, prints or logs them.
+:func:`open_location` uses short connect timeouts and few retries, so an unreachable
+endpoint fails within seconds, and :func:`classify_error` turns S3 errors into one line.
 """
 
 from __future__ import annotations
@@ -9,10 +15,31 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Iterable
-from typing import Any
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+
+S3_CONNECT_TIMEOUT_S = 3.0
+S3_REQUEST_TIMEOUT_S = 30.0
+S3_MAX_ATTEMPTS = 3  # a closed port fails in ~2 s; a dropped connection in ~3 x connect
+_CREDENTIAL_ERRORS = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "INVALID_ACCESS_KEY_ID",
+    "InvalidAccessKeyId",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "SignatureDoesNotMatch",
+    "EXPIRED_TOKEN",
+    "ExpiredToken",
+    "InvalidToken",
+    "MISSING_AUTHENTICATION_TOKEN",
+    "Unable to locate credentials",
+)
+T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
@@ -145,3 +172,213 @@ def delete_dir(uri: str) -> None:
     fs, path = resolve(uri)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         fs.delete_dir(path)
+
+
+# --------------------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True)
+class Location:
+    """A path on a filesystem, with the URI that names it to users."""
+
+    fs: pafs.FileSystem = field(repr=False, compare=False)
+    path: str
+    uri: str
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the path is on the local filesystem."""
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def child(self, *parts: str) -> Location:
+        """The location of ``parts`` under this one."""
+        return Location(
+            self.fs, posixpath.join(self.path, *parts), posixpath.join(self.uri, *parts)
+        )
+
+    @property
+    def parent(self) -> Location:
+        """The folder holding this location."""
+        return Location(
+            self.fs, posixpath.dirname(self.path.rstrip("/")), posixpath.dirname(self.uri)
+        )
+
+    @property
+    def name(self) -> str:
+        """The last path component."""
+        return posixpath.basename(self.path.rstrip("/"))
+
+
+def s3_filesystem(bucket: str) -> pafs.S3FileSystem:
+    """An S3 filesystem for ``bucket`` that fails fast; credentials from the AWS chain."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    options: dict[str, Any] = {
+        "connect_timeout": S3_CONNECT_TIMEOUT_S,
+        "request_timeout": S3_REQUEST_TIMEOUT_S,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
+    }
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        options["endpoint_override"] = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+        options["scheme"] = parsed.scheme
+        options["region"] = region or "us-east-1"
+    else:
+        try:
+            options["region"] = pafs.resolve_s3_region(bucket)
+        except OSError as error:
+            if "not found" in str(error).lower():
+                raise StorageError(f"no such bucket: s3://{bucket}") from None
+            if not region:
+                raise classify_error(error, f"s3://{bucket}", "find the region of") from None
+            options["region"] = region
+    return pafs.S3FileSystem(**options)
+
+
+def is_ray_checkpoint(source: Any) -> bool:
+    """Whether ``source`` is a ``ray.train.Checkpoint`` (duck-typed: Ray is not imported)."""
+    return hasattr(source, "path") and isinstance(
+        getattr(source, "filesystem", None), pafs.FileSystem
+    )
+
+
+def open_location(source: Any) -> Location:
+    """A :class:`Location` for a local path, ``s3://`` URI or ``ray.train.Checkpoint``.
+
+    An S3 bucket is checked once here, so a missing bucket is named as such.
+    """
+    if is_ray_checkpoint(source):
+        filesystem = source.filesystem
+        path = str(source.path)
+        if isinstance(filesystem, pafs.S3FileSystem):
+            return Location(filesystem, path.rstrip("/"), "s3://" + path.strip("/"))
+        return Location(filesystem, path, path)
+    uri = os.fspath(source)
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if is_s3(uri):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        if not bucket:
+            raise StorageError(f"no bucket in {uri!r}")
+        filesystem = s3_filesystem(bucket)
+        bucket_info = classified(lambda: filesystem.get_file_info(bucket), uri, "open")
+        if bucket_info.type == pafs.FileType.NotFound:
+            raise StorageError(f"no such bucket: s3://{bucket}")
+        key = key.strip("/")
+        path = f"{bucket}/{key}" if key else bucket
+        return Location(filesystem, path, f"s3://{path}")
+    if "://" in uri:
+        raise StorageError(f"unsupported URI {uri!r}: use a local path or s3://bucket/key")
+    path = os.path.abspath(os.path.expanduser(uri))
+    return Location(pafs.LocalFileSystem(), path, path)
+
+
+def _endpoint_name() -> str:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return "AWS S3"
+    parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+    # Host and port only: never echo anything that could carry user info.
+    return f"{parsed.scheme}://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "")
+
+
+def classify_error(error: OSError, uri: str, action: str) -> StorageError:
+    """One clear line for an S3/filesystem error (no AWS request ids, never credentials)."""
+    text = " ".join(str(error).split())
+    if isinstance(error, FileNotFoundError):
+        return StorageError(f"not found: {uri}")
+    if "NETWORK_CONNECTION" in text or "curlCode" in text:
+        return StorageError(f"cannot reach the S3 endpoint {_endpoint_name()} to {action} {uri}")
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        return StorageError(f"no such bucket: {uri}")
+    if any(marker in text for marker in _CREDENTIAL_ERRORS):
+        return StorageError(
+            f"access denied to {uri}: check the AWS credentials (environment variables, "
+            "profile or instance role) and their permissions on the bucket"
+        )
+    text = re.sub(r"\s*\(Request ID:[^)]*\)", "", text)
+    return StorageError(f"cannot {action} {uri}: {text}")
+
+
+def classified(function: Callable[[], T], uri: str, action: str) -> T:
+    """``function()``, its ``OSError`` turned into a one-line :class:`StorageError`."""
+    try:
+        return function()
+    except OSError as error:
+        raise classify_error(error, uri, action) from None
+
+
+def file_info(location: Location) -> pafs.FileInfo:
+    """The file info of ``location`` (type ``NotFound`` when there is nothing)."""
+    return classified(lambda: location.fs.get_file_info(location.path), location.uri, "read")
+
+
+def list_dir(location: Location) -> list[pafs.FileInfo]:
+    """Entries directly under a folder; empty when it does not exist or is a file."""
+    selector = pafs.FileSelector(location.path, allow_not_found=True, recursive=False)
+    try:
+        return location.fs.get_file_info(selector)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as error:
+        if location.is_local and os.path.isfile(location.path):
+            return []
+        raise classify_error(error, location.uri, "list") from None
+
+
+def read_json_or_none(location: Location, invalid_ok: bool = False) -> Any | None:
+    """The parsed JSON file; None when there is none (or, with ``invalid_ok``, if broken)."""
+
+    def read() -> bytes | None:
+        try:
+            with location.fs.open_input_stream(location.path, compression=None) as stream:
+                return stream.readall()
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    data = classified(read, location.uri, "read")
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        if invalid_ok:
+            return None
+        raise StorageError(f"not valid JSON: {location.uri}") from None
+
+
+def download_dir(source: str | Location, local_dir: str, what: str = "folder") -> None:
+    """Copy every file under a folder (a URI or :class:`Location`) into ``local_dir``.
+
+    A missing folder raises ``StorageError("no {what} at {uri}")``.
+    """
+    if isinstance(source, str):
+        filesystem, path = resolve(source)
+        source = Location(filesystem, path, source)
+    if file_info(source).type == pafs.FileType.NotFound:
+        raise StorageError(f"no {what} at {source.uri}")
+    classified(
+        lambda: pafs.copy_files(
+            source.path,
+            local_dir,
+            source_filesystem=source.fs,
+            destination_filesystem=pafs.LocalFileSystem(),
+        ),
+        source.uri,
+        "download",
+    )
+
+
+def upload_dir(local_dir: str, uri: str) -> None:
+    """Copy every file of ``local_dir`` under ``uri`` (local or ``s3://``), keeping paths."""
+    filesystem, path = resolve(uri)
+    classified(
+        lambda: pafs.copy_files(
+            local_dir,
+            path,
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=filesystem,
+        ),
+        uri,
+        "upload to",
+    )

@@ -14,9 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from santa import evaluate as ev
+from santa import eval as ev
 from santa import storage
+from santa.checkpoints import resolve_model
 from santa.config import get_recipe
+from santa.data.beir import document_text, load_beir
+from santa.encoding import encode_corpus_ray, encode_texts
+from santa.eval import EvalConfig, evaluation
 from santa.model import DualEncoder
 from santa.tokenizer import train_tokenizer
 from tests.conftest import REPO
@@ -279,23 +283,23 @@ def test_load_beir_keeps_judged_queries_and_infers_languages(tmp_path) -> None:
     ]
     queries = [{"_id": "a", "text": "read a config"}, {"_id": "b", "text": "g"}, {"_id": "c"}]
     uri = write_beir(tmp_path / "b", corpus, queries, [("a", "u1", 1), ("b", "u2", 1)])
-    beir = ev.load_beir(uri)
+    beir = load_beir(uri)
     assert beir.queries == {"a": "read a config", "b": "g"}
     assert beir.query_languages == {"a": "python", "b": "ruby"}
     assert not beir.graded and beir.doc_ids == ["u1", "u2"]
     # Code is embedded without its title (the function name; AdvTest's de-obfuscated one).
     assert beir.document_texts() == ["def f(): pass", "def g; end"]
-    assert ev.document_text({"title": "Acme Mat", "text": "A mat."}) == "Acme Mat A mat."
+    assert document_text({"title": "Acme Mat", "text": "A mat."}) == "Acme Mat A mat."
 
     with pytest.raises(
         storage.StorageError, match=r"no qrels/dev.tsv \(splits present: \['test'\]"
     ):
-        ev.load_beir(uri, "dev")
+        load_beir(uri, "dev")
     with pytest.raises(storage.StorageError, match="has no corpus.jsonl"):
-        ev.load_beir(str(tmp_path / "nowhere"))
+        load_beir(str(tmp_path / "nowhere"))
     bad = write_beir(tmp_path / "bad", corpus, queries, [("zz", "u1", 1)])
     with pytest.raises(ValueError, match="judges 1 queries that queries.jsonl lacks"):
-        ev.load_beir(bad)
+        load_beir(bad)
 
 
 def test_trec_run_files_round_trip(tmp_path) -> None:
@@ -312,10 +316,10 @@ def test_trec_run_files_round_trip(tmp_path) -> None:
 def test_encode_texts_is_order_and_batch_invariant(tiny_model) -> None:
     texts = ["def add(a, b): return a + b", "x", "read a config file from disk", ""]
     tiny_model.train()
-    first = ev.encode_texts(tiny_model, texts, max_length=16, batch_size=3, progress=False)
+    first = encode_texts(tiny_model, texts, max_length=16, batch_size=3, progress=False)
     assert tiny_model.training  # the caller's mode is restored
     assert first.shape == (4, tiny_model.embedding_dim) and first.dtype == np.float32
-    reversed_texts = ev.encode_texts(
+    reversed_texts = encode_texts(
         tiny_model, texts[::-1], max_length=16, batch_size=1, progress=False
     )
     np.testing.assert_allclose(reversed_texts[::-1], first, atol=1e-5)
@@ -332,14 +336,16 @@ def test_forcing_ray_routes_encoding_through_the_actor_pool(monkeypatch, tiny_mo
 
     def fake_ray_encode(model, texts, **kwargs):
         calls.append(len(texts))
-        return ev.encode_texts(tiny_model, texts, max_length=kwargs["max_length"], progress=False)
+        return encode_texts(tiny_model, texts, max_length=kwargs["max_length"], progress=False)
 
-    monkeypatch.setattr(ev, "encode_corpus_ray", fake_ray_encode)
+    monkeypatch.setattr(evaluation, "encode_corpus_ray", fake_ray_encode)
     monkeypatch.setattr("santa.ray_utils.init_ray", lambda address=None, **kw: None)
-    ev.evaluate(tiny_model, product_beir, baseline=None, use_ray=True, progress=False)
+    ev.evaluate(tiny_model, product_beir, EvalConfig(baseline=None, use_ray=True, progress=False))
     assert calls == [12, 2]  # documents, then the judged queries
     calls.clear()
-    ev.evaluate(tiny_model, product_beir, baseline=None, ray_threshold=5, progress=False)
+    ev.evaluate(
+        tiny_model, product_beir, EvalConfig(baseline=None, ray_threshold=5, progress=False)
+    )
     assert calls == [12]  # only the corpus outnumbers the threshold
 
 
@@ -348,7 +354,9 @@ def test_forcing_ray_routes_encoding_through_the_actor_pool(monkeypatch, tiny_mo
 
 def test_graded_evaluation_both_protocols_without_ray(tiny_model, product_beir, tmp_path):
     output = str(tmp_path / "eval")
-    results = ev.evaluate(tiny_model, product_beir, output=output, protocol="both", progress=False)
+    results = ev.evaluate(
+        tiny_model, product_beir, EvalConfig(output=output, protocol="both", progress=False)
+    )
     assert set(results) == {"model", "bm25", "model-rerank", "bm25-rerank"}
     for metrics in results.values():
         for name in (*ev.METRICS, ev.NDCG_4CLASS):
@@ -362,7 +370,7 @@ def test_graded_evaluation_both_protocols_without_ray(tiny_model, product_beir, 
     assert len(full_run["1"]) == 12 and set(full_run) == {"1", "2"}
     assert json.loads(Path(output, "metrics.json").read_text()) == results
     # The in-process helper gives the same numbers without writing anything.
-    beir = ev.load_beir(product_beir)
+    beir = load_beir(product_beir)
     single = ev.evaluate_model(tiny_model, beir, max_query_length=50, max_document_length=240)
     for name in (*ev.METRICS, ev.NDCG_4CLASS):
         assert single[name] == pytest.approx(results["model"][name])
@@ -370,10 +378,10 @@ def test_graded_evaluation_both_protocols_without_ray(tiny_model, product_beir, 
 
 
 def test_preprocess_then_evaluate_a_checkpoint_with_bm25(csn_beir, tiny_checkpoint, tmp_path):
-    assert ev.resolve_model_uri(tiny_checkpoint) == str(Path(tiny_checkpoint, "model"))
+    assert resolve_model(tiny_checkpoint).model_uri == str(Path(tiny_checkpoint, "model"))
     output = str(tmp_path / "eval")
-    results = ev.evaluate(tiny_checkpoint, csn_beir, output=output, progress=False)
-    beir = ev.load_beir(csn_beir)
+    results = ev.evaluate(tiny_checkpoint, csn_beir, EvalConfig(output=output, progress=False))
+    beir = load_beir(csn_beir)
     assert set(results) == {"model", "bm25"}
     for metrics in results.values():
         assert all(0.0 <= metrics[name] <= 1.0 for name in ev.METRICS)
@@ -399,7 +407,9 @@ def test_s3_data_model_and_output_on_moto(csn_beir, tiny_checkpoint, moto_s3):
     for path in Path(tiny_checkpoint, "model").iterdir():
         storage.write_bytes(f"{bucket}/ckpt/model/{path.name}", path.read_bytes())
     results = ev.evaluate(
-        f"{bucket}/ckpt", f"{bucket}/beir", output=f"{bucket}/eval", baseline=None, progress=False
+        f"{bucket}/ckpt",
+        f"{bucket}/beir",
+        EvalConfig(output=f"{bucket}/eval", baseline=None, progress=False),
     )
     assert set(results) == {"model"}
     assert storage.read_json(f"{bucket}/eval/metrics.json") == results
@@ -442,8 +452,8 @@ def test_cli_prints_the_table(csn_beir, tiny_checkpoint, tmp_path):
 def test_ray_encode_path_matches_the_plain_path(tiny_model, tiny_checkpoint, ray_cluster):
     records = stdlib_python_records(limit=40)
     texts = [r["code"] for r in records]
-    plain = ev.encode_texts(tiny_model, texts, max_length=64, batch_size=16, progress=False)
-    on_ray = ev.encode_corpus_ray(tiny_checkpoint, texts, max_length=64, batch_size=16)
+    plain = encode_texts(tiny_model, texts, max_length=64, batch_size=16, progress=False)
+    on_ray = encode_corpus_ray(tiny_checkpoint, texts, max_length=64, batch_size=16)
     assert on_ray.shape == plain.shape
     np.testing.assert_allclose(on_ray, plain, atol=1e-5, rtol=0)
 
@@ -465,7 +475,9 @@ def test_shared_codesearchnet_ruby_valid(shared_fixtures, tiny_checkpoint, ray_c
         )
     )
     results = ev.evaluate(
-        tiny_checkpoint, beir, split="valid", max_document_length=64, progress=False
+        tiny_checkpoint,
+        beir,
+        EvalConfig(split="valid", max_document_length=64, progress=False),
     )
     assert results["model"]["num_queries"] > 1300
     assert set(results["model"]["by_language"]) == {"ruby"}
@@ -482,7 +494,7 @@ def test_shared_esci_graded_both_protocols(shared_fixtures, tiny_checkpoint, ray
             dataset="esci", input=str(shared_fixtures / "esci"), output=beir, stage="eval"
         )
     )
-    results = ev.evaluate(tiny_checkpoint, beir, protocol="both", progress=False)
+    results = ev.evaluate(tiny_checkpoint, beir, EvalConfig(protocol="both", progress=False))
     assert set(results) == {"model", "bm25", "model-rerank", "bm25-rerank"}
     for metrics in results.values():
         assert 0.0 <= metrics[ev.NDCG_4CLASS] <= 1.0 and metrics["num_queries"] == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +214,28 @@ def test_load_resolves_runs_sweeps_and_ray_checkpoints(store, models) -> None:
     checkpoint = ray.train.Checkpoint.from_directory(str(local))
     assert torch.equal(embed(santa.load(checkpoint)), embed(models[10]))
     assert torch.equal(embed(santa.load(local / "model")), embed(models[10]))
+
+
+def test_resolve_model_reads_the_saved_config_and_keeps_hub_names(store) -> None:
+    resolved = checkpoints.resolve_model(Path(store["local"]) / "plain" / CKPT_10)
+    assert resolved.step == 10 and resolved.santa_config["model"]["kind"] == "t5"
+    assert resolved.train == {} and not resolved.is_hub_name
+    for name in ("t5-small", "Salesforce/codet5-base"):
+        hub = checkpoints.resolve_model(name)
+        assert hub.is_hub_name and hub.model_uri == name and hub.train == {}
+
+
+def test_missing_local_path_is_an_error_not_a_hub_name(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    missing = ("./nope", str(tmp_path / "nope" / "model"), "runs/ckpt/foo", "runs/foo", "~/x/y")
+    for path in missing:
+        with pytest.raises(
+            CheckpointError, match=f"^no such file or directory: {re.escape(path)}$"
+        ):
+            checkpoints.resolve_model(path)
+    with pytest.raises(CheckpointError, match="^no such file or directory: runs/foo$"):
+        santa.load("runs/foo")
 
 
 def test_incomplete_checkpoint_is_never_taken(store) -> None:

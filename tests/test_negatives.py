@@ -137,9 +137,9 @@ def test_corpus_keeps_judged_products_and_trains_on_exact_only(tmp_path) -> None
 def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path) -> None:
     """Training, mining and evaluation embed an ESCI product the same way (title + text);
     code pairs (title = function name) and product pretraining pairs do not get the title."""
+    from santa.data.beir import document_text
     from santa.data.records import embedded_document
     from santa.data.schema import PAIR_SCHEMA, rows_to_table
-    from santa.evaluate import document_text
     from santa.tokenizer import train_tokenizer
     from santa.train.data import tokenize_pairs
 

@@ -65,7 +65,8 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkey
     MRR@100 is retrieval over all of its functions. At test lengths (24/96/32 tokens)
     150 steps of batch 16 took MRR@100 from ~0.085 to 0.15-0.18 with seeds 1 and 42.
     """
-    from santa.evaluate import evaluate_model, load_beir
+    from santa.data.beir import load_beir
+    from santa.eval import evaluate_model
 
     steps, window = 150, 50
     config = get_recipe("tiny").with_overrides(

@@ -24,6 +24,7 @@ import ray
 import ray.data
 
 from santa import storage
+from santa.data.beir import write_beir
 from santa.data.readers import (
     SPLIT_ALIASES,
     JsonLinesDatasource,
@@ -677,37 +678,3 @@ def build_report(
         "mask": config.mask,
         "wall_time_s": round(wall_time_s, 2),
     }
-
-
-def write_beir(dataset: ray.data.Dataset, output: str, split: str) -> dict[str, int]:
-    """Write ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/{split}.tsv`` (BEIR format)."""
-    corpus: dict[str, dict[str, Any]] = {}
-    queries: dict[str, dict[str, Any]] = {}
-    qrels: dict[tuple[str, str], int] = {}
-    for batch in dataset.iter_batches(batch_size=4096, batch_format="pyarrow"):
-        for row in batch.to_pylist():
-            corpus.setdefault(
-                row["doc_id"],
-                {
-                    "_id": row["doc_id"],
-                    "title": row["title"],
-                    "text": row["document"],
-                    "language": row["language"],
-                },
-            )
-            queries.setdefault(
-                row["query_id"],
-                {"_id": row["query_id"], "text": row["query"], "language": row["language"]},
-            )
-            qrels[(row["query_id"], row["doc_id"])] = int(row["label"])
-    storage.write_bytes(storage.join(output, "corpus.jsonl"), _jsonl(corpus.values()))
-    storage.write_bytes(storage.join(output, "queries.jsonl"), _jsonl(queries.values()))
-    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for (q, d), s in qrels.items()]
-    storage.write_bytes(
-        storage.join(output, "qrels", f"{split}.tsv"), ("\n".join(lines) + "\n").encode()
-    )
-    return {"corpus": len(corpus), "queries": len(queries), "qrels": len(qrels)}
-
-
-def _jsonl(items) -> bytes:
-    return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items).encode("utf-8")

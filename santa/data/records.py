@@ -281,7 +281,7 @@ def embedded_document(dataset: str | None, title: str, document: str, mep_target
     """The text a pair row's document is embedded as during training and mining.
 
     ESCI query → product judgments (no MEP target) embed ``title + " " + text``, exactly
-    as evaluation embeds the BEIR corpus (:func:`santa.evaluate.document_text`); code
+    as evaluation embeds the BEIR corpus (:func:`santa.data.beir.document_text`); code
     pairs embed the code alone (their title is the function name, which for AdvTest is
     the answer) and product pretraining pairs the description alone (the paper's SDA).
     """

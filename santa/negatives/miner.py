@@ -32,11 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from santa.encoding import encode_texts
+from santa.index import NegativeIndex
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
     load_mining_corpus,
     mine_hard_negatives,
+    read_negatives_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -80,9 +83,6 @@ def refresh_table(
     model, corpus: MiningCorpus, settings: MinerSettings, *, step: int = 0, version: int = 0
 ) -> NegativesTable:
     """Encode corpus and queries with ``model``, search top-K, mine: one table."""
-    from santa.evaluate import encode_texts
-    from santa.index import NegativeIndex
-
     started = time.perf_counter()
     doc_ids = list(corpus.documents)
     query_ids = list(corpus.queries)
@@ -276,8 +276,6 @@ class NegativesClient:
         miner_name: str = "",
         refresh_every: int = 100,
     ) -> None:
-        from santa.negatives.mining import load_mining_corpus, read_negatives_table
-
         self.source = source
         self.n = n
         self.seed = seed

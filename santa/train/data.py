@@ -7,10 +7,15 @@ cluster), turning the tokenizer-independent text columns into fixed-length id ar
 from __future__ import annotations
 
 import functools
+import tempfile
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from santa import storage
+from santa.data.records import embedded_document
+from santa.negatives.mining import is_training_row
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
@@ -25,15 +30,9 @@ def load_tokenizer(location: str):
     """A tokenizer from a local folder, an ``s3://`` model folder or a hub name (cached)."""
     from transformers import AutoTokenizer
 
-    from santa import storage
-
     if storage.is_s3(location):
-        import tempfile
-
-        from santa.model import _download_dir
-
         local_dir = tempfile.mkdtemp(prefix="santa-tokenizer-")
-        _download_dir(location, local_dir)
+        storage.download_dir(location, local_dir, what="tokenizer")
         location = local_dir
     return AutoTokenizer.from_pretrained(location)
 
@@ -64,12 +63,8 @@ def tokenize_pairs(
     Outputs ``query_*`` always, ``document_*`` when the unmasked document is embedded, and
     ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
     """
-    from santa.data.records import embedded_document
-
     tokenizer = load_tokenizer(tokenizer_path)
     if "dataset" in batch.column_names:
-        from santa.negatives.mining import is_training_row
-
         keep = [
             is_training_row(dataset, label, target)
             for dataset, label, target in zip(
@@ -117,8 +112,6 @@ def tokenize_pairs(
 def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, Any]):
     """The Ray Dataset of tokenized training pairs read from ``data_uri`` (Parquet)."""
     import ray.data
-
-    from santa import storage
 
     columns = [
         "dataset",

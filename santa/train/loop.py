@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from santa.checkpoints import MODEL_DIR, STATE_FILE
 from santa.config import SantaConfig
 from santa.distributed import all_gather_with_grad, identity_gather
 from santa.losses import contrastive_loss, total_loss
@@ -31,9 +32,7 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
-STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pt"
-MODEL_DIR = "model"
 BATCH_KEYS = {
     "hard_negative_input_ids": "hard_negative_input_ids",
     "hard_negative_attention_mask": "hard_negative_attention_mask",
@@ -138,14 +137,14 @@ def _dev_set(loop_config: dict[str, Any]):
     uri = loop_config.get("eval_data")
     if not uri:
         return None
-    from santa.evaluate import load_beir
+    from santa.data.beir import load_beir
 
     return load_beir(uri, loop_config.get("eval_split") or "test")
 
 
 def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float]:
     """``dev_mrr`` (MRR@100), ``dev_ndcg`` (NDCG@100), ``dev_recall@10`` on the dev split."""
-    from santa.evaluate import evaluate_model
+    from santa.eval import evaluate_model
 
     was_training = model.training
     started = time.perf_counter()

@@ -10,9 +10,13 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from santa import storage
+from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
+from santa.negatives.miner import start_miner
+from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
+from santa.train.loop import train_loop_per_worker
 
 logger = logging.getLogger(__name__)
 
@@ -84,18 +88,12 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     same weights.
     """
     if spec.warm_start:
-        # A Ray checkpoint folder holds the HF model in model/; a plain HF folder is used as is.
-        inner = storage.join(spec.warm_start, "model")
-        if not storage.is_s3(spec.warm_start) and not os.path.isdir(spec.warm_start):
-            return spec.warm_start  # a hub name
-        return inner if storage.exists(storage.join(inner, "config.json")) else spec.warm_start
+        return resolve_model(spec.warm_start).model_uri
     if not config.model.is_tiny:
         return config.model.backbone
     init_uri = storage.join(spec.run_uri, "init_model")
     if storage.exists(storage.join(init_uri, "config.json")):
         return init_uri
-    from santa.tokenizer import train_tokenizer
-
     tokenizer = train_tokenizer(read_texts(spec.data), vocab_size=config.model.tiny_vocab_size)
     model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
     model.save_pretrained(init_uri, santa_config=config)
@@ -133,8 +131,6 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from santa.train.loop import train_loop_per_worker
-
     if config.train.num_workers != spec.num_workers:
         config = config.with_overrides([f"train.num_workers={spec.num_workers}"])
     init_model = prepare_initial_model(config, spec)
@@ -151,8 +147,6 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if config.train.hard_negatives == "async":
-        from santa.negatives.miner import start_miner
-
         miner = start_miner(
             miner_name,
             data_uri=spec.data,

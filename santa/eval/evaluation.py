@@ -1,0 +1,377 @@
+"""Evaluate a model (and BM25) on a BEIR split: encode, retrieve, score, write reports.
+
+Protocols: ``full`` retrieves from the whole corpus; ``rerank`` ranks each query's judged
+candidates only (ESCI's re-ranking task). Metrics are :mod:`santa.eval.metrics`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from santa import storage
+from santa.checkpoints import load_model, resolve_model
+from santa.data.beir import BeirData, load_beir
+from santa.encoding import (
+    DEFAULT_MAX_DOCUMENT_LENGTH,
+    DEFAULT_MAX_QUERY_LENGTH,
+    encode_corpus_ray,
+    encode_texts,
+)
+from santa.eval.bm25 import bm25_rerank, bm25_retrieve
+from santa.eval.metrics import compute_metrics
+from santa.eval.report import check_trec_ids, format_markdown, write_trec
+from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
+from santa.index import INDEX_KINDS
+
+if TYPE_CHECKING:
+    from santa.model import DualEncoder
+
+__all__ = [
+    "DEFAULT_RAY_THRESHOLD",
+    "PROTOCOLS",
+    "EvalConfig",
+    "evaluate",
+    "evaluate_model",
+    "system_name",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RAY_THRESHOLD = 50_000
+PROTOCOLS = ("full", "rerank")
+BASELINES = (None, "none", "bm25")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """How :func:`evaluate` runs: split, protocols, lengths, encoding and outputs."""
+
+    split: str = "test"
+    """Which ``qrels/{split}.tsv`` of the BEIR folder to evaluate."""
+    output: str | None = None
+    """Folder (local or ``s3://``) for metrics, tables, TREC runs and info; None: none."""
+    baseline: str | None = "bm25"
+    """``"bm25"`` evaluates BM25 beside the model; None (or ``"none"``) skips it."""
+    protocol: str | Sequence[str] = "full"
+    """``full``, ``rerank``, ``both`` or a list of them."""
+    max_query_length: int | None = None
+    """Query tokens; None: the model's saved ``train.max_query_length``, else 50."""
+    max_document_length: int | None = None
+    """Document tokens; None: the model's saved ``train.max_document_length``, else 240."""
+    top_k: int = DEFAULT_TOP_K
+    """Documents retrieved per query (the full protocol)."""
+    batch_size: int = 64
+    """Texts per encoder forward pass."""
+    use_ray: bool | None = None
+    """True: encode on a Ray Data actor pool; False: never; None: above ``ray_threshold``."""
+    ray_threshold: int = DEFAULT_RAY_THRESHOLD
+    """With ``use_ray=None``, texts (documents or queries) above this go through Ray."""
+    ray_address: str | None = None
+    """Ray cluster to connect to when Ray is used (None: local or the job's cluster)."""
+    ray_options: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of :func:`~santa.encoding.encode_corpus_ray`."""
+    index_kind: str = "flat"
+    """The :class:`~santa.index.NegativeIndex` kind for full retrieval."""
+    device: str = "auto"
+    """Where a model loaded from a URI runs: ``auto`` (CUDA when available), ``cpu``, ..."""
+    progress: bool = True
+    """Show encoding progress bars."""
+
+    def __post_init__(self) -> None:
+        protocols = _protocols(self.protocol)
+        if not isinstance(self.protocol, str):
+            object.__setattr__(self, "protocol", tuple(protocols))
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be 'bm25' or None, got {self.baseline!r}")
+        for name in ("max_query_length", "max_document_length", "top_k", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"EvalConfig.{name} must be positive, got {value}")
+        if self.ray_threshold < 0:
+            raise ValueError(f"EvalConfig.ray_threshold must be >= 0, got {self.ray_threshold}")
+        if self.index_kind not in INDEX_KINDS:
+            raise ValueError(f"index_kind must be one of {INDEX_KINDS}, got {self.index_kind!r}")
+        object.__setattr__(self, "ray_options", dict(self.ray_options))
+
+    @property
+    def protocols(self) -> list[str]:
+        """The protocols to run, in order."""
+        return _protocols(self.protocol)
+
+    @property
+    def with_bm25(self) -> bool:
+        """Whether BM25 is evaluated too."""
+        return self.baseline == "bm25"
+
+
+def _protocols(protocol: str | Sequence[str]) -> list[str]:
+    if isinstance(protocol, str):
+        protocol = list(PROTOCOLS) if protocol == "both" else [protocol]
+    unknown = [p for p in protocol if p not in PROTOCOLS]
+    if unknown or not protocol:
+        raise ValueError(f"protocol must be full, rerank, both or a list of them; got {protocol}")
+    return list(protocol)
+
+
+def system_name(system: str, protocol: str) -> str:
+    """``model``/``bm25`` for the full protocol, ``model-rerank``/``bm25-rerank`` else."""
+    return system if protocol == "full" else f"{system}-{protocol}"
+
+
+def _encode(
+    model: DualEncoder | None,
+    model_uri: str | None,
+    texts: list[str],
+    *,
+    max_length: int,
+    batch_size: int,
+    on_ray: bool,
+    desc: str,
+    progress: bool,
+    ray_options: Mapping[str, Any],
+) -> np.ndarray:
+    if on_ray:
+        return encode_corpus_ray(
+            model_uri if model_uri is not None else model,
+            texts,
+            max_length=max_length,
+            batch_size=batch_size,
+            **ray_options,
+        )
+    return encode_texts(
+        model, texts, max_length=max_length, batch_size=batch_size, desc=desc, progress=progress
+    )
+
+
+def evaluate_model(
+    model: DualEncoder,
+    beir: BeirData,
+    *,
+    max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
+    max_document_length: int = DEFAULT_MAX_DOCUMENT_LENGTH,
+    top_k: int = DEFAULT_TOP_K,
+    batch_size: int = 64,
+    protocol: str = "full",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Encode, retrieve and score in-process; no files, no Ray. One system's metrics.
+
+    For the trainer's dev evaluation and pipeline jobs. ``timings`` (seconds) holds the
+    encoding, retrieval and metric phases.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    doc_ids, query_ids = beir.doc_ids, list(beir.queries)
+    inputs = {
+        "documents": (beir.document_texts(), max_document_length),
+        "queries": ([beir.queries[q] for q in query_ids], max_query_length),
+    }
+    embeddings: dict[str, np.ndarray] = {}
+    timings: dict[str, float] = {}
+    for name, (texts, max_length) in inputs.items():
+        mark = time.perf_counter()
+        embeddings[name] = encode_texts(
+            model, texts, max_length=max_length, batch_size=batch_size, desc=name, progress=progress
+        )
+        timings[f"encode_{name}_s"] = time.perf_counter() - mark
+    doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
+    encoded = time.perf_counter()
+    ranking = _dense_ranking(
+        model, beir, query_embeddings, query_ids, doc_embeddings, doc_ids, protocol, top_k
+    )
+    retrieved = time.perf_counter()
+    metrics = compute_metrics(
+        beir.qrels, ranking, graded=beir.graded, query_languages=beir.query_languages
+    )
+    done = time.perf_counter()
+    metrics["timings"] = {
+        **timings,
+        "retrieval_s": retrieved - encoded,
+        "metrics_s": done - retrieved,
+    }
+    return metrics
+
+
+def _dense_ranking(
+    model: DualEncoder,
+    beir: BeirData,
+    query_embeddings: np.ndarray,
+    query_ids: list[str],
+    doc_embeddings: np.ndarray,
+    doc_ids: list[str],
+    protocol: str,
+    top_k: int,
+    index_kind: str = "flat",
+) -> Ranking:
+    similarity = model.model_config.similarity
+    if protocol == "rerank":
+        return dense_rerank(
+            query_embeddings,
+            query_ids,
+            doc_embeddings,
+            doc_ids,
+            beir.candidates(),
+            similarity=similarity,
+        )
+    return dense_retrieve(
+        query_embeddings,
+        query_ids,
+        doc_embeddings,
+        doc_ids,
+        top_k=top_k,
+        similarity=similarity,
+        index_kind=index_kind,
+    )
+
+
+def evaluate(
+    model: str | DualEncoder, data: str | BeirData, config: EvalConfig | None = None
+) -> dict[str, dict[str, Any]]:
+    """Evaluate a model (and BM25) on a BEIR split; return ``{system: metrics}``.
+
+    ``model``: a :class:`DualEncoder`, or anything :func:`santa.checkpoints.resolve_model`
+    accepts (a model folder, santa/Ray checkpoint, Ray Train run or sweep ``best.json``,
+    local or ``s3://``; or a hub name). Lengths default to the model's saved
+    ``santa_config.json`` (``train.max_query_length`` / ``max_document_length``), else
+    50/240. Systems are named ``model``, ``bm25`` (full) and ``model-rerank``,
+    ``bm25-rerank``.
+
+    Encoding runs in-process, or through a Ray Data actor pool (:func:`encode_corpus_ray`)
+    when the texts outnumber ``config.ray_threshold`` or ``config.use_ray`` is True.
+
+    With ``config.output`` (local or ``s3://``): ``metrics.json`` (the returned dict),
+    ``metrics.md`` (the table), ``run.<system>.trec`` and ``info.json`` (what ran, counts,
+    timings).
+    """
+    import torch
+
+    config = config or EvalConfig()
+    started = time.perf_counter()
+    protocols = config.protocols
+    beir = data if isinstance(data, BeirData) else load_beir(data, config.split)
+    doc_ids, query_ids = beir.doc_ids, list(beir.queries)
+    if not doc_ids:
+        raise ValueError(f"{beir.uri}: the corpus is empty")
+    if config.output is not None:
+        check_trec_ids(doc_ids, "document")
+        check_trec_ids(query_ids, "query")
+
+    model_uri: str | None = None
+    train_config: dict[str, Any] = {}
+    if isinstance(model, str):
+        resolved = resolve_model(model)
+        model_uri = resolved.model_uri
+        encoder, train_config = load_model(resolved)
+        if encoder.tokenizer is None:
+            raise ValueError(f"{model}: the model folder has no tokenizer; evaluation needs one")
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        encoder = encoder.to(device)
+    else:
+        encoder = model
+    query_length = config.max_query_length or int(
+        train_config.get("max_query_length", DEFAULT_MAX_QUERY_LENGTH)
+    )
+    document_length = config.max_document_length or int(
+        train_config.get("max_document_length", DEFAULT_MAX_DOCUMENT_LENGTH)
+    )
+
+    use_ray, threshold = config.use_ray, config.ray_threshold
+    docs_on_ray = use_ray is True or (use_ray is None and len(doc_ids) > threshold)
+    queries_on_ray = use_ray is True or (use_ray is None and len(query_ids) > threshold)
+    if docs_on_ray or queries_on_ray:
+        from santa.ray_utils import init_ray
+
+        init_ray(config.ray_address)
+    timings: dict[str, float] = {"load_s": time.perf_counter() - started}
+    common = {
+        "batch_size": config.batch_size,
+        "progress": config.progress,
+        "ray_options": config.ray_options,
+    }
+    doc_texts = beir.document_texts()
+    query_texts = [beir.queries[q] for q in query_ids]
+    embeddings: dict[str, np.ndarray] = {}
+    for name, texts, max_length, on_ray in (
+        ("documents", doc_texts, document_length, docs_on_ray),
+        ("queries", query_texts, query_length, queries_on_ray),
+    ):
+        mark = time.perf_counter()
+        embeddings[name] = _encode(
+            encoder, model_uri, texts, max_length=max_length, on_ray=on_ray, desc=name, **common
+        )
+        timings[f"encode_{name}_s"] = time.perf_counter() - mark
+    doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
+
+    rankings: dict[str, Ranking] = {}
+    for proto in protocols:
+        mark = time.perf_counter()
+        rankings[system_name("model", proto)] = _dense_ranking(
+            encoder,
+            beir,
+            query_embeddings,
+            query_ids,
+            doc_embeddings,
+            doc_ids,
+            proto,
+            config.top_k,
+            config.index_kind,
+        )
+        timings[f"retrieve_model_{proto}_s"] = time.perf_counter() - mark
+        if config.with_bm25:
+            mark = time.perf_counter()
+            if proto == "rerank":
+                bm25_ranking = bm25_rerank(
+                    doc_texts, doc_ids, query_texts, query_ids, beir.candidates()
+                )
+            else:
+                bm25_ranking = bm25_retrieve(
+                    doc_texts, doc_ids, query_texts, query_ids, top_k=config.top_k
+                )
+            rankings[system_name("bm25", proto)] = bm25_ranking
+            timings[f"retrieve_bm25_{proto}_s"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    results = {
+        system: compute_metrics(
+            beir.qrels, ranking, graded=beir.graded, query_languages=beir.query_languages
+        )
+        for system, ranking in rankings.items()
+    }
+    timings["metrics_s"] = time.perf_counter() - mark
+    timings["total_s"] = time.perf_counter() - started
+    info = {
+        "model": model_uri if model_uri is not None else type(model).__name__,
+        "data": beir.uri,
+        "split": beir.split,
+        "protocols": protocols,
+        "baseline": "bm25" if config.with_bm25 else None,
+        "graded": beir.graded,
+        "num_documents": len(doc_ids),
+        "num_queries": len(query_ids),
+        "max_query_length": query_length,
+        "max_document_length": document_length,
+        "top_k": config.top_k,
+        "index_kind": config.index_kind,
+        "ray": {"documents": docs_on_ray, "queries": queries_on_ray},
+        "timings_s": {name: round(value, 3) for name, value in timings.items()},
+    }
+    logger.info("evaluation info: %s", json.dumps(info))
+    output = config.output
+    if output is not None:
+        for system, ranking in rankings.items():
+            write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
+        storage.write_json(storage.join(output, "metrics.json"), results)
+        storage.write_bytes(
+            storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")
+        )
+        storage.write_json(storage.join(output, "info.json"), info)
+    return results
