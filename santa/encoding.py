@@ -65,13 +65,8 @@ def encode_texts(
         ):
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                encoded = model.tokenizer(
-                    [texts[i] for i in rows],
-                    max_length=max_length,
-                    truncation=True,
-                    padding=True,
-                    return_tensors="pt",
-                )
+                # The backbone's own lower-casing and length limit (sentence-transformers).
+                encoded = model.tokenize([texts[i] for i in rows], max_length)
                 embeddings = model.encode(
                     encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
                 )  # (batch, dim)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -313,7 +314,10 @@ def test_encoder_only_save_load_with_plain_automodel(tmp_path) -> None:
 def test_real_minilm_loads_offline() -> None:
     model = DualEncoder.from_pretrained(minilm_path()).eval()  # config inferred from the folder
     assert model.model_config.kind == "encoder" and model.model_config.pooling == "mean"
-    assert model.model_config == DualEncoder.from_config(get_recipe("minilm").model).model_config
+    # The recipe loads the same folder the same way; it only adds a training temperature.
+    recipe = DualEncoder.from_config(get_recipe("minilm").model).model_config
+    assert recipe == dataclasses.replace(model.model_config, temperature=0.05)
+    assert (recipe.similarity, recipe.max_seq_length) == ("cosine", 256)
     sentences = ["A man is eating food.", "A man eats a meal.", "The stock market fell sharply."]
     encoded = model.tokenizer(sentences, padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -231,6 +231,24 @@ def _dense_ranking(
     )
 
 
+def evaluation_lengths(
+    model: DualEncoder, train_config: dict[str, Any], config: EvalConfig
+) -> tuple[int, int]:
+    """Query and document lengths: asked for, else trained with, else the backbone's own.
+
+    A santa checkpoint records the lengths it was trained with. A sentence-transformers
+    folder declares one ``max_seq_length`` for every text, which is how its authors
+    encode; other folders get 50/240 (the paper's). The backbone's limit caps them all.
+    """
+    limit = model.model_config.max_seq_length
+    defaults = (limit, limit) if limit else (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOCUMENT_LENGTH)
+    query = config.max_query_length or int(train_config.get("max_query_length", defaults[0]))
+    document = config.max_document_length or int(
+        train_config.get("max_document_length", defaults[1])
+    )
+    return model.token_limit(query), model.token_limit(document)
+
+
 def evaluate(
     model: str | DualEncoder, data: str | BeirData, config: EvalConfig | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -277,12 +295,7 @@ def evaluate(
         encoder = encoder.to(device)
     else:
         encoder = model
-    query_length = config.max_query_length or int(
-        train_config.get("max_query_length", DEFAULT_MAX_QUERY_LENGTH)
-    )
-    document_length = config.max_document_length or int(
-        train_config.get("max_document_length", DEFAULT_MAX_DOCUMENT_LENGTH)
-    )
+    query_length, document_length = evaluation_lengths(encoder, train_config, config)
 
     use_ray, threshold = config.use_ray, config.ray_threshold
     docs_on_ray = use_ray is True or (use_ray is None and len(doc_ids) > threshold)
@@ -359,6 +372,9 @@ def evaluate(
         "num_queries": len(query_ids),
         "max_query_length": query_length,
         "max_document_length": document_length,
+        # How the model was scored, so numbers from different tools can be compared.
+        "similarity": encoder.model_config.similarity,
+        "pooling": encoder.model_config.pooling,
         "top_k": config.top_k,
         "index_kind": config.index_kind,
         "ray": {"documents": docs_on_ray, "queries": queries_on_ray},
