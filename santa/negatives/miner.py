@@ -32,11 +32,16 @@ from typing import Any
 
 import numpy as np
 
+from santa.config import ModelConfig
+from santa.distributed import all_reduce_min
+from santa.index import NegativeIndex
+from santa.model import DualEncoder
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
     load_mining_corpus,
     mine_hard_negatives,
+    read_negatives_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,7 +86,6 @@ def refresh_table(
 ) -> NegativesTable:
     """Encode corpus and queries with ``model``, search top-K, mine: one table."""
     from santa.evaluate import encode_texts
-    from santa.index import NegativeIndex
 
     started = time.perf_counter()
     doc_ids = list(corpus.documents)
@@ -128,9 +132,6 @@ class HardNegativeMiner:
 
     def __init__(self, data_uri: str, model_uri: str, model_config: dict, settings: dict) -> None:
         import torch
-
-        from santa.config import ModelConfig
-        from santa.model import DualEncoder
 
         self.incarnation = uuid.uuid4().hex[:12]
         self.settings = MinerSettings(**settings)
@@ -276,8 +277,6 @@ class NegativesClient:
         miner_name: str = "",
         refresh_every: int = 100,
     ) -> None:
-        from santa.negatives.mining import load_mining_corpus, read_negatives_table
-
         self.source = source
         self.n = n
         self.seed = seed
@@ -400,12 +399,7 @@ class NegativesClient:
         """The table every rank uses this step (collective when distributed)."""
         step = self.newest_step()
         if self.is_async and self.world_size > 1:
-            import torch
-            import torch.distributed as dist
-
-            value = torch.tensor([step], dtype=torch.long, device=device)
-            dist.all_reduce(value, op=dist.ReduceOp.MIN)
-            step = int(value.item())
+            step = all_reduce_min(step, device)
         if step < 0:
             return None
         usable = [s for s in self.tables if s <= step]
