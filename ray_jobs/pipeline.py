@@ -146,8 +146,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data=train_uri,
         storage=args.storage,
         name=args.name,
-        num_workers=args.num_workers,
-        use_gpu=args.gpu,
         cpus_per_worker=args.cpus_per_worker,
         eval_data=dev_uri,
         eval_split="valid",

@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.tune.search import BasicVariantGenerator
 
     from santa.ray_utils import init_ray
-    from santa.train.trainer import RunSpec, worker_cpus
+    from santa.train.trainer import worker_cpus
 
     storage_root = storage.absolute(args.storage)
     sweep_root = storage.join(storage_root, args.name)
@@ -369,15 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"λ is not swept: the {objective(config)!r} objective of recipe "
                 f"{args.recipe!r} has no loss weight (MEP needs a T5 backbone in pretraining)"
             )
-        cpus = worker_cpus(
-            RunSpec(
-                data="",
-                storage="",
-                name="",
-                num_workers=args.num_workers,
-                cpus_per_worker=args.cpus_per_worker,
-            )
-        )
+        cpus = worker_cpus(args.cpus_per_worker, args.num_workers)
         resources = ray.cluster_resources()
         concurrent = args.max_concurrent or max_concurrent_trials(
             resources, args.num_workers, cpus, args.gpu, args.data_cpus
@@ -395,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
             "run": {
                 "data": storage.absolute(args.data),
                 "storage": storage.join(sweep_root, RUNS_DIR),
-                "num_workers": args.num_workers,
-                "use_gpu": args.gpu,
                 "cpus_per_worker": cpus,
                 "max_failures": args.max_failures,
                 "eval_data": storage.absolute(args.eval_data),
