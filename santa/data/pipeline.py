@@ -38,8 +38,8 @@ from santa.data.readers import (
     relative_path,
     split_from_path,
 )
-from santa.data.records import CODE_LANGUAGES, PairOptions, Reason
-from santa.data.schema import PAIR_SCHEMA
+from santa.data.records import PairOptions, Reason
+from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
 from santa.ray_utils import cluster_cpus
 
