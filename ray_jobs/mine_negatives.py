@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lengths = _saved_lengths(model_uri)
     settings = MinerSettings(
-        n=args.sample,
-        top_k=args.top_k,
-        skip_top=args.skip_top,
+        hard_negatives_per_query=args.sample,
+        negatives_top_k=args.top_k,
+        negatives_skip_top=args.skip_top,
         seed=args.seed,
-        index_kind=args.index,
+        negatives_index=args.index,
         max_query_length=args.max_query_length or lengths[0],
         max_document_length=args.max_document_length or lengths[1],
         batch_size=args.batch_size,
