@@ -25,6 +25,7 @@ from typing import Any
 from ray_jobs.args import recipe_config, run_parser
 from santa import storage
 from santa.config import get_recipe
+from santa.data.source import default_source_root
 
 logger = logging.getLogger("santa.pipeline")
 
@@ -82,7 +83,6 @@ def build_config(args: argparse.Namespace):
 def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str, dict]:
     """Preprocess the source tree: training pairs, dev (valid) and test BEIR sets."""
     from santa.data.pipeline import PreprocessConfig, run_preprocess
-    from santa.data.source import default_source_root
 
     source = args.input or default_source_root()
     outputs = {

@@ -7,7 +7,8 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
-from santa.train.trainer import RunSpec
+from santa.ray_utils import init_ray
+from santa.train.trainer import RunSpec, fit
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -61,9 +62,6 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         eval_data=args.eval_data,
         eval_split=args.eval_split,
     )
-    from santa.ray_utils import init_ray
-    from santa.train.trainer import fit
-
     init_ray(args.address)
     result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))

@@ -38,6 +38,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray_jobs.args import recipe_config, run_parser
 from santa import storage
 from santa.config import SantaConfig
+from santa.ray_utils import init_ray
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    from santa.ray_utils import init_ray
     from santa.train.trainer import worker_cpus
 
     storage_root = storage.absolute(args.storage)
