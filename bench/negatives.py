@@ -103,7 +103,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     }
     warm = fit(
         tiny_config(max_steps=2, checkpoint_every=2, **{"stage": "finetune"}),
-        RunSpec(data=data, storage=str(work), name="warm", num_workers=1),
+        RunSpec(data=data, storage=str(work), name="warm"),
     )
     table_dir = work / "table"
     mine_negatives.main(
@@ -120,13 +120,13 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
             hard_negatives=source,
             negatives_refresh_every=refresh_every,
             negatives_wait_for_first="true",
+            num_workers=2,
             **common,
         )
         spec = RunSpec(
             data=data,
             storage=str(work),
             name=label.replace(" ", "-"),
-            num_workers=2,
             cpus_per_worker=0.5,
             num_to_keep=steps // window + 1,
         )

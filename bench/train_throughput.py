@@ -102,7 +102,6 @@ def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: in
         data=data,
         storage=str(workdir / "runs"),
         name=name,
-        num_workers=2,
         cpus_per_worker=0.5,
         num_to_keep=steps // window + 1,
     )

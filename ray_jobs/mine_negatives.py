@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     settings = MinerSettings(
-        n=args.sample,
-        top_k=args.top_k,
-        skip_top=args.skip_top,
+        hard_negatives_per_query=args.sample,
+        negatives_top_k=args.top_k,
+        negatives_skip_top=args.skip_top,
         seed=args.seed,
-        index_kind=args.index,
+        negatives_index=args.index,
         max_query_length=args.max_query_length
         or train.get("max_query_length", DEFAULT_MAX_QUERY_LENGTH),
         max_document_length=args.max_document_length

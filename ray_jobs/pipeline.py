@@ -22,8 +22,10 @@ import sys
 import time
 from typing import Any
 
+from ray_jobs.args import recipe_config, run_parser
 from santa import storage
-from santa.config import RECIPES
+from santa.config import get_recipe
+from santa.data.source import default_source_root
 
 logger = logging.getLogger("santa.pipeline")
 
@@ -37,10 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m ray_jobs.pipeline",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[run_parser(address_help="Ray address (default: RAY_ADDRESS)")],
     )
     parser.add_argument("--name", default="default", help="run name (same name = resume)")
     parser.add_argument("--storage", default="./runs", help="local path or s3:// URI")
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument(
         "--input", default=None, help="source tree for the corpus (default: this Python's stdlib)"
     )
@@ -49,10 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--eval-data", default="", help="existing BEIR eval set (with --data)")
     parser.add_argument("--eval-split", default="test")
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--cpus-per-worker", type=float, default=0.0)
-    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
-    parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument(
         "--hard-negatives",
         default="async",
@@ -60,15 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hard negatives during pretraining (default: async miner actor)",
     )
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
-    parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. train.learning_rate=1e-4",
-    )
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")
@@ -77,28 +66,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace):
     """The recipe with the pipeline's settings and the user's overrides."""
-    from santa.config import get_recipe
-
     recipe = get_recipe(args.recipe)
-    overrides = ["train.stage=pretrain", f"train.num_workers={args.num_workers}"]
+    overrides = ["train.stage=pretrain"]
     steps = args.max_steps or DEFAULT_STEPS.get(args.recipe)
     if steps:
         overrides.append(f"train.max_steps={steps}")
         overrides.append(f"train.checkpoint_every={max(1, steps // 3)}")
-    if args.gpu:
-        overrides.append("train.use_gpu=true")
     if args.hard_negatives != "none":
         overrides.append(f"train.hard_negatives={args.hard_negatives}")
         if recipe.train.hard_negatives_per_query < 1:
             overrides.append("train.hard_negatives_per_query=1")
         overrides.append(f"train.negatives_refresh_every={max(1, (steps or 300) // 4)}")
-    return recipe.with_overrides([*overrides, *args.overrides])
+    return recipe_config(args, overrides)
 
 
 def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str, dict]:
     """Preprocess the source tree: training pairs, dev (valid) and test BEIR sets."""
     from santa.data.pipeline import PreprocessConfig, run_preprocess
-    from santa.data.source import default_source_root
 
     source = args.input or default_source_root()
     outputs = {
@@ -162,8 +146,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data=train_uri,
         storage=args.storage,
         name=args.name,
-        num_workers=args.num_workers,
-        use_gpu=args.gpu,
         cpus_per_worker=args.cpus_per_worker,
         eval_data=dev_uri,
         eval_split="valid",

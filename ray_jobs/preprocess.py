@@ -13,7 +13,9 @@ import logging
 import sys
 
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preprocess
-from santa.data.records import CODE_LANGUAGES
+from santa.data.schema import CODE_LANGUAGES
+from santa.data.source import default_source_root
+from santa.ray_utils import init_ray
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | None]:
@@ -58,8 +60,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     if args.input is None:
         if args.dataset != "source":
             parser.error("--input is required for this dataset")
-        from santa.data.source import default_source_root
-
         args.input = default_source_root()
     config = PreprocessConfig(
         dataset=args.dataset,
@@ -83,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: parse → start/join Ray → run → print the report."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config, address = parse_args(argv)
-    from santa.ray_utils import init_ray
-
     init_ray(address)
     report = run_preprocess(config)
     print(format_report(report))

@@ -6,21 +6,17 @@ import argparse
 import json
 import logging
 
-from santa.config import RECIPES, get_recipe
-from santa.train.trainer import RunSpec
+from ray_jobs.args import recipe_config, run_parser
+from santa.ray_utils import init_ray
+from santa.train.trainer import RunSpec, fit
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every training job takes."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
+    parser = argparse.ArgumentParser(prog=prog, description=description, parents=[run_parser()])
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument("--storage", required=True, help="checkpoints: local path or s3://")
     parser.add_argument("--name", required=True, help="run name (same name = resume)")
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
-    parser.add_argument("--cpus-per-worker", type=float, default=0.0)
-    parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--max-failures", type=int, default=1)
     parser.add_argument("--num-to-keep", type=int, default=2)
     parser.add_argument(
@@ -36,26 +32,13 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--negatives-per-query", type=int, default=1, help="hard negatives per query (n)"
     )
-    parser.add_argument(
-        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. train.learning_rate=1e-4",
-    )
     return parser
 
 
 def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     """Build the config and run spec from ``args``, train, and print the result."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    overrides = [f"train.stage={stage}", f"train.num_workers={args.num_workers}"]
-    if args.gpu:
-        overrides.append("train.use_gpu=true")
+    overrides = [f"train.stage={stage}"]
     if args.max_steps:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.hard_negatives != "none":
@@ -64,7 +47,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             f"train.hard_negatives_per_query={args.negatives_per_query}",
         ]
     try:
-        config = get_recipe(args.recipe).with_overrides([*overrides, *args.overrides])
+        config = recipe_config(args, overrides)
     except ValueError as error:
         print(f"error: {error}")
         return 2
@@ -72,8 +55,6 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         data=args.data,
         storage=args.storage,
         name=args.name,
-        num_workers=args.num_workers,
-        use_gpu=args.gpu,
         cpus_per_worker=args.cpus_per_worker,
         max_failures=args.max_failures,
         num_to_keep=args.num_to_keep,
@@ -81,9 +62,6 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         eval_data=args.eval_data,
         eval_split=args.eval_split,
     )
-    from santa.ray_utils import init_ray
-    from santa.train.trainer import fit
-
     init_ray(args.address)
     result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import tree_sitter
 
 from santa.entities import (
+    CODE_LANGUAGES,
     MAX_ERROR_FRACTION,
-    SUPPORTED_LANGUAGES,
     UnparsableCodeError,
     _error_bytes,
     _error_nodes,
@@ -47,8 +47,8 @@ from santa.entities import (
     _grammar,
     _GrammarSpec,
     _load,
-    _parser,
     _utf8_length,
+    parser_for,
     token_spans,
 )
 
@@ -220,7 +220,7 @@ def _grammar_and_parser(language: str) -> tuple[_Grammar, tree_sitter.Parser]:
     """Return the grammar and this thread's parser for ``language``."""
     global _python_grammar
     if language != "python":
-        return _grammar(language), _parser(language)
+        return _grammar(language), parser_for(language)
     if _python_grammar is None:
         with _python_lock:
             if _python_grammar is None:
@@ -245,7 +245,7 @@ def _parse(code: str, language: str) -> tuple[tree_sitter.Node, int, int]:
     """
     if language not in SUBTREE_TYPES:
         raise ValueError(
-            f"unsupported language {language!r}; expected one of {', '.join(SUPPORTED_LANGUAGES)}"
+            f"unsupported language {language!r}; expected one of {', '.join(CODE_LANGUAGES)}"
         )
     grammar, parser = _grammar_and_parser(language)
     snippet = code.encode("utf-8", "surrogatepass")
@@ -363,7 +363,7 @@ def extract_subtree(
 
     Args:
         code: one function (a CodeSearchNet ``code`` field).
-        language: one of :data:`santa.entities.SUPPORTED_LANGUAGES`.
+        language: one of :data:`santa.entities.CODE_LANGUAGES`.
         rng: the source of randomness, or an ``int`` seed for a fresh ``random.Random``.
         min_tokens: ``l_min``, the fewest word/punctuation tokens of the sub-tree's code.
         max_attempts: leaves tried (without replacement) before returning ``None``.

@@ -1,4 +1,5 @@
-"""Cross-worker gathering of embeddings for the contrastive loss.
+"""Cross-worker collectives: gathering embeddings for the contrastive loss, and agreeing on
+a value (:func:`all_reduce_min`).
 
 The only santa module that touches ``torch.distributed``. A *gather* function maps a local
 ``(local_batch, dim)`` tensor to ``(gathered, offset)``: the tensors of every worker
@@ -26,7 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_functional
 
-__all__ = ["Gather", "all_gather_with_grad", "identity_gather", "is_distributed"]
+__all__ = [
+    "Gather",
+    "all_gather_with_grad",
+    "all_reduce_min",
+    "identity_gather",
+    "is_distributed",
+]
 
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
 """``gather(local) -> (gathered, offset)``: rows of all workers, and where ours start."""
@@ -59,6 +66,13 @@ def all_gather_with_grad(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     parts = dist_functional.all_gather(tensor)
     gathered = torch.cat(parts, dim=0)  # (world * local_rows, ...)
     return gathered, rank * tensor.shape[0]
+
+
+def all_reduce_min(value: int, device: torch.device | str) -> int:
+    """The smallest ``value`` over all ranks (a collective: every rank must call it)."""
+    tensor = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
 
 
 def _check_equal_shapes(tensor: torch.Tensor, world_size: int) -> None:

@@ -37,18 +37,19 @@ from typing import Any
 
 import tree_sitter
 
+from santa.data.schema import CODE_LANGUAGES
+
 __all__ = [
     "MAX_ERROR_FRACTION",
     "PosTaggerMissingError",
-    "SUPPORTED_LANGUAGES",
     "UnparsableCodeError",
     "ensure_pos_tagger",
     "extract_code_entities",
     "extract_product_entities",
+    "parser_for",
     "token_spans",
 ]
 
-SUPPORTED_LANGUAGES = ("python", "java", "go", "javascript", "ruby", "php")
 
 # Above this share of the snippet in error regions we call the code unparsable (see the
 # module docstring). Half is generous on purpose: CodeSearchNet snippets are real code
@@ -351,8 +352,10 @@ def _grammar(language: str) -> _Grammar:
     return grammar
 
 
-def _parser(language: str) -> tree_sitter.Parser:
-    """Return this thread's parser for ``language``."""
+def parser_for(language: str) -> tree_sitter.Parser:
+    """This thread's tree-sitter parser for ``language`` (parsers are not thread-safe)."""
+    if language not in _GRAMMARS:
+        raise ValueError(f"no tree-sitter grammar for {language!r}")
     parsers: dict[str, tree_sitter.Parser] | None = getattr(_thread_local, "parsers", None)
     if parsers is None:
         parsers = _thread_local.parsers = {}
@@ -401,7 +404,7 @@ def _error_bytes(nodes: list[tree_sitter.Node], start: int, end: int) -> int:
 def _extract_tree_sitter_entities(code: str, language: str) -> list[tuple[int, int]]:
     """Return identifier spans of ``code`` using the tree-sitter grammar of ``language``."""
     grammar = _grammar(language)
-    parser = _parser(language)
+    parser = parser_for(language)
     spec = grammar.spec
     snippet = code.encode("utf-8", "surrogatepass")
 
@@ -463,7 +466,7 @@ def extract_code_entities(code: str, language: str) -> list[tuple[int, int]]:
     if language in _GRAMMARS:
         return _extract_tree_sitter_entities(code, language)
     raise ValueError(
-        f"unsupported language {language!r}; expected one of {', '.join(SUPPORTED_LANGUAGES)}"
+        f"unsupported language {language!r}; expected one of {', '.join(CODE_LANGUAGES)}"
     )
 
 

@@ -17,7 +17,7 @@ from santa.asst import (
     split_lines,
     split_tokens,
 )
-from santa.entities import SUPPORTED_LANGUAGES, UnparsableCodeError, token_spans
+from santa.entities import CODE_LANGUAGES, UnparsableCodeError, token_spans
 
 SEEDS = range(25)
 
@@ -109,7 +109,7 @@ def node_at(code: str, language: str, split: CodeSplit):
 
 
 def test_every_node_type_exists_in_its_grammar() -> None:
-    assert set(SUBTREE_TYPES) == set(SUPPORTED_LANGUAGES)
+    assert set(SUBTREE_TYPES) == set(CODE_LANGUAGES)
     for language, types in SUBTREE_TYPES.items():
         ts_language = _grammar_and_parser(language)[0].language
         named = {

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from santa.data.schema import CODE_LANGUAGES
 from santa.entities import (
-    SUPPORTED_LANGUAGES,
     UnparsableCodeError,
     extract_code_entities,
     extract_product_entities,
@@ -246,7 +246,7 @@ def test_non_ascii_offsets(language: str, code: str, expected: list[str]) -> Non
 GARBAGE = "}}}} ))) ]]] ;;; @@@ ### !!! ??? ::: \x00\x01\x02 }}} ))"
 
 
-@pytest.mark.parametrize("language", SUPPORTED_LANGUAGES)
+@pytest.mark.parametrize("language", CODE_LANGUAGES)
 def test_garbage_is_unparsable(language: str) -> None:
     with pytest.raises(UnparsableCodeError):
         extract_code_entities(GARBAGE, language)
@@ -257,7 +257,7 @@ def test_unsupported_language() -> None:
         extract_code_entities("x", "cobol")
 
 
-@pytest.mark.parametrize("language", SUPPORTED_LANGUAGES)
+@pytest.mark.parametrize("language", CODE_LANGUAGES)
 def test_empty_code(language: str) -> None:
     assert extract_code_entities("", language) == []
 

@@ -46,10 +46,9 @@ def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
         hard_negatives_per_query=1,
         negatives_refresh_every=5,
         negatives_wait_for_first="true",
+        num_workers=2,
     )
-    spec = RunSpec(
-        data=train_data, storage=str(tmp_path), name="async", num_workers=2, cpus_per_worker=0.5
-    )
+    spec = RunSpec(data=train_data, storage=str(tmp_path), name="async", cpus_per_worker=0.5)
     result = fit(config, spec)
     assert result.error is None
     metrics = result.metrics
@@ -76,10 +75,9 @@ def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, t
         hard_negatives="async",
         hard_negatives_per_query=1,
         negatives_refresh_every=5,
+        num_workers=2,
     )
-    spec = RunSpec(
-        data=train_data, storage=str(tmp_path), name="killminer", num_workers=2, cpus_per_worker=0.5
-    )
+    spec = RunSpec(data=train_data, storage=str(tmp_path), name="killminer", cpus_per_worker=0.5)
     killed: list[dict] = []
 
     def kill_the_miner_once_trainers_use_its_tables() -> None:
@@ -118,7 +116,7 @@ def test_offline_mining_then_finetuning_on_the_table(
     init = tmp_path / "ckpt"
     warm = fit(
         tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
-        RunSpec(data=train_data, storage=str(init), name="warm", num_workers=1),
+        RunSpec(data=train_data, storage=str(init), name="warm"),
     )
     assert warm.error is None
     checkpoint = warm.checkpoint.path

@@ -77,6 +77,7 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkey
             "train.max_query_length=24",
             "train.max_document_length=96",
             "train.max_target_length=32",
+            "train.num_workers=2",
         ]
     )
     monkeypatch.chdir(tmp_path)  # a relative storage path, as the pipeline's default ./runs
@@ -84,7 +85,6 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkey
         data=stdlib_splits["train"],
         storage="runs",
         name="learn",
-        num_workers=2,
         cpus_per_worker=0.5,
         num_to_keep=steps // window,
     )
@@ -124,7 +124,6 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
     common = {
         "data": pairs["train"],
         "storage": str(tmp_path),
-        "num_workers": 1,
         "cpus_per_worker": 0.5,
         "num_to_keep": 10,
     }
@@ -146,12 +145,11 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
     import ray
 
     # Long enough that the kill lands mid-run, whatever this machine's speed.
-    config = tiny_config(max_steps=160, log_every=10, checkpoint_every=10)
+    config = tiny_config(max_steps=160, log_every=10, checkpoint_every=10, num_workers=2)
     spec = RunSpec(
         data=pairs["train"],
         storage=str(tmp_path),
         name="killed",
-        num_workers=2,
         cpus_per_worker=0.5,
         max_failures=2,
     )
@@ -192,12 +190,11 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
 
 def test_checkpoints_on_s3_load_back(pairs, moto_s3):
     bucket = moto_s3.create_bucket("santa-train")
-    config = tiny_config(max_steps=4, log_every=2, checkpoint_every=4)
+    config = tiny_config(max_steps=4, log_every=2, checkpoint_every=4, num_workers=2)
     spec = RunSpec(
         data=pairs["train"],
         storage=f"{bucket}/runs",
         name="s3run",
-        num_workers=2,
         cpus_per_worker=0.5,
     )
     result = fit(config, spec)

@@ -35,8 +35,10 @@ from typing import Any
 
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from ray_jobs.args import recipe_config, run_parser
 from santa import storage
-from santa.config import RECIPES, SantaConfig, get_recipe
+from santa.config import SantaConfig
+from santa.ray_utils import init_ray
 
 logger = logging.getLogger(__name__)
 
@@ -239,12 +241,20 @@ def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, An
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The sweep's command line."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Sweep the learning rate and λ of a santa recipe with Ray Tune (ASHA on "
         "dev MRR); re-running the same --storage/--name resumes the sweep.",
+        parents=[
+            run_parser(
+                overrides_example="train.global_batch_size=64",
+                cpus_per_worker_help="CPUs per training worker; 0: what leaves one CPU of the "
+                "cluster to Ray Data",
+                max_steps_help="steps per trial (ASHA's max_t)",
+            )
+        ],
     )
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument(
         "--eval-data", required=True, help="BEIR dev folder: the metric ASHA ranks trials by"
@@ -256,9 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", default="sweep", help="sweep name (same name = resume)")
     parser.add_argument("--num-samples", type=int, default=8, help="trials to sample")
     parser.add_argument("--scheduler", choices=("asha", "fifo"), default="asha")
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="steps per trial (ASHA's max_t)"
-    )
     parser.add_argument(
         "--eval-every",
         type=int,
@@ -285,14 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=(0.0, 2.0),
         help="uniform range of λ (the objective's loss weight); LOW == HIGH: fixed",
     )
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument(
-        "--cpus-per-worker",
-        type=float,
-        default=0.0,
-        help="CPUs per training worker; 0: what leaves one CPU of the cluster to Ray Data",
-    )
-    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
     parser.add_argument(
         "--data-cpus", type=float, default=1.0, help="CPUs left to each trial's Ray Data"
     )
@@ -301,29 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
     parser.add_argument("--seed", type=int, default=None, help="seed of the parameter sampling")
-    parser.add_argument(
-        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. train.global_batch_size=64",
-    )
     return parser
 
 
 def base_config(args: argparse.Namespace) -> SantaConfig:
     """The recipe with the sweep's own settings and the user's overrides applied."""
-    config = get_recipe(args.recipe).with_overrides(
-        [
-            f"train.num_workers={args.num_workers}",
-            *(["train.use_gpu=true"] if args.gpu else []),
-            *args.overrides,
-            *([f"train.max_steps={args.max_steps}"] if args.max_steps else []),
-        ]
+    config = recipe_config(
+        args, then=[f"train.max_steps={args.max_steps}"] if args.max_steps else []
     )
     max_steps = config.train.max_steps
     if not max_steps:
@@ -367,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    from santa.ray_utils import init_ray
-    from santa.train.trainer import RunSpec, worker_cpus
+    from santa.train.trainer import worker_cpus
 
     storage_root = storage.absolute(args.storage)
     sweep_root = storage.join(storage_root, args.name)
@@ -387,15 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"λ is not swept: the {objective(config)!r} objective of recipe "
                 f"{args.recipe!r} has no loss weight (MEP needs a T5 backbone in pretraining)"
             )
-        cpus = worker_cpus(
-            RunSpec(
-                data="",
-                storage="",
-                name="",
-                num_workers=args.num_workers,
-                cpus_per_worker=args.cpus_per_worker,
-            )
-        )
+        cpus = worker_cpus(args.cpus_per_worker, args.num_workers)
         resources = ray.cluster_resources()
         concurrent = args.max_concurrent or max_concurrent_trials(
             resources, args.num_workers, cpus, args.gpu, args.data_cpus
@@ -413,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
             "run": {
                 "data": storage.absolute(args.data),
                 "storage": storage.join(sweep_root, RUNS_DIR),
-                "num_workers": args.num_workers,
-                "use_gpu": args.gpu,
                 "cpus_per_worker": cpus,
                 "max_failures": args.max_failures,
                 "eval_data": storage.absolute(args.eval_data),

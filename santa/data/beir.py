@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from santa import storage
 from santa.data.records import product_document
-from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
+from santa.data.schema import CODE_LANGUAGES
 
 if TYPE_CHECKING:
     import ray.data

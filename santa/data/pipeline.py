@@ -1,14 +1,14 @@
 """The Ray Data preprocessing pipeline: read → validate → entities → masking → Parquet.
 
-The per-record work is plain Python (``santa.data.records``); this module wraps it in Ray
-Data operators that run on every node, and accounts for every input row: each one is
-written, dropped for a reason, or filtered out of the requested selection.
+The per-record work is plain Python (``santa.data.records``), wrapped in Ray Data operators
+(``santa.data.operators``) that run on every node. This driver plans the datasets and
+accounts for every input row: each one is written, dropped for a reason, or filtered out of
+the requested selection.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -18,33 +18,30 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
 
 from santa import storage
 from santa.data.beir import write_beir
+from santa.data.operators import (
+    HELDOUT_MARK,
+    CodePairBuilder,
+    ProductJudgmentBuilder,
+    ProductPairBuilder,
+    extract_source_records,
+    select_output_rows,
+)
 from santa.data.readers import (
-    SPLIT_ALIASES,
     JsonLinesDatasource,
     language_from_path,
     relative_path,
     split_from_path,
 )
-from santa.data.records import (
-    CODE_LANGUAGES,
-    DropRow,
-    PairOptions,
-    Reason,
-    build_code_pair,
-    build_product_judgment_row,
-    build_product_pretrain_pair,
-    normalize_advtest,
-    normalize_codesearchnet,
-    parse_json_line,
-)
-from santa.data.schema import PAIR_SCHEMA, RAW_SCHEMA, rows_to_table
+from santa.data.records import PairOptions, Reason
+from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
+from santa.data.source import EXTENSIONS, iter_source_files
+from santa.ray_utils import cluster_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +67,6 @@ ESCI_EXAMPLE_COLUMNS = [
     "split",
 ]
 MISSING_PRODUCT = "missing_product"
-# Marks rows of held-out splits read only for their keys; reported as filtered other_split.
-HELDOUT_MARK = "__heldout__"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,163 +171,6 @@ class PreprocessConfig:
         return cls(**payload)
 
 
-# ----------------------------------------------------------------------------- operators
-
-
-class CodePairBuilder:
-    """Ray Data operator: raw JSON lines → pair rows (or dropped rows with a reason)."""
-
-    def __init__(
-        self,
-        dataset: str,
-        options: PairOptions,
-        split: str,
-        heldout_splits: tuple[str, ...],
-        languages: tuple[str, ...],
-        root: str,
-    ):
-        self.root = root
-        self.dataset = dataset
-        self.options = options
-        self.split = split
-        self.heldout_splits = set(heldout_splits)
-        self.heldout_options = PairOptions(
-            stage="eval",
-            max_query_chars=options.max_query_chars,
-            max_document_chars=options.max_document_chars,
-        )
-        self.languages = set(languages)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Process one batch of raw rows."""
-        columns = batch.to_pydict()
-        rows = []
-        for path, line_number, raw, file_split, preset_reason in zip(
-            columns["path"],
-            columns["line_number"],
-            columns["raw"],
-            columns["split"],
-            columns["drop_reason"],
-            strict=True,
-        ):
-            language = language_from_path(relative_path(path, self.root))
-            try:
-                if preset_reason:
-                    raise DropRow(preset_reason)
-                record = parse_json_line(raw)
-                if self.dataset == "advtest":
-                    record = normalize_advtest(record)
-                else:
-                    record = normalize_codesearchnet(record)
-                language = record["language"]
-                split = file_split or SPLIT_ALIASES.get(record["partition"].lower(), "")
-                if self.languages and language not in self.languages:
-                    raise DropRow(Reason.OTHER_LANGUAGE)
-                if split in self.heldout_splits:
-                    # Only the keys of a held-out row are needed, to keep it out of training.
-                    row = build_code_pair(record, self.dataset, self.heldout_options)
-                    row["drop_reason"] = HELDOUT_MARK
-                elif split in (self.split, ""):
-                    # A file of unknown split belongs to the split asked for.
-                    row = build_code_pair(record, self.dataset, self.options)
-                    row["drop_reason"] = ""
-                else:
-                    raise DropRow(Reason.OTHER_SPLIT)
-            except DropRow as drop:
-                row = {"language": language, "drop_reason": drop.reason}
-            row["row_key"] = f"{path}:{line_number:010d}"
-            rows.append(row)
-        return rows_to_table(rows)
-
-
-def extract_source_records(batch: pa.Table, root: str, repo: str) -> pa.Table:
-    """Ray Data function: source files → CodeSearchNet-format JSON lines (raw rows).
-
-    A plain function (run as Ray tasks, not actors): an actor pool here next to the pair
-    builders' pool would hold every CPU of a small node and starve the file reads.
-    """
-    from santa.data.source import EXTENSIONS, decode_source, extract_functions
-
-    columns = batch.to_pydict()
-    out: dict[str, list] = {name: [] for name in RAW_SCHEMA.names}
-
-    def emit(path: str, line: int, raw: bytes, split: str, reason: str) -> None:
-        for name, value in zip(RAW_SCHEMA.names, (path, line, raw, split, reason), strict=True):
-            out[name].append(value)
-
-    for path, data in zip(columns["path"], columns["bytes"], strict=True):
-        relative = relative_path(path, root)
-        language = EXTENSIONS.get("." + relative.rsplit(".", 1)[-1], "")
-        try:
-            records = extract_functions(decode_source(data), relative, language, repo=repo)
-        except UnicodeDecodeError:
-            emit(path, 0, b"", "", Reason.UNDECODABLE_BYTES)
-            continue
-        except (SyntaxError, ValueError, RecursionError):
-            emit(path, 0, b"", "", Reason.UNPARSABLE_CODE)
-            continue
-        for index, record in enumerate(records, start=1):
-            raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
-            emit(path, index, raw, record.get("partition", ""), "")
-    return pa.table(out, schema=RAW_SCHEMA)
-
-
-class ProductPairBuilder:
-    """Ray Data operator: ESCI products → bullet point ↔ description pretraining pairs."""
-
-    def __init__(self, options: PairOptions, locale: str):
-        from santa.entities import ensure_pos_tagger
-
-        ensure_pos_tagger()  # fail fast on a node without the tagger, not per row
-        self.options = options
-        self.locale = locale
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Process one batch of product rows."""
-        rows = []
-        for product in batch.to_pylist():
-            locale = product.get("product_locale") or ""
-            try:
-                if locale != self.locale:
-                    raise DropRow(Reason.OTHER_LOCALE)
-                row = build_product_pretrain_pair(product, self.options)
-                row["drop_reason"] = ""
-            except DropRow as drop:
-                row = {"language": locale, "drop_reason": drop.reason}
-            row["row_key"] = str(product.get("product_id"))
-            rows.append(row)
-        return rows_to_table(rows)
-
-
-class ProductJudgmentBuilder:
-    """Ray Data operator: ESCI products → one row per (query, product) judgment.
-
-    The judgments (small) are broadcast to every actor; the products (large) stream past
-    them, so this is a broadcast join without a shuffle.
-    """
-
-    def __init__(self, judgments: pa.Table, options: PairOptions):
-        self.options = options
-        self.by_product: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for judgment in judgments.to_pylist():
-            self.by_product[judgment["product_id"]].append(judgment)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Join a batch of products with their judgments."""
-        rows = []
-        for product in batch.to_pylist():
-            for judgment in self.by_product.get(product["product_id"], ()):
-                example = {**product, **judgment}
-                try:
-                    row = build_product_judgment_row(example, self.options)
-                    row["drop_reason"] = ""
-                except DropRow as drop:
-                    row = {"language": product.get("product_locale"), "drop_reason": drop.reason}
-                row["row_key"] = f"{judgment['query_id']}:{product['product_id']}"
-                rows.append(row)
-        return rows_to_table(rows)
-
-
 # ----------------------------------------------------------------------------- driver
 
 
@@ -342,8 +180,6 @@ _READ_ARGS = {"num_cpus": 0, "concurrency": 2}
 
 
 def _cluster_cpus() -> int:
-    from santa.ray_utils import cluster_cpus
-
     return max(1, int(cluster_cpus()))
 
 
@@ -381,8 +217,6 @@ def _code_files(config: PreprocessConfig) -> list[str]:
 
 
 def _source_files(config: PreprocessConfig) -> list[str]:
-    from santa.data.source import EXTENSIONS, iter_source_files
-
     if storage.is_s3(config.input):
         files = storage.list_files(config.input, suffixes=tuple(EXTENSIONS))
     else:
@@ -506,21 +340,6 @@ def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
     return set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
 
 
-def _output_rows(batch: pa.Table, removed: pa.Array) -> pa.Table:
-    """Ray Data function: the kept pair rows of a work block, in the output schema.
-
-    Kept means built (no drop reason) and not removed by the driver's accounting (a
-    duplicate, a held-out leak: ``removed`` row keys). One fused operator instead of a
-    filter, a key filter and a projection: one task per block fewer, per operator.
-    """
-    if not batch.num_rows:  # a read task with no lines (e.g. a part past a file's end)
-        return PAIR_SCHEMA.empty_table()
-    keep = pc.equal(batch.column("drop_reason"), "")
-    if len(removed):
-        keep = pc.and_(keep, pc.invert(pc.is_in(batch.column("row_key"), value_set=removed)))
-    return batch.filter(keep).select(PAIR_SCHEMA.names)
-
-
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     """Run the pipeline on the current Ray cluster; return (and write) its report."""
     started = time.time()
@@ -574,7 +393,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     removed = set(report_rows.loc[~kept & (summary["drop_reason"] == ""), "row_key"])
 
     final = work.map_batches(
-        _output_rows,
+        select_output_rows,
         fn_kwargs={"removed": pa.array(sorted(removed), pa.string())},
         batch_format="pyarrow",
         batch_size=None,  # whole blocks: the rows only need filtering

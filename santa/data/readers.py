@@ -20,8 +20,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from santa import storage
 from santa.data.records import Reason
-from santa.data.schema import RAW_SCHEMA
-from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
+from santa.data.schema import CODE_LANGUAGES, RAW_SCHEMA
 
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "dev": "valid", "test": "test"}
 _SPLIT_IN_NAME = re.compile(r"(?:^|[/_.-])(train|valid|dev|test)(?:[/_.-]|$)")

@@ -19,7 +19,7 @@ from santa.data.cleaning import (
     split_bullet_points,
     strip_html,
 )
-from santa.entities import SUPPORTED_LANGUAGES as CODE_LANGUAGES
+from santa.data.schema import CODE_LANGUAGES, ESCI_LABEL_GRADES
 from santa.entities import UnparsableCodeError, extract_code_entities, extract_product_entities
 from santa.masking import contains_sentinel, mask_entities, mask_random_spans
 
@@ -39,7 +39,6 @@ CSN_FIELDS = (
 # Fields without which no pair can be built; the rest are kept when present.
 CSN_REQUIRED = ("code", "docstring", "language")
 ADVTEST_REQUIRED = ("function", "docstring_tokens", "url")
-ESCI_LABEL_GRADES = {"E": 3, "S": 2, "C": 1, "I": 0}
 
 
 class Reason:

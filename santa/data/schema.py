@@ -6,6 +6,13 @@ from typing import Any
 
 import pyarrow as pa
 
+CODE_LANGUAGES = ("python", "java", "go", "javascript", "ruby", "php")
+"""The programming languages santa reads, finds entities in and evaluates by."""
+ESCI_LABEL_GRADES = {"E": 3, "S": 2, "C": 1, "I": 0}
+"""ESCI judgments (Exact, Substitute, Complement, Irrelevant) as graded ``label`` values."""
+ESCI_EXACT = ESCI_LABEL_GRADES["E"]
+"""The grade of an Exact judgment, the only relevant one in binary metrics."""
+
 # One row per training pair. Text only: tokenization happens in the training input pipeline,
 # so one preprocessed corpus serves any backbone.
 PAIR_SCHEMA = pa.schema(

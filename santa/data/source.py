@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 import bisect
 import contextlib
-import functools
 import hashlib
 import inspect
 import os
@@ -48,6 +47,8 @@ from santa.data.cleaning import (
     split_for_key,
     strip_comment_markers,
 )
+from santa.data.schema import CODE_LANGUAGES
+from santa.entities import parser_for
 
 __all__ = [
     "EXTENSIONS",
@@ -68,7 +69,6 @@ EXTENSIONS: dict[str, str] = {
     ".rb": "ruby",
     ".php": "php",
 }
-LANGUAGES: frozenset[str] = frozenset(EXTENSIONS.values())
 
 # Directories that hold third-party, generated or VCS content rather than the
 # project's own code.
@@ -93,12 +93,12 @@ def default_source_root() -> str:
 
 def _check_languages(languages: Iterable[str] | None) -> frozenset[str]:
     if languages is None:
-        return LANGUAGES
+        return frozenset(CODE_LANGUAGES)
     chosen = frozenset(languages)
-    unknown = chosen - LANGUAGES
+    unknown = chosen - frozenset(CODE_LANGUAGES)
     if unknown:
         raise ValueError(
-            f"unsupported languages {sorted(unknown)}; choose from {sorted(LANGUAGES)}"
+            f"unsupported languages {sorted(unknown)}; choose from {sorted(CODE_LANGUAGES)}"
         )
     return chosen
 
@@ -265,36 +265,6 @@ _TS_CONTAINERS = {
 _TS_COMMENTS = {"comment", "line_comment", "block_comment"}
 
 
-@functools.cache
-def _ts_parser(language: str) -> Any:
-    import tree_sitter
-
-    if language == "java":
-        import tree_sitter_java as grammar
-
-        lang = grammar.language()
-    elif language == "go":
-        import tree_sitter_go as grammar
-
-        lang = grammar.language()
-    elif language == "javascript":
-        import tree_sitter_javascript as grammar
-
-        lang = grammar.language()
-    elif language == "ruby":
-        import tree_sitter_ruby as grammar
-
-        lang = grammar.language()
-    elif language == "php":
-        import tree_sitter_php as grammar
-
-        # language_php (not language_php_only) handles the HTML around <?php ... ?>.
-        lang = grammar.language_php()
-    else:
-        raise ValueError(f"no tree-sitter grammar for {language!r}")
-    return tree_sitter.Parser(tree_sitter.Language(lang))
-
-
 def _text(node: Any) -> str:
     return node.text.decode("utf-8", errors="replace")
 
@@ -394,7 +364,8 @@ def _doc_from_comment(comment: str) -> str:
 
 def _extract_tree_sitter(source: str, language: str) -> list[tuple[str, str, str, int, int]]:
     data = source.encode("utf-8")
-    tree = _ts_parser(language).parse(data)
+    # One parser per thread: tree-sitter parsers hold mutable parse state.
+    tree = parser_for(language).parse(data)
     functions_types = _TS_FUNCTIONS[language]
     container_types = _TS_CONTAINERS[language]
     comments: list[Any] = []
@@ -482,7 +453,7 @@ def extract_functions(
     """
     if language == "python":
         found = _extract_python(source)
-    elif language in LANGUAGES:
+    elif language in CODE_LANGUAGES:
         found = _extract_tree_sitter(source, language)
     else:
         raise ValueError(f"unsupported language {language!r}")

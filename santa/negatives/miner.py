@@ -27,13 +27,16 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from santa.config import ModelConfig, SantaConfig
+from santa.distributed import all_reduce_min
 from santa.encoding import encode_texts
 from santa.index import NegativeIndex
+from santa.model import DualEncoder
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
@@ -50,33 +53,30 @@ __all__ = ["HardNegativeMiner", "MinerSettings", "NegativesClient", "refresh_tab
 KEPT_TABLES = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MinerSettings:
-    """How the miner mines (from TrainConfig's ``negatives_*`` fields)."""
+    """How the miner mines; the fields shared with ``TrainConfig`` carry its names."""
 
-    n: int = 1
-    top_k: int = 100
-    skip_top: int = 0
+    hard_negatives_per_query: int = 1
+    """Negatives kept per query."""
+    negatives_top_k: int = 100
+    """Hits retrieved per query, before positives and skipped hits are dropped."""
+    negatives_skip_top: int = 0
+    """Top hits skipped after the positives (likely unlabelled positives)."""
     seed: int = 42
-    index_kind: str = "flat"
+    negatives_index: str = "flat"
+    """The faiss index kind: flat, ivf or hnsw."""
     max_query_length: int = 50
     max_document_length: int = 240
     batch_size: int = 64
+    """Texts per encoder batch."""
     torch_threads: int = 1
 
     @classmethod
-    def from_config(cls, config) -> MinerSettings:
-        """Settings from a :class:`~santa.config.SantaConfig`."""
-        train = config.train
-        return cls(
-            n=train.hard_negatives_per_query,
-            top_k=train.negatives_top_k,
-            skip_top=train.negatives_skip_top,
-            seed=train.seed,
-            index_kind=train.negatives_index,
-            max_query_length=train.max_query_length,
-            max_document_length=train.max_document_length,
-        )
+    def from_config(cls, config: SantaConfig) -> MinerSettings:
+        """Settings from a :class:`~santa.config.SantaConfig` (its same-named fields)."""
+        shared = {f.name for f in fields(cls)} & {f.name for f in fields(config.train)}
+        return cls(**{name: getattr(config.train, name) for name in shared})
 
 
 def refresh_table(
@@ -102,17 +102,19 @@ def refresh_table(
         desc="miner: queries",
         progress=False,
     )
-    index = NegativeIndex.build(doc_vectors, doc_ids, kind=settings.index_kind)
+    index = NegativeIndex.build(doc_vectors, doc_ids, kind=settings.negatives_index)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
-    extra = settings.skip_top + max((len(p) for p in corpus.positives.values()), default=1)
-    hits, _ = index.search(query_vectors, settings.top_k + extra)
+    extra = settings.negatives_skip_top + max(
+        (len(p) for p in corpus.positives.values()), default=1
+    )
+    hits, _ = index.search(query_vectors, settings.negatives_top_k + extra)
     negatives = mine_hard_negatives(
         query_ids,
         hits,
         corpus.positives,
-        n=settings.n,
+        n=settings.hard_negatives_per_query,
         seed=settings.seed + step,
-        skip_top=settings.skip_top,
+        skip_top=settings.negatives_skip_top,
         duplicate_of=corpus.duplicate_of,
     )
     return NegativesTable(
@@ -128,9 +130,6 @@ class HardNegativeMiner:
 
     def __init__(self, data_uri: str, model_uri: str, model_config: dict, settings: dict) -> None:
         import torch
-
-        from santa.config import ModelConfig
-        from santa.model import DualEncoder
 
         self.incarnation = uuid.uuid4().hex[:12]
         self.settings = MinerSettings(**settings)
@@ -398,12 +397,7 @@ class NegativesClient:
         """The table every rank uses this step (collective when distributed)."""
         step = self.newest_step()
         if self.is_async and self.world_size > 1:
-            import torch
-            import torch.distributed as dist
-
-            value = torch.tensor([step], dtype=torch.long, device=device)
-            dist.all_reduce(value, op=dist.ReduceOp.MIN)
-            step = int(value.item())
+            step = all_reduce_min(step, device)
         if step < 0:
             return None
         usable = [s for s in self.tables if s <= step]

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from santa import storage
 from santa.data.records import embedded_document
+from santa.data.schema import ESCI_EXACT
 
 __all__ = [
     "MiningCorpus",
@@ -28,7 +29,6 @@ __all__ = [
 # Labels that make a judged document a positive of its query (code pairs: 1; ESCI E/S/C
 # are 3/2/1: Substitutes and Complements are too close to the query to be safe negatives).
 POSITIVE_MIN_LABEL = 1
-ESCI_EXACT = 3
 NEGATIVES_SCHEMA = pa.schema([("query_id", pa.string()), ("negative_ids", pa.list_(pa.string()))])
 
 

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ from santa.config import SantaConfig
 from santa.distributed import all_gather_with_grad, identity_gather
 from santa.losses import contrastive_loss, total_loss
 from santa.model import DualEncoder
+from santa.negatives.miner import NegativesClient
+from santa.negatives.mining import NegativesTable
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +135,13 @@ def hard_negative_batch(tokenizer, texts: list[str], max_length: int, device):
     }
 
 
-def _dev_set(loop_config: dict[str, Any]):
+def _dev_set(loop: LoopConfig):
     """The held-out BEIR split to evaluate on, or None."""
-    uri = loop_config.get("eval_data")
-    if not uri:
+    if not loop.eval_data:
         return None
     from santa.data.beir import load_beir
 
-    return load_beir(uri, loop_config.get("eval_split") or "test")
+    return load_beir(loop.eval_data, loop.eval_split or "test")
 
 
 def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float]:
@@ -163,21 +165,19 @@ def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float
     }
 
 
-def _negatives_client(loop_config: dict[str, Any], config: SantaConfig, rank: int, world: int):
+def _negatives_client(loop: LoopConfig, config: SantaConfig, rank: int, world: int):
     """The worker's hard-negatives client, or None when training with in-batch negatives."""
     source = config.train.hard_negatives
     if source == "none":
         return None
-    from santa.negatives.miner import NegativesClient
-
     return NegativesClient(
         source,
-        data_uri=loop_config["data_uri"],
+        data_uri=loop.data_uri,
         n=config.train.hard_negatives_per_query,
         seed=config.train.seed,
         rank=rank,
         world_size=world,
-        miner_name=loop_config.get("miner_name", ""),
+        miner_name=loop.miner_name,
         refresh_every=config.train.negatives_refresh_every,
     )
 
@@ -229,147 +229,244 @@ def local_checkpoint(checkpoint: Any) -> Iterator[str]:
         yield checkpoint.to_directory(directory)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """What the driver hands every training worker; travels through Ray as a plain dict."""
+
+    santa: SantaConfig
+    init_model: str
+    """The model folder every worker starts from (see ``trainer.prepare_initial_model``)."""
+    train_rows: int | None = None
+    """Pairs in the training data, when counted (an epoch-based schedule needs it)."""
+    torch_threads: int = 1
+    """Intra-op threads of each worker's torch."""
+    tensorboard_dir: str = ""
+    """Where rank 0 writes TensorBoard events; empty: none."""
+    stop_at_step: int = 0
+    """Stop (with a checkpoint) at this step though the schedule spans the run; 0: no."""
+    data_uri: str = ""
+    """The preprocessed pairs (hard negatives look their documents up there)."""
+    miner_name: str = ""
+    """The named actor of ``async`` hard negatives."""
+    eval_data: str = ""
+    """A BEIR folder for dev metrics; empty: none."""
+    eval_split: str = "test"
+    """The qrels split of ``eval_data``."""
+
+    def __post_init__(self) -> None:
+        if self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be at least 1, got {self.torch_threads}")
+        if self.stop_at_step < 0:
+            raise ValueError(f"stop_at_step must not be negative, got {self.stop_at_step}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for Ray's ``train_loop_config``."""
+        payload = {f.name: getattr(self, f.name) for f in fields(self)}
+        payload["santa"] = self.santa.to_dict()
+        return payload
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> LoopConfig:
+        """Rebuild from :meth:`to_dict`, rejecting unknown keys."""
+        unknown = set(payload) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown loop config keys: {sorted(unknown)}")
+        return cls(**{**payload, "santa": SantaConfig.from_dict(payload["santa"])})
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: build, resume, train, report, checkpoint."""
-    import ray.train
-    import ray.train.torch
+    trainer = WorkerTrainer(LoopConfig.from_dict(loop_config))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
 
-    config = SantaConfig.from_dict(loop_config["santa"])
-    context = ray.train.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
-    torch.set_num_threads(max(1, int(loop_config.get("torch_threads", 1))))
 
-    model = DualEncoder.from_pretrained(loop_config["init_model"], config.model)
-    if config.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.train.learning_rate, weight_decay=config.train.weight_decay
-    )
-    steps = total_steps(config, loop_config.get("train_rows"))
-    warmup = int(math.ceil(config.train.warmup_ratio * steps))
-    scheduler = linear_warmup_schedule(optimizer, warmup, steps)
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "resumed_at": []}
+class WorkerTrainer:
+    """One worker's part of a run: setup and resume, steps, reports with checkpoints."""
 
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with local_checkpoint(checkpoint) as directory:
-            state = load_training_state(directory, model, optimizer, scheduler)
-        state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
-        logger.info("rank %d resumed at step %d", rank, state["step"])
-    # An interruption on purpose (a preemptible run's budget, or a test of resuming):
-    # train up to this step, checkpoint, and return; the schedule still spans `steps`.
-    stop_at = int(loop_config.get("stop_at_step") or steps)
+    def __init__(self, loop: LoopConfig) -> None:
+        import ray.train
+        import ray.train.torch
 
-    use_gpu = config.train.use_gpu and torch.cuda.is_available()
-    # Without MEP the LM head gets no gradient; DDP must be told, or it waits for it.
-    ddp_model = ray.train.torch.prepare_model(
-        model,
-        parallel_strategy_kwargs={"find_unused_parameters": not config.train.uses_mep},
-    )
-    device = next(ddp_model.parameters()).device
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if use_gpu and config.train.bf16
-        else nullcontext()
-    )
-    gather = all_gather_with_grad if world_size > 1 else identity_gather
-    shard = ray.train.get_dataset_shard("train")
-    writer = _tensorboard_writer(loop_config) if rank == 0 else None
-    per_worker = config.train.per_worker_batch_size()
-    negatives = _negatives_client(loop_config, config, rank, world_size)
-    # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes the
-    # held-out BEIR split at every eval step; the other ranks wait at the report barrier.
-    dev = _dev_set(loop_config) if rank == 0 else None
-    eval_every = config.train.eval_every or config.train.checkpoint_every or steps
-    if negatives is not None and negatives.is_async:
-        negatives.maybe_send_weights(state["step"], model, force=True)  # the first refresh
-        if config.train.negatives_wait_for_first:
-            negatives.wait_for_first()
-    window: dict[str, list[float]] = {"loss": [], "loss_sda": [], "loss_mep": [], "time": []}
-    window_started = time.perf_counter()
+        config = self.config = loop.santa
+        context = ray.train.get_context()
+        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
+        torch.set_num_threads(loop.torch_threads)
 
-    while state["step"] < min(steps, stop_at):
-        skip = state["batches_in_epoch"]  # batches this epoch already trained before a resume
-        for arrays in shard.iter_batches(
-            batch_size=per_worker,
+        model = self.model = DualEncoder.from_pretrained(loop.init_model, config.model)
+        if config.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=config.train.learning_rate,
+            weight_decay=config.train.weight_decay,
+        )
+        self.steps = total_steps(config, loop.train_rows)
+        warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
+        self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
+        self.state = self._resume()
+        # An interruption on purpose (a preemptible run's budget, or a test of resuming):
+        # train up to this step, checkpoint, and return; the schedule still spans `steps`.
+        self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
+
+        use_gpu = config.train.use_gpu and torch.cuda.is_available()
+        # Without MEP the LM head gets no gradient; DDP must be told, or it waits for it.
+        self.ddp_model = ray.train.torch.prepare_model(
+            model,
+            parallel_strategy_kwargs={"find_unused_parameters": not config.train.uses_mep},
+        )
+        self.device = next(self.ddp_model.parameters()).device
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if use_gpu and config.train.bf16
+            else nullcontext()
+        )
+        self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
+        self.shard = ray.train.get_dataset_shard("train")
+        self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
+        self.negatives = _negatives_client(loop, config, self.rank, self.world_size)
+        # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
+        # the held-out BEIR split at every eval step; the other ranks wait at the report
+        # barrier.
+        self.dev = _dev_set(loop) if self.rank == 0 else None
+        self.eval_every = config.train.eval_every or config.train.checkpoint_every or self.steps
+        if self.negatives is not None and self.negatives.is_async:
+            self.negatives.maybe_send_weights(self.state["step"], model, force=True)
+            if config.train.negatives_wait_for_first:
+                self.negatives.wait_for_first()
+        self._reset_window()
+
+    def _resume(self) -> dict[str, Any]:
+        """The loop state: fresh, or restored with the weights from Ray's checkpoint."""
+        import ray.train
+
+        state: dict[str, Any] = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "resumed_at": []}
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None:
+            with local_checkpoint(checkpoint) as directory:
+                state = load_training_state(directory, self.model, self.optimizer, self.scheduler)
+            state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
+            logger.info("rank %d resumed at step %d", self.rank, state["step"])
+        return state
+
+    def _reset_window(self) -> None:
+        self.window: dict[str, list[float]] = {
+            "loss": [],
+            "loss_sda": [],
+            "loss_mep": [],
+            "time": [],
+        }
+        self.window_started = time.perf_counter()
+
+    def _batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """This epoch's batches of the shard, past those trained before a resume."""
+        train = self.config.train
+        skip = self.state["batches_in_epoch"]
+        for arrays in self.shard.iter_batches(
+            batch_size=train.per_worker_batch_size(),
             drop_last=True,
             batch_format="numpy",
             # Pairs arrive in corpus order (all functions of a file together); a seeded
             # local shuffle makes in-batch negatives come from across the corpus and keeps
             # the order reproducible (so a resumed run repeats the uninterrupted one).
-            local_shuffle_buffer_size=config.train.shuffle_buffer or None,
+            local_shuffle_buffer_size=train.shuffle_buffer or None,
             local_shuffle_seed=(
-                config.train.seed + 1000 * rank + state["epoch"]
-                if config.train.shuffle_buffer
+                train.seed + 1000 * self.rank + self.state["epoch"]
+                if train.shuffle_buffer
                 else None
             ),
         ):
             if skip:
                 skip -= 1
                 continue
-            started = time.perf_counter()
-            batch = to_tensors(arrays, device)
-            table = None
-            if negatives is not None:
-                negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
-                table = negatives.agreed_table(device)
-                if table is not None:
-                    batch.update(
-                        hard_negative_batch(
-                            model.tokenizer,
-                            negatives.negatives_for(
-                                table, arrays["query_id"], arrays["doc_id"], state["step"]
-                            ),
-                            config.train.max_document_length,
-                            device,
-                        )
-                    )
-            model.train()
-            with autocast:
-                losses = compute_losses(ddp_model, batch, config, gather)
-            optimizer.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            if config.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), config.train.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            state["step"] += 1
-            if negatives is not None:
-                negatives.maybe_send_weights(state["step"], model)
-            state["batches_in_epoch"] += 1
-            for key in ("loss", "loss_sda", "loss_mep"):
-                window[key].append(float(losses[key].detach()))
-            window["time"].append(time.perf_counter() - started)
+            yield arrays
 
-            last = state["step"] >= min(steps, stop_at)
-            checkpoint_now = last or (
-                config.train.checkpoint_every and state["step"] % config.train.checkpoint_every == 0
-            )
-            if last or checkpoint_now or state["step"] % config.train.log_every == 0:
-                metrics = _window_metrics(window, window_started, state, scheduler, config)
-                if negatives is not None:
-                    metrics.update(negatives.metrics(state["step"], table))
-                if dev is not None and (last or state["step"] % eval_every == 0):
-                    metrics.update(dev_metrics(model, dev, config))
-                window = {key: [] for key in window}
-                window_started = time.perf_counter()
-                if rank == 0:
-                    print(_progress_line(metrics, steps), flush=True)
-                if writer is not None:
-                    for key, value in metrics.items():
-                        writer.add_scalar(f"train/{key}", value, state["step"])
-                    writer.flush()
-                _report(metrics, state, model, optimizer, scheduler, config, rank, checkpoint_now)
-            if last:
-                break
-        else:
-            state["epoch"] += 1
-            state["batches_in_epoch"] = 0
-            continue
-        break
-    if writer is not None:
-        writer.close()
+    def train(self) -> None:
+        """Step through the shard, epoch after epoch, up to the stop step."""
+        while self.state["step"] < self.stop_at:
+            for arrays in self._batches():
+                table = self.train_step(arrays)
+                if self.report(table):
+                    return
+            self.state["epoch"] += 1
+            self.state["batches_in_epoch"] = 0
+
+    def train_step(self, arrays: dict[str, np.ndarray]) -> NegativesTable | None:
+        """One optimizer step on a batch; returns the hard-negatives table it used."""
+        config, negatives = self.config, self.negatives
+        started = time.perf_counter()
+        batch = to_tensors(arrays, self.device)
+        table = None
+        if negatives is not None:
+            negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
+            table = negatives.agreed_table(self.device)
+            if table is not None:
+                texts = negatives.negatives_for(
+                    table, arrays["query_id"], arrays["doc_id"], self.state["step"]
+                )
+                batch.update(
+                    hard_negative_batch(
+                        self.model.tokenizer, texts, config.train.max_document_length, self.device
+                    )
+                )
+        self.model.train()
+        with self.autocast:
+            losses = compute_losses(self.ddp_model, batch, config, self.gather)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        if config.train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.ddp_model.parameters(), config.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.state["step"] += 1
+        if negatives is not None:
+            negatives.maybe_send_weights(self.state["step"], self.model)
+        self.state["batches_in_epoch"] += 1
+        for key in ("loss", "loss_sda", "loss_mep"):
+            self.window[key].append(float(losses[key].detach()))
+        self.window["time"].append(time.perf_counter() - started)
+        return table
+
+    def report(self, table: NegativesTable | None) -> bool:
+        """Log, evaluate, report and checkpoint when the step calls for it; True at the end."""
+        train, step = self.config.train, self.state["step"]
+        last = step >= self.stop_at
+        checkpoint_now = last or (train.checkpoint_every and step % train.checkpoint_every == 0)
+        if not (last or checkpoint_now or step % train.log_every == 0):
+            return False
+        metrics = _window_metrics(
+            self.window, self.window_started, self.state, self.scheduler, self.config
+        )
+        if self.negatives is not None:
+            metrics.update(self.negatives.metrics(step, table))
+        if self.dev is not None and (last or step % self.eval_every == 0):
+            metrics.update(dev_metrics(self.model, self.dev, self.config))
+        self._reset_window()
+        if self.rank == 0:
+            print(_progress_line(metrics, self.steps), flush=True)
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"train/{key}", value, step)
+            self.writer.flush()
+        _report(
+            metrics,
+            self.state,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.config,
+            self.rank,
+            checkpoint_now,
+        )
+        return last
+
+    def close(self) -> None:
+        """Close the TensorBoard writer."""
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _window_metrics(window, started, state, scheduler, config: SantaConfig) -> dict[str, float]:
@@ -421,9 +518,8 @@ def _report(metrics, state, model, optimizer, scheduler, config, rank, with_chec
         ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def _tensorboard_writer(loop_config: dict[str, Any]):
+def _tensorboard_writer(directory: str):
     """A TensorBoard writer on rank 0 (Train V2 writes none itself)."""
-    directory = loop_config.get("tensorboard_dir")
     if not directory:
         return None
     from tensorboardX import SummaryWriter

@@ -14,9 +14,10 @@ from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
+from santa.ray_utils import cluster_cpus
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
-from santa.train.loop import train_loop_per_worker
+from santa.train.loop import LoopConfig, train_loop_per_worker
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,11 @@ TOKENIZER_SAMPLE_ROWS = 20_000
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """Where and how a training run executes (the cluster side of the config)."""
+    """Where and how a training run executes (the cluster side of the config).
+
+    How many workers, and whether they use GPUs, is the config's (``train.num_workers``,
+    ``train.use_gpu``): the global batch is split by the one and bf16 follows the other.
+    """
 
     data: str
     """Preprocessed pairs (the ``--output`` of ray_jobs.preprocess): local or s3://."""
@@ -33,8 +38,6 @@ class RunSpec:
     """Ray Train storage path (checkpoints, results): local or s3://."""
     name: str
     """Run name; re-running with the same name resumes from its latest checkpoint."""
-    num_workers: int = 2
-    use_gpu: bool = False
     cpus_per_worker: float = 0.0
     """CPUs reserved per worker; 0 leaves one CPU of the cluster to Ray Data."""
     max_failures: int = 1
@@ -48,7 +51,7 @@ class RunSpec:
     eval_split: str = "test"
     """Which qrels split of ``eval_data`` to evaluate."""
     miner_gpu: bool = False
-    """``async`` hard negatives: give the miner actor a GPU of its own (when ``use_gpu``)."""
+    """``async`` hard negatives: give the miner actor a GPU of its own (with ``train.use_gpu``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
 
@@ -114,15 +117,13 @@ def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
     }
 
 
-def worker_cpus(spec: RunSpec) -> float:
+def worker_cpus(cpus_per_worker: float, num_workers: int) -> float:
     """CPUs per training worker: as asked, or what leaves one CPU to Ray Data."""
-    if spec.cpus_per_worker:
-        return spec.cpus_per_worker
-    from santa.ray_utils import cluster_cpus
-
+    if cpus_per_worker:
+        return cpus_per_worker
     # Train V2 takes the workers' CPUs out of Ray Data's budget: keep one for Data.
     free = max(0.0, cluster_cpus() - 1)
-    return max(0.25, min(1.0, free / spec.num_workers))
+    return max(0.25, min(1.0, free / num_workers))
 
 
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
@@ -131,14 +132,13 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    if config.train.num_workers != spec.num_workers:
-        config = config.with_overrides([f"train.num_workers={spec.num_workers}"])
+    train = config.train
     init_model = prepare_initial_model(config, spec)
     # Same order every run: what makes a resumed run repeat the uninterrupted one.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     dataset = build_train_dataset(spec.data, init_model, tokenization_settings(config))
-    rows = dataset.count() if not config.train.max_steps else None
-    cpus = worker_cpus(spec)
+    rows = dataset.count() if not train.max_steps else None
+    cpus = worker_cpus(spec.cpus_per_worker, train.num_workers)
     tensorboard_dir = (
         storage.join(spec.run_uri, "tensorboard")
         if not storage.is_s3(spec.storage)
@@ -146,33 +146,33 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     )
     miner = None
     miner_name = f"santa-miner-{spec.name}"
-    if config.train.hard_negatives == "async":
+    if train.hard_negatives == "async":
         miner = start_miner(
             miner_name,
             data_uri=spec.data,
             model_uri=init_model,
             config=config,
-            num_gpus=1 if spec.use_gpu and spec.miner_gpu else 0,
+            num_gpus=1 if train.use_gpu and spec.miner_gpu else 0,
             max_restarts=spec.miner_max_restarts,
         )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "santa": config.to_dict(),
-            "init_model": init_model,
-            "train_rows": rows,
-            "torch_threads": max(1, int(cpus)),
-            "tensorboard_dir": tensorboard_dir,
-            "stop_at_step": spec.stop_at_step,
-            "data_uri": spec.data,
-            "miner_name": miner_name,
-            "eval_data": spec.eval_data,
-            "eval_split": spec.eval_split,
-        },
+        train_loop_config=LoopConfig(
+            santa=config,
+            init_model=init_model,
+            train_rows=rows,
+            torch_threads=max(1, int(cpus)),
+            tensorboard_dir=tensorboard_dir,
+            stop_at_step=spec.stop_at_step,
+            data_uri=spec.data,
+            miner_name=miner_name,
+            eval_data=spec.eval_data,
+            eval_split=spec.eval_split,
+        ).to_dict(),
         scaling_config=ScalingConfig(
-            num_workers=spec.num_workers,
-            use_gpu=spec.use_gpu,
-            resources_per_worker={"CPU": cpus, **({"GPU": 1} if spec.use_gpu else {})},
+            num_workers=train.num_workers,
+            use_gpu=train.use_gpu,
+            resources_per_worker={"CPU": cpus, **({"GPU": 1} if train.use_gpu else {})},
         ),
         run_config=RunConfig(
             name=spec.name,

@@ -1,0 +1,48 @@
+"""The arguments every training command line shares (pipeline, pretrain/finetune, sweep).
+
+Each command builds its parser with ``parents=[run_parser(...)]`` and adds its own flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from santa.config import RECIPES, SantaConfig, get_recipe
+
+
+def run_parser(
+    *,
+    address_help: str = "Ray address (default: RAY_ADDRESS or local)",
+    overrides_example: str = "train.learning_rate=1e-4",
+    cpus_per_worker_help: str | None = None,
+    max_steps_help: str | None = None,
+) -> argparse.ArgumentParser:
+    """A parent parser: recipe, workers, GPU, CPUs per worker, max steps, Ray address, --set."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--cpus-per-worker", type=float, default=0.0, help=cpus_per_worker_help)
+    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
+    parser.add_argument("--max-steps", type=int, default=None, help=max_steps_help)
+    parser.add_argument("--address", default=None, help=address_help)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"config override, e.g. {overrides_example}",
+    )
+    return parser
+
+
+def recipe_config(
+    args: argparse.Namespace, overrides: Sequence[str] = (), *, then: Sequence[str] = ()
+) -> SantaConfig:
+    """``args.recipe`` with the workers/GPU flags and ``overrides``, then the user's --set,
+    then ``then`` (which wins over --set)."""
+    cluster = [f"train.num_workers={args.num_workers}"]
+    if args.gpu:
+        cluster.append("train.use_gpu=true")
+    return get_recipe(args.recipe).with_overrides([*cluster, *overrides, *args.overrides, *then])
