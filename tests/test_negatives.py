@@ -138,19 +138,16 @@ def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path)
     """Training, mining and evaluation embed an ESCI product the same way (title + text);
     code pairs (title = function name) and product pretraining pairs do not get the title."""
     from santa.data.beir import document_text
-    from santa.data.records import embedded_document
+    from santa.data.kinds import CODE_PAIR, PRODUCT_JUDGMENT, PRODUCT_PRETRAIN, embedded_document
     from santa.data.schema import PAIR_SCHEMA, rows_to_table
     from santa.tokenizer import train_tokenizer
     from santa.train.data import tokenize_pairs
 
-    assert embedded_document("esci", " Acme Lamp ", "a desk lamp", "") == "Acme Lamp a desk lamp"
-    assert embedded_document("esci", "Acme Lamp", "a desk lamp", "<extra_id_0> lamp") == (
-        "a desk lamp"
-    )
-    assert embedded_document("advtest", "read_file", "def f(): pass", "") == "def f(): pass"
-    assert document_text({"title": " Acme Lamp ", "text": "a desk lamp", "language": "us"}) == (
-        embedded_document("esci", " Acme Lamp ", "a desk lamp", "")
-    )
+    lamp = embedded_document(PRODUCT_JUDGMENT, " Acme Lamp ", "a desk lamp")
+    assert lamp == "Acme Lamp a desk lamp"
+    assert embedded_document(PRODUCT_PRETRAIN, "Acme Lamp", "a desk lamp") == "a desk lamp"
+    assert embedded_document(CODE_PAIR, "read_file", "def f(): pass") == "def f(): pass"
+    assert document_text({"title": " Acme Lamp ", "text": "a desk lamp", "language": "us"}) == lamp
 
     rows = [
         _row(query_id="q1", query="lamp", doc_id="p1", title="Acme", document="a lamp", label=3),

@@ -205,6 +205,9 @@ def test_esci_pretrain_finetune_eval(tmp_path):
         fill_sentinels(r["masked_document"], r["mep_target"]) == r["document"] for r in pairs
     )
     assert "esci" not in pre["entity_ratio"] and pre["entity_ratio"]["us"] > 0
+    assert pre["by_kind"] == {"product_pretrain": pre["rows_written"]}
+    assert {row["kind"] for row in pairs} == {"product_pretrain"}
+    assert set(pre["without_entities"]) <= {"product_pretrain"}
 
     fine = run_preprocess(
         PreprocessConfig(
@@ -215,6 +218,7 @@ def test_esci_pretrain_finetune_eval(tmp_path):
         )
     )
     assert_accounted(fine)
+    assert fine["by_kind"] == {"product_judgment": fine["rows_written"]}
     train_small = [e for e in data["examples"] if e["split"] == "train" and e["small_version"]]
     assert fine["rows_written"] == len(train_small)
     assert fine["filtered"]["other_version"] > 0 and fine["filtered"]["other_split"] > 0

@@ -182,3 +182,54 @@ def test_split_and_language_from_path():
     assert split_from_path("data/functions.jsonl") == ""
     assert language_from_path("csn/ruby/final/jsonl/valid/x.jsonl.gz") == "ruby"
     assert language_from_path("data/functions.jsonl") == ""
+
+
+@needs_tagger
+def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
+    """A description sharing no noun with its title has nothing to mask. The pair must
+    still train (SDA; its MEP labels all ignored), not be taken for a graded judgment."""
+    import numpy as np
+    import pyarrow as pa
+
+    from santa.data.kinds import PRODUCT_PRETRAIN
+    from santa.data.schema import PAIR_SCHEMA
+    from santa.negatives.mining import load_mining_corpus
+    from santa.tokenizer import train_tokenizer
+    from santa.train.data import IGNORE_INDEX, tokenize_pairs
+    from tests.training import write_pairs
+
+    product = {
+        "product_id": "B7",
+        "product_title": "Acme Coffee Grinder",
+        "product_description": "Stainless steel burrs and a quiet motor.",
+        "product_bullet_point": "FAST: grinds in seconds",
+        "product_locale": "us",
+    }
+    row = build_product_pretrain_pair(product, PairOptions())
+    assert row["kind"] == PRODUCT_PRETRAIN and row["mep_target"] == "" and row["entities"] == []
+    with_entities = build_product_pretrain_pair(
+        dict(product, product_id="B8", product_description="The grinder has quiet burrs."),
+        PairOptions(),
+    )
+    assert with_entities["mep_target"]
+
+    tokenizer = train_tokenizer(
+        [row["query"], row["document"], with_entities["document"]] * 20, vocab_size=400
+    )
+    tokenizer.save_pretrained(tmp_path / "tok")
+    table = pa.Table.from_pylist([row, with_entities], schema=PAIR_SCHEMA)
+    out = tokenize_pairs(
+        table,
+        tokenizer_path=str(tmp_path / "tok"),
+        max_query_length=16,
+        max_document_length=32,
+        max_target_length=16,
+        with_mep=True,
+        with_document=False,
+    )
+    assert out["query_input_ids"].shape[0] == 2  # the entity-less pair trains
+    assert (out["labels"][0] == IGNORE_INDEX).all()  # ...with no MEP label
+    assert (out["labels"][1] != IGNORE_INDEX).any()
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", [row, with_entities]))
+    assert set(corpus.queries) == {row["query_id"], with_entities["query_id"]}
+    assert np.isfinite(out["query_input_ids"]).all()

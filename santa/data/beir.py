@@ -15,13 +15,12 @@ import json
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from santa import storage
-from santa.data.records import product_document
-from santa.data.schema import CODE_LANGUAGES
+from santa.data.kinds import document_text, row_kind
 
 if TYPE_CHECKING:
     import ray.data
@@ -65,17 +64,6 @@ class BeirData:
         return {
             qid: [doc for doc in docs if doc in self.corpus] for qid, docs in self.qrels.items()
         }
-
-
-def document_text(doc: Mapping[str, Any]) -> str:
-    """``title + " " + text`` for products; the text alone for code (see module doc).
-
-    Training embeds ESCI judgment pairs the same way (``records.embedded_document``).
-    """
-    text = doc.get("text") or ""
-    if doc.get("language") not in CODE_LANGUAGES:
-        return product_document(doc.get("title") or "", text)
-    return text
 
 
 def load_beir(uri: str, split: str = "test") -> BeirData:
@@ -194,6 +182,7 @@ def write_beir(dataset: ray.data.Dataset, output: str, split: str) -> dict[str, 
                     "title": row["title"],
                     "text": row["document"],
                     "language": row["language"],
+                    "kind": row_kind(row.get("kind"), row["dataset"], row["mep_target"]),
                 },
             )
             queries.setdefault(

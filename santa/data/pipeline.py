@@ -433,6 +433,7 @@ def _rows_per_file(config: PreprocessConfig, rows: int) -> int:
 
 _SUMMARY_COLUMNS = [
     "language",
+    "kind",
     "drop_reason",
     "row_key",
     "dedup_key",
@@ -486,10 +487,18 @@ def build_report(
             entity_ratio[language] = (
                 round(int(row["num_masked_tokens"]) / tokens, 4) if tokens else 0.0
             )
+    # Pretraining pairs with nothing to mask train SDA only: counted, never dropped.
+    without_entities = (
+        kept[kept["num_masked_tokens"] == 0].groupby("kind").size()
+        if config.stage == "pretrain"
+        else pd.Series(dtype=int)
+    )
     return {
         "config": config.to_dict(),
         "rows_read": int(rows_read),
         "rows_written": int(len(kept)),
+        "by_kind": {str(k): int(v) for k, v in kept.groupby("kind").size().items()},
+        "without_entities": {str(k): int(v) for k, v in without_entities.items()},
         "dropped": dict(sorted(dropped.items())),
         "filtered": dict(sorted(filtered.items())),
         "by_language": {k: dict(sorted(v.items())) for k, v in sorted(by_language.items())},

@@ -19,6 +19,7 @@ from santa.data.cleaning import (
     split_bullet_points,
     strip_html,
 )
+from santa.data.kinds import CODE_PAIR, PRODUCT_JUDGMENT, PRODUCT_PRETRAIN
 from santa.data.schema import CODE_LANGUAGES, ESCI_LABEL_GRADES
 from santa.entities import UnparsableCodeError, extract_code_entities, extract_product_entities
 from santa.masking import contains_sentinel, mask_entities, mask_random_spans
@@ -181,6 +182,7 @@ def empty_pair_row() -> dict[str, Any]:
     return {
         "id": "",
         "dataset": "",
+        "kind": "",
         "language": "",
         "query_id": "",
         "query": "",
@@ -233,6 +235,7 @@ def build_code_pair(record: dict[str, Any], dataset: str, options: PairOptions) 
     row = empty_pair_row()
     doc_id = record["url"]
     row.update(
+        kind=CODE_PAIR,
         id=stable_hash(dataset, doc_id, query),
         dataset=dataset,
         language=language,
@@ -267,28 +270,6 @@ def product_text(product: dict[str, Any]) -> str:
     return " ".join(part for part in [description, *bullets] if part)
 
 
-def product_document(title: str, text: str) -> str:
-    """What a product is embedded as, in training and in evaluation: ``title + " " + text``
-    (the title alone when there is no text, the text alone when there is no title)."""
-    title = (title or "").strip()
-    if not title:
-        return text
-    return f"{title} {text}" if text else title
-
-
-def embedded_document(dataset: str | None, title: str, document: str, mep_target: str) -> str:
-    """The text a pair row's document is embedded as during training and mining.
-
-    ESCI query → product judgments (no MEP target) embed ``title + " " + text``, exactly
-    as evaluation embeds the BEIR corpus (:func:`santa.data.beir.document_text`); code
-    pairs embed the code alone (their title is the function name, which for AdvTest is
-    the answer) and product pretraining pairs the description alone (the paper's SDA).
-    """
-    if dataset == "esci" and not mep_target:
-        return product_document(title, document)
-    return document
-
-
 def strip_html_keep_lines(text: str) -> str:
     """Strip HTML from each line separately, so bullet points stay one per line."""
     return "\n".join(strip_html(line) for line in text.splitlines())
@@ -314,6 +295,7 @@ def build_product_pretrain_pair(product: dict[str, Any], options: PairOptions) -
     masked = _mask(description, spans, product_id, options)
     row = empty_pair_row()
     row.update(
+        kind=PRODUCT_PRETRAIN,
         id=stable_hash("esci", product_id, query),
         dataset="esci",
         language=product.get("product_locale") or "",
@@ -349,6 +331,7 @@ def build_product_judgment_row(example: dict[str, Any], options: PairOptions) ->
     product_id = str(example["product_id"])
     row = empty_pair_row()
     row.update(
+        kind=PRODUCT_JUDGMENT,
         id=stable_hash("esci", example.get("query_id"), product_id),
         dataset="esci",
         language=str(example.get("product_locale") or ""),

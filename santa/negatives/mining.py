@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from santa import storage
-from santa.data.records import embedded_document
-from santa.data.schema import ESCI_EXACT
+from santa.data.kinds import embedded_document, is_training_row, row_kind
 
 __all__ = [
     "MiningCorpus",
@@ -178,24 +177,21 @@ def load_mining_corpus(data_uri: str) -> MiningCorpus:
     duplicate_of: dict[str, str] = {}
     for uri in files:
         filesystem, path = storage.resolve(uri)
-        rows = pq.read_table(path, filesystem=filesystem, columns=columns).to_pydict()
-        for dataset, query_id, query, doc_id, title, document, label, target in zip(
-            *rows.values(), strict=True
+        schema = pq.read_schema(path, filesystem=filesystem)
+        with_kind = [*columns, "kind"] if "kind" in schema.names else columns
+        rows = pq.read_table(path, filesystem=filesystem, columns=with_kind).to_pydict()
+        kinds = rows.pop("kind", [None] * len(rows["query_id"]))
+        for kind, dataset, query_id, query, doc_id, title, document, label, target in zip(
+            kinds, *rows.values(), strict=True
         ):
+            kind = row_kind(kind, dataset, target)
             # Mined against what training embeds (title + text for ESCI judgments).
-            document = embedded_document(dataset, title, document, target)
+            document = embedded_document(kind, title, document)
             if doc_id not in documents:
                 documents[doc_id] = document
                 duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)
             if label is None or label >= POSITIVE_MIN_LABEL:
                 positives.setdefault(query_id, set()).add(doc_id)
-            if is_training_row(dataset, label, target):
+            if is_training_row(kind, label):
                 queries.setdefault(query_id, query)
     return MiningCorpus(documents, queries, positives, duplicate_of)
-
-
-def is_training_row(dataset: str | None, label: int | None, mep_target: str | None) -> bool:
-    """Whether a pair row is a training pair: every code / pretraining pair, and of ESCI's
-    graded query → product judgments (no MEP target) only the Exact ones (label 3)."""
-    graded = dataset == "esci" and not mep_target
-    return not graded or label == ESCI_EXACT

@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from santa import storage
-from santa.data.records import embedded_document
-from santa.negatives.mining import is_training_row
+from santa.data.kinds import embedded_document, is_training_row, row_kind
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
@@ -57,6 +56,7 @@ def tokenize_pairs(
     max_target_length: int,
     with_mep: bool,
     with_document: bool,
+    lowercase: bool = False,
 ) -> dict[str, np.ndarray]:
     """Ray Data function: a batch of pair rows → id/mask arrays for the model.
 
@@ -64,19 +64,34 @@ def tokenize_pairs(
     ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
     """
     tokenizer = load_tokenizer(tokenizer_path)
+    kinds: list[str] = []
     if "dataset" in batch.column_names:
-        keep = [
-            is_training_row(dataset, label, target)
-            for dataset, label, target in zip(
+        given = (
+            batch.column("kind").to_pylist()
+            if "kind" in batch.column_names
+            else [None] * batch.num_rows
+        )
+        kinds = [
+            row_kind(kind, dataset, target)
+            for kind, dataset, target in zip(
+                given,
                 batch.column("dataset").to_pylist(),
-                batch.column("label").to_pylist(),
                 batch.column("mep_target").to_pylist(),
                 strict=True,
             )
         ]
+        keep = [
+            is_training_row(kind, label)
+            for kind, label in zip(kinds, batch.column("label").to_pylist(), strict=True)
+        ]
         if not all(keep):
             batch = batch.filter(pa.array(keep))
+            kinds = [kind for kind, kept in zip(kinds, keep, strict=True) if kept]
     columns = batch.to_pydict()
+    if lowercase:
+        for key in ("query", "document", "masked_document"):
+            if key in columns:
+                columns[key] = [text.lower() for text in columns[key]]
     out: dict[str, np.ndarray] = {}
     for key in ID_COLUMNS:
         if key in columns:
@@ -86,16 +101,10 @@ def tokenize_pairs(
     )  # (batch, max_query_length)
     if with_document:
         documents = columns["document"]
-        if "title" in columns:  # ESCI judgments embed title + text, as evaluation does
+        if kinds and "title" in columns:  # ESCI judgments embed title + text, as evaluation
             documents = [
-                embedded_document(dataset, title, document, target)
-                for dataset, title, document, target in zip(
-                    columns["dataset"],
-                    columns["title"],
-                    documents,
-                    columns["mep_target"],
-                    strict=True,
-                )
+                embedded_document(kind, title, document)
+                for kind, title, document in zip(kinds, columns["title"], documents, strict=True)
             ]
         out["document_input_ids"], out["document_attention_mask"] = _encode(
             tokenizer, documents, max_document_length
@@ -105,7 +114,11 @@ def tokenize_pairs(
             tokenizer, columns["masked_document"], max_document_length
         )
         labels, label_mask = _encode(tokenizer, columns["mep_target"], max_target_length)
-        out["labels"] = np.where(label_mask == 1, labels, IGNORE_INDEX)  # (batch, max_target)
+        # A pair with no entity (an empty target) trains SDA only: no MEP label at all.
+        no_entity = np.array([not target for target in columns["mep_target"]])[:, None]
+        out["labels"] = np.where(
+            (label_mask == 1) & ~no_entity, labels, IGNORE_INDEX
+        )  # (batch, max_target)
     return out
 
 
@@ -115,6 +128,7 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
 
     columns = [
         "dataset",
+        "kind",
         "label",
         "query_id",
         "doc_id",

@@ -1,0 +1,87 @@
+"""What a pair row is, and so what it trains on and what text it embeds: one module.
+
+Every row the preprocessing writes says what it is in its ``kind`` column:
+
+- ``code_pair``: docstring ↔ code (CodeSearchNet, AdvTest, source trees). Embeds the code
+  alone: the title is the function name, and for AdvTest that is the answer.
+- ``product_pretrain``: one bullet point ↔ the product description (SANTA's structured
+  pretraining pair). Embeds the description alone. A description that shares no noun with
+  its title has no entity to mask: the pair still trains (SDA only; its MEP target is empty
+  and ignored by the loss).
+- ``product_judgment``: an ESCI query → product judgment with a graded label. Embeds
+  ``title + " " + text``, as evaluation embeds the BEIR corpus; only Exact judgments are
+  training pairs (Substitutes and Complements are neither positives nor negatives).
+
+Corpora written before the ``kind`` column existed get their kind inferred from the
+dataset and the MEP target, the rule used until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from santa.data.schema import CODE_LANGUAGES, ESCI_EXACT
+
+__all__ = [
+    "CODE_PAIR",
+    "KINDS",
+    "PRODUCT_JUDGMENT",
+    "PRODUCT_PRETRAIN",
+    "document_text",
+    "embedded_document",
+    "is_training_row",
+    "product_document",
+    "row_kind",
+]
+
+CODE_PAIR = "code_pair"
+PRODUCT_PRETRAIN = "product_pretrain"
+PRODUCT_JUDGMENT = "product_judgment"
+KINDS = (CODE_PAIR, PRODUCT_PRETRAIN, PRODUCT_JUDGMENT)
+
+
+def row_kind(kind: str | None, dataset: str | None = None, mep_target: str | None = None) -> str:
+    """A row's kind: its ``kind`` column, else inferred (corpora from before the column)."""
+    if kind:
+        if kind not in KINDS:
+            raise ValueError(f"unknown pair kind {kind!r}; kinds are {KINDS}")
+        return kind
+    if dataset == "esci":
+        return PRODUCT_PRETRAIN if mep_target else PRODUCT_JUDGMENT
+    return CODE_PAIR
+
+
+def is_training_row(kind: str, label: int | None) -> bool:
+    """Whether a row is a training pair: every code and product pretraining pair, and of
+    the graded product judgments only the Exact ones."""
+    return kind != PRODUCT_JUDGMENT or label == ESCI_EXACT
+
+
+def product_document(title: str, text: str) -> str:
+    """What a product is embedded as, in training and in evaluation: ``title + " " + text``
+    (the title alone when there is no text, the text alone when there is no title)."""
+    title = (title or "").strip()
+    if not title:
+        return text
+    return f"{title} {text}" if text else title
+
+
+def embedded_document(kind: str, title: str, document: str) -> str:
+    """The text a pair row's document is embedded as during training and mining."""
+    if kind == PRODUCT_JUDGMENT:
+        return product_document(title, document)
+    return document
+
+
+def document_text(doc: Mapping[str, Any]) -> str:
+    """The text a BEIR corpus document is embedded as in evaluation.
+
+    A corpus row with a ``kind`` follows :func:`embedded_document`; older corpora: code
+    (a code ``language``) embeds the text alone, products ``title + " " + text``.
+    """
+    text = doc.get("text") or ""
+    kind = doc.get("kind")
+    if not kind:
+        kind = CODE_PAIR if doc.get("language") in CODE_LANGUAGES else PRODUCT_JUDGMENT
+    return embedded_document(row_kind(kind), doc.get("title") or "", text)
