@@ -142,6 +142,9 @@ def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -10
         torch.Size([])
     """
     vocab = logits.shape[-1]
+    if not (labels != ignore_index).any():
+        # A batch of pairs with nothing to mask (SDA only): no MEP signal, not NaN.
+        return logits.sum() * 0.0
     return F.cross_entropy(
         logits.reshape(-1, vocab),  # (batch * target_length, vocab)
         labels.reshape(-1),  # (batch * target_length,)

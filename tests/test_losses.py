@@ -274,3 +274,11 @@ def test_scores_and_softmax_stay_fp32_under_bf16_autocast() -> None:
             torch.cat([queries @ docs.T, queries @ negatives.T], dim=1), torch.arange(16)
         )
     assert abs(rounded.float().item() - expected.item()) > 1e-3
+
+
+def test_mep_loss_of_a_batch_without_entities_is_zero_not_nan() -> None:
+    logits = torch.randn(2, 3, 10, requires_grad=True)
+    loss = mep_loss(logits, torch.full((2, 3), -100))
+    assert loss.item() == 0.0
+    loss.backward()  # still part of the graph (DDP expects every step to backprop)
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
