@@ -142,14 +142,15 @@ def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -10
         torch.Size([])
     """
     vocab = logits.shape[-1]
-    if not (labels != ignore_index).any():
-        # A batch of pairs with nothing to mask (SDA only): no MEP signal, not NaN.
-        return logits.sum() * 0.0
-    return F.cross_entropy(
+    summed = F.cross_entropy(
         logits.reshape(-1, vocab),  # (batch * target_length, vocab)
         labels.reshape(-1),  # (batch * target_length,)
         ignore_index=ignore_index,
+        reduction="sum",
     )
+    # The mean over counted tokens; a batch of pairs with nothing to mask (SDA only) gives
+    # 0, not the NaN of an empty mean, and no host sync is needed to find that out.
+    return summed / (labels != ignore_index).sum().clamp(min=1)
 
 
 def total_loss(sda: torch.Tensor, mep: torch.Tensor | None, mep_weight: float) -> torch.Tensor:
