@@ -1,6 +1,7 @@
 """Preprocess CodeSearchNet, AdvTest, ESCI or a local source tree into Parquet pairs / BEIR.
 
     python -m ray_jobs.preprocess --dataset source --output ./runs/corpus
+    python -m ray_jobs.preprocess --dataset cosqa --input cosqa-dev.json --output ./runs/cosqa
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
         python -m ray_jobs.preprocess --dataset codesearchnet --input s3://b/csn --output s3://b/out
 """
@@ -12,20 +13,27 @@ import json
 import logging
 import sys
 
+from santa.data.cosqa import write_cosqa_beir
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.ray_utils import init_ray
 
+# CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
+# set (its positive queries against every function) in-process, without Ray.
+COSQA = "cosqa"
 
-def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | None]:
+
+def parse_args(
+    argv: list[str] | None = None,
+) -> tuple[PreprocessConfig | argparse.Namespace, str | None]:
     """Parse the command line into a :class:`PreprocessConfig`."""
     parser = argparse.ArgumentParser(
         prog="python -m ray_jobs.preprocess",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", choices=DATASETS, required=True)
+    parser.add_argument("--dataset", choices=(*DATASETS, COSQA), required=True)
     parser.add_argument(
         "--input",
         default=None,
@@ -61,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
         if args.dataset != "source":
             parser.error("--input is required for this dataset")
         args.input = default_source_root()
+    if args.dataset == COSQA:
+        if args.stage not in ("pretrain", "eval"):
+            parser.error("cosqa is an evaluation set: use --stage eval")
+        return args, args.address
     config = PreprocessConfig(
         dataset=args.dataset,
         input=args.input,
@@ -83,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: parse → start/join Ray → run → print the report."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config, address = parse_args(argv)
-    init_ray(address)
+    if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
+        report = write_cosqa_beir(config.input, config.output, split=config.split or "test")
+        print(json.dumps(report))
+        print(f"output: {config.output}")
+        return 0
+    print(init_ray(address), flush=True)
     report = run_preprocess(config)
     print(format_report(report))
     print(f"output: {config.output}")

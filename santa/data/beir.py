@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from santa.data.kinds import document_text, row_kind
 if TYPE_CHECKING:
     import ray.data
 
-__all__ = ["BeirData", "document_text", "load_beir", "write_beir"]
+__all__ = ["BeirData", "document_text", "load_beir", "write_beir", "write_beir_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +190,19 @@ def write_beir(dataset: ray.data.Dataset, output: str, split: str) -> dict[str, 
                 {"_id": row["query_id"], "text": row["query"], "language": row["language"]},
             )
             qrels[(row["query_id"], row["doc_id"])] = int(row["label"])
-    storage.write_bytes(storage.join(output, "corpus.jsonl"), _jsonl(corpus.values()))
-    storage.write_bytes(storage.join(output, "queries.jsonl"), _jsonl(queries.values()))
+    return write_beir_files(output, list(corpus.values()), list(queries.values()), qrels, split)
+
+
+def write_beir_files(
+    output: str,
+    corpus: list[dict[str, Any]],
+    queries: list[dict[str, Any]],
+    qrels: Mapping[tuple[str, str], int],
+    split: str,
+) -> dict[str, int]:
+    """Write BEIR rows as ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/{split}.tsv``."""
+    storage.write_bytes(storage.join(output, "corpus.jsonl"), _jsonl(corpus))
+    storage.write_bytes(storage.join(output, "queries.jsonl"), _jsonl(queries))
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for (q, d), s in qrels.items()]
     storage.write_bytes(
         storage.join(output, "qrels", f"{split}.tsv"), ("\n".join(lines) + "\n").encode()

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from santa import storage
+from santa.data.beir import write_beir_files
+from santa.data.kinds import CODE_PAIR
 
-__all__ = ["CosqaBeir", "cosqa_beir", "read_cosqa"]
+__all__ = ["CosqaBeir", "cosqa_beir", "read_cosqa", "write_cosqa_beir"]
 
 LANGUAGE = "python"
 
@@ -67,7 +69,13 @@ def cosqa_beir(records: Sequence[Any]) -> CosqaBeir:
         doc_id = doc_by_code.get(code)
         if doc_id is None:
             doc_id = doc_by_code[code] = f"cosqa-code-{len(doc_by_code)}"
-            corpus[doc_id] = {"_id": doc_id, "title": "", "text": code, "language": LANGUAGE}
+            corpus[doc_id] = {
+                "_id": doc_id,
+                "title": "",
+                "text": code,
+                "language": LANGUAGE,
+                "kind": CODE_PAIR,
+            }
         if int(record["label"]) != 1:
             continue  # the function stays in the corpus as a distractor
         if not query:
@@ -81,3 +89,13 @@ def cosqa_beir(records: Sequence[Any]) -> CosqaBeir:
         queries.append({"_id": query_id, "text": query, "language": LANGUAGE})
         qrels[(query_id, doc_id)] = 1
     return CosqaBeir(list(corpus.values()), queries, qrels, skipped)
+
+
+def write_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict[str, Any]:
+    """CoSQA file → BEIR folder; returns the counts and what was skipped, by reason."""
+    records = read_cosqa(input_uri)
+    beir = cosqa_beir(records)
+    if not beir.queries:
+        raise ValueError(f"{input_uri}: no CoSQA record with label 1 (nothing to evaluate)")
+    counts = write_beir_files(output, beir.corpus, beir.queries, beir.qrels, split)
+    return {"rows_read": len(records), "beir": counts, "skipped": beir.skipped}
