@@ -138,6 +138,13 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
     expected, got = step_losses(straight), step_losses(second)
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6)
+    # The run's own history holds every logged step once, across the interruption.
+    history = [
+        json.loads(line)
+        for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
+    assert history[-1]["loss"] == pytest.approx(second.metrics["loss"])
 
 
 @pytest.mark.slow
@@ -199,6 +206,11 @@ def test_checkpoints_on_s3_load_back(pairs, moto_s3):
     )
     result = fit(config, spec)
     assert result.error is None
+    # Curves and history live in the run's storage, not only on the rank-0 node.
+    events = storage.list_files(f"{bucket}/runs/s3run/tensorboard")
+    assert any("events.out.tfevents" in uri for uri in events)
+    history = storage.read_bytes(f"{bucket}/runs/s3run/metrics.jsonl").decode().splitlines()
+    assert [json.loads(line)["step"] for line in history] == [2, 4]
     path = result.checkpoint.path
     uri = path if path.startswith("s3://") else f"s3://{path}"
     model = DualEncoder.from_pretrained(storage.join(uri, "model"))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from santa import storage
 from santa.checkpoints import MODEL_DIR, STATE_FILE
 from santa.config import SantaConfig
 from santa.distributed import all_gather_with_grad, identity_gather
@@ -124,11 +125,10 @@ def to_tensors(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]
     }
 
 
-def hard_negative_batch(tokenizer, texts: list[str], max_length: int, device):
-    """Tokenize hard-negative documents (``batch * n`` texts, query-major) for the model."""
-    encoded = tokenizer(
-        texts, max_length=max_length, truncation=True, padding="max_length", return_tensors="pt"
-    )
+def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, device):
+    """Tokenize hard-negative documents (``batch * n`` texts, query-major) for the model,
+    as the training input tokenizes documents (fixed length, the backbone's own rules)."""
+    encoded = model.tokenize(texts, max_length, padding="max_length")
     return {
         "hard_negative_input_ids": encoded["input_ids"].to(device),
         "hard_negative_attention_mask": encoded["attention_mask"].to(device),
@@ -242,6 +242,12 @@ class LoopConfig:
     """Intra-op threads of each worker's torch."""
     tensorboard_dir: str = ""
     """Where rank 0 writes TensorBoard events; empty: none."""
+    tensorboard_uri: str = ""
+    """Storage copy of ``tensorboard_dir`` (S3 runs), refreshed at every checkpoint, so the
+    curves outlive the rank-0 node; empty: the events are written in storage already."""
+    metrics_uri: str = ""
+    """Rank 0 keeps every logged step's metrics here as JSON lines (the run's whole history;
+    Ray keeps metrics only with checkpoints); empty: not kept."""
     stop_at_step: int = 0
     """Stop (with a checkpoint) at this step though the schedule spans the run; 0: no."""
     data_uri: str = ""
@@ -291,6 +297,7 @@ class WorkerTrainer:
         import ray.train.torch
 
         config = self.config = loop.santa
+        self.loop = loop
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
@@ -313,10 +320,12 @@ class WorkerTrainer:
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
         use_gpu = config.train.use_gpu and torch.cuda.is_available()
-        # Without MEP the LM head gets no gradient; DDP must be told, or it waits for it.
+        # A T5 trained without MEP leaves its LM head without gradient: DDP must be told,
+        # or it waits for it. Encoder-only models use every parameter (their pooler is
+        # removed), and the search for unused ones costs a pass over the graph every step.
+        unused = model.is_t5 and not config.train.uses_mep
         self.ddp_model = ray.train.torch.prepare_model(
-            model,
-            parallel_strategy_kwargs={"find_unused_parameters": not config.train.uses_mep},
+            model, parallel_strategy_kwargs={"find_unused_parameters": unused}
         )
         self.device = next(self.ddp_model.parameters()).device
         self.autocast = (
@@ -327,6 +336,10 @@ class WorkerTrainer:
         self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
         self.shard = ray.train.get_dataset_shard("train")
         self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
+        self.history: list[dict[str, Any]] = []
+        if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
+            text = storage.read_bytes(loop.metrics_uri).decode()
+            self.history = [json.loads(line) for line in text.splitlines() if line.strip()]
         self.negatives = _negatives_client(loop, config, self.rank, self.world_size)
         # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
         # the held-out BEIR split at every eval step; the other ranks wait at the report
@@ -409,7 +422,7 @@ class WorkerTrainer:
                 )
                 batch.update(
                     hard_negative_batch(
-                        self.model.tokenizer, texts, config.train.max_document_length, self.device
+                        self.model, texts, config.train.max_document_length, self.device
                     )
                 )
         self.model.train()
@@ -447,10 +460,7 @@ class WorkerTrainer:
         self._reset_window()
         if self.rank == 0:
             print(_progress_line(metrics, self.steps), flush=True)
-        if self.writer is not None:
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"train/{key}", value, step)
-            self.writer.flush()
+            self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
         _report(
             metrics,
             self.state,
@@ -463,10 +473,27 @@ class WorkerTrainer:
         )
         return last
 
+    def _keep_history(self, metrics: dict[str, float], publish_tensorboard: bool) -> None:
+        """Rank 0: TensorBoard scalars, the JSON-lines history, the storage copy of events."""
+        step = self.state["step"]
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"train/{key}", value, step)
+            self.writer.flush()
+        if self.loop.metrics_uri:
+            # A resumed run drops the lines of steps it repeats.
+            self.history = [h for h in self.history if h["step"] < step] + [dict(metrics)]
+            lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in self.history)
+            storage.write_bytes(self.loop.metrics_uri, lines.encode())
+        if publish_tensorboard and self.loop.tensorboard_uri and self.loop.tensorboard_dir:
+            storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
+
     def close(self) -> None:
-        """Close the TensorBoard writer."""
+        """Close the TensorBoard writer (and publish its last events)."""
         if self.writer is not None:
             self.writer.close()
+            if self.loop.tensorboard_uri and self.loop.tensorboard_dir:
+                storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
 
 
 def _window_metrics(window, started, state, scheduler, config: SantaConfig) -> dict[str, float]:

@@ -22,6 +22,8 @@ from santa.train.loop import LoopConfig, train_loop_per_worker
 logger = logging.getLogger(__name__)
 
 TOKENIZER_SAMPLE_ROWS = 20_000
+# Every logged step's metrics, one JSON object a line, in the run folder.
+METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +167,12 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             train_rows=rows,
             torch_threads=max(1, int(cpus)),
             tensorboard_dir=tensorboard_dir,
+            # On S3 the events are written on the rank-0 node and copied into the run at
+            # every checkpoint: the autoscaler may remove that node once the run is done.
+            tensorboard_uri=storage.join(spec.run_uri, "tensorboard")
+            if storage.is_s3(spec.storage)
+            else "",
+            metrics_uri=storage.join(spec.run_uri, METRICS_FILE),
             stop_at_step=spec.stop_at_step,
             data_uri=spec.data,
             miner_name=miner_name,
