@@ -1,17 +1,26 @@
-"""The whole method in one job: corpus → preprocess → pretrain → evaluate → report.
+"""The whole method in one job: corpus → preprocess → pretrain → fine-tune → ANCE → report.
 
     python -m ray_jobs.pipeline                      # the embedded default, on a local Ray
+    python -m ray_jobs.pipeline --stages pretrain    # structure-aware pretraining only
     python -m ray_jobs.pipeline --storage s3://bucket/runs --name csn --recipe codet5-base-code \\
         --data s3://bucket/csn-pretrain --eval-data s3://bucket/csn-eval --gpu
 
+The paper's staged recipe, each stage starting from the previous stage's checkpoint:
+``pretrain`` (SDA + MEP, in-batch negatives only), ``finetune`` (the DR loss, in-batch
+negatives) and ``ance`` (one hard negative per query sampled from the top 100 the fine-tuned
+model retrieves, positives removed, at a lower learning rate; ``--hard-negatives async``
+re-mines them while training goes on instead). Stage settings come from the recipe family
+(``<recipe>``, ``<recipe>-finetune``, ``<recipe>-ance``).
+
 With no arguments it builds the default corpus (this interpreter's standard library as
 CodeSearchNet-format records), preprocesses it (train / valid / test split by file, held-out
-rows never in the training pairs), pretrains the ``tiny`` recipe with SDA + MEP on 2 workers
-with asynchronous hard negatives, evaluates the trained model zero-shot on the held-out test
-split against the untrained model and BM25, and writes everything under
-``./runs/<name>/``: ``data/`` (pairs, BEIR sets), the Ray Train run (``checkpoint_*``,
-``init_model/``, ``tensorboard/``), ``eval/`` (TREC runs, metrics), ``training.png`` and
-``report.md``.
+rows never in the training pairs), runs the three stages of the ``tiny`` recipe on 2 workers,
+evaluates every stage's model on the held-out test split beside the untrained model and
+BM25, and writes everything under ``./runs/<name>/``: ``data/`` (pairs, BEIR sets), one Ray
+Train run per stage (``<stage>/checkpoint_*``, ``metrics.jsonl``, ``tensorboard/``),
+``negatives/`` (the mined table), ``eval/`` (TREC runs, metrics), ``training.png`` and
+``report.md``. Fine-tuning uses the pretraining pairs' unmasked documents unless
+``--finetune-data`` names other pairs.
 """
 
 from __future__ import annotations
@@ -22,15 +31,18 @@ import sys
 import time
 from typing import Any
 
-from ray_jobs.args import recipe_config, run_parser
+from ray_jobs.args import run_parser
+from ray_jobs.pipeline_report import format_report, is_number, plot_history, read_history
 from santa import storage
-from santa.config import get_recipe
+from santa.config import PIPELINE_STAGES, SantaConfig, stage_recipe
 from santa.data.source import default_source_root
+from santa.errors import run_job
+from santa.runlock import RunLock
 
 logger = logging.getLogger("santa.pipeline")
 
-# The default run: sized to finish in a few minutes on a 2-core laptop.
-DEFAULT_STEPS = {"tiny": 300}
+# The default run: sized to finish in under 10 minutes on a 2-core laptop.
+DEFAULT_STEPS = {"tiny": {"pretrain": 150, "finetune": 100, "ance": 50}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,45 +51,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m ray_jobs.pipeline",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[run_parser(address_help="Ray address (default: RAY_ADDRESS)")],
+        parents=[
+            run_parser(
+                address_help="Ray address (default: RAY_ADDRESS, else a local Ray of its own)",
+                max_steps_help="steps of every stage (default: the recipe's epochs; tiny: "
+                "150/100/50)",
+            )
+        ],
     )
     parser.add_argument("--name", default="default", help="run name (same name = resume)")
     parser.add_argument("--storage", default="./runs", help="local path or s3:// URI")
+    parser.add_argument(
+        "--stages",
+        default=",".join(PIPELINE_STAGES),
+        help="comma-separated stages to run, in order (default: pretrain,finetune,ance)",
+    )
     parser.add_argument(
         "--input", default=None, help="source tree for the corpus (default: this Python's stdlib)"
     )
     parser.add_argument(
         "--data", default="", help="existing preprocessed training pairs (skips the corpus)"
     )
+    parser.add_argument(
+        "--finetune-data",
+        default="",
+        help="pairs for the finetune and ance stages (default: the pretraining pairs)",
+    )
     parser.add_argument("--eval-data", default="", help="existing BEIR eval set (with --data)")
     parser.add_argument("--eval-split", default="test")
     parser.add_argument(
         "--hard-negatives",
-        default="async",
-        metavar="{none,table:URI,async}",
-        help="hard negatives during pretraining (default: async miner actor)",
+        choices=("table", "async"),
+        default="table",
+        help="ance stage: mine once with the fine-tuned model (table, the paper) or re-mine "
+        "while training (async)",
     )
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
+    parser.add_argument("--force", action="store_true", help="take over a stale run lock")
+    parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")
+    stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
+    unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
+    if unknown or not stages:
+        parser.error(f"--stages takes {', '.join(PIPELINE_STAGES)}; got {args.stages!r}")
+    if stages != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(stages):
+        parser.error(f"--stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
+    if args.max_steps is not None and args.max_steps < 1:
+        parser.error("--max-steps must be a positive number of steps")
+    args.stages = stages
     return args
 
 
-def build_config(args: argparse.Namespace):
-    """The recipe with the pipeline's settings and the user's overrides."""
-    recipe = get_recipe(args.recipe)
-    overrides = ["train.stage=pretrain"]
-    steps = args.max_steps or DEFAULT_STEPS.get(args.recipe)
+def stage_config(args: argparse.Namespace, stage: str, negatives: str = "none") -> SantaConfig:
+    """The stage's recipe with the cluster flags, its step budget and the user's --set."""
+    config = stage_recipe(args.recipe, stage)
+    overrides = [f"train.num_workers={args.num_workers}"]
+    if args.gpu:
+        overrides.append("train.use_gpu=true")
+    steps = args.max_steps or DEFAULT_STEPS.get(args.recipe, {}).get(stage)
     if steps:
-        overrides.append(f"train.max_steps={steps}")
-        overrides.append(f"train.checkpoint_every={max(1, steps // 3)}")
-    if args.hard_negatives != "none":
-        overrides.append(f"train.hard_negatives={args.hard_negatives}")
-        if recipe.train.hard_negatives_per_query < 1:
-            overrides.append("train.hard_negatives_per_query=1")
-        overrides.append(f"train.negatives_refresh_every={max(1, (steps or 300) // 4)}")
-    return recipe_config(args, overrides)
+        overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
+    if stage == "ance":
+        overrides.append(f"train.hard_negatives={negatives}")
+        if negatives == "async":
+            overrides.append(f"train.negatives_refresh_every={max(1, (steps or 400) // 4)}")
+    return config.with_overrides([*overrides, *args.overrides])
 
 
 def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str, dict]:
@@ -119,50 +160,55 @@ def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the pipeline; returns the report dict (also written as report.json / .md)."""
-    from santa.ray_utils import init_ray
-    from santa.train.trainer import RunSpec, fit
-
-    started = time.time()
-    config = build_config(args)
-    for name in ("storage", "data", "eval_data", "input"):
+    for name in ("storage", "data", "finetune_data", "eval_data", "input"):
         if getattr(args, name, None):
             setattr(args, name, storage.absolute(getattr(args, name)))
     run_uri = storage.join(args.storage, args.name)
-    print(init_ray(args.address), flush=True)
-    phases: dict[str, float] = {}
+    configs = {stage: stage_config(args, stage) for stage in args.stages}  # fail fast
+    with RunLock(run_uri, force=args.force, description="ray_jobs.pipeline"):
+        return _run_locked(args, run_uri, configs)
 
+
+def _run_locked(args: argparse.Namespace, run_uri: str, configs: dict) -> dict[str, Any]:
+    from santa.ray_utils import init_ray
+
+    started = time.time()
+    print(init_ray(args.address, verbose=args.verbose), flush=True)
+    phases: dict[str, float] = {}
     if args.data:
         train_uri, dev_uri, test_uri, corpus_reports = args.data, "", args.eval_data, {}
     else:
         train_uri, dev_uri, test_uri, corpus_reports = build_corpus(args, run_uri)
     phases["corpus_s"] = time.time() - started
 
-    print(
-        f"[train] {args.recipe}: {config.train.max_steps} steps, {args.num_workers} workers, "
-        f"hard negatives {config.train.hard_negatives}",
-        flush=True,
-    )
-    spec = RunSpec(
-        data=train_uri,
-        storage=args.storage,
-        name=args.name,
-        cpus_per_worker=args.cpus_per_worker,
-        eval_data=dev_uri,
-        eval_split="valid",
-    )
-    trained_at = time.time()
-    result = fit(config, spec)
-    phases["train_s"] = time.time() - trained_at
-    if result.error is not None or result.checkpoint is None:
-        raise RuntimeError(f"training failed: {result.error}")
-    checkpoint_uri = _checkpoint_uri(result.checkpoint, args.storage)
-    history = _history(result)
+    stages: list[dict[str, Any]] = []
+    previous = ""  # the model folder the next stage starts from
+    for stage in args.stages:
+        data = train_uri if stage == "pretrain" else (args.finetune_data or train_uri)
+        negatives = "none"
+        if stage == "ance":
+            negatives = "async" if args.hard_negatives == "async" else ""
+            table = storage.join(run_uri, "negatives", "negatives.parquet")
+            if not negatives and storage.exists(table):  # a resumed run mined already
+                negatives = f"table:{table}"
+            if not negatives:
+                mined_at = time.time()
+                negatives = "table:" + mine_negatives(
+                    previous, data, storage.join(run_uri, "negatives"), configs["ance"]
+                )
+                phases["mine_s"] = time.time() - mined_at
+        config = stage_config(args, stage, negatives) if stage == "ance" else configs[stage]
+        stages.append(train_stage(args, stage, config, data, dev_uri, previous, run_uri))
+        phases[f"{stage}_s"] = stages[-1]["seconds"]
+        previous = storage.join(stages[-1]["checkpoint"], "model")
 
     print(f"[eval] {test_uri} ({args.eval_split})", flush=True)
     evaluated_at = time.time()
-    metrics = evaluate_systems(
-        trained=storage.join(checkpoint_uri, "model"),
-        untrained=_initial_model(config, run_uri),
+    metrics, evaluated_with = evaluate_systems(
+        trained={f"santa ({s['stage']})": storage.join(s["checkpoint"], "model") for s in stages},
+        untrained=_initial_model(configs[args.stages[0]], storage.join(run_uri, args.stages[0]))
+        if args.stages[0] == "pretrain"
+        else None,
         data=test_uri,
         split=args.eval_split,
         output=storage.join(run_uri, "eval"),
@@ -175,105 +221,134 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "name": args.name,
         "recipe": args.recipe,
         "run": run_uri,
-        "checkpoint": checkpoint_uri,
+        "checkpoint": stages[-1]["checkpoint"],
         "data": {"train": train_uri, "dev": dev_uri, "test": test_uri},
         "corpus": {k: _corpus_summary(v) for k, v in corpus_reports.items()},
-        "final_metrics": {k: v for k, v in (result.metrics or {}).items() if _is_number(v)},
+        "stages": [{k: v for k, v in s.items() if k != "history"} for s in stages],
+        "final_metrics": stages[-1]["final_metrics"],
         "metrics": metrics,
+        "evaluated_with": evaluated_with,
         "phases": phases,
-        "config": config.to_dict(),
     }
     storage.write_json(storage.join(run_uri, "report.json"), report)
-    plot = _plot_history(history, run_uri)
+    plot = plot_history(stages, run_uri)
     markdown = format_report(report, plot)
     storage.write_bytes(storage.join(run_uri, "report.md"), markdown.encode())
     print(markdown)
-    print(f"outputs: {run_uri} (report.md, checkpoint {checkpoint_uri})", flush=True)
+    print(f"outputs: {run_uri} (report.md, checkpoint {report['checkpoint']})", flush=True)
     return report
 
 
+def train_stage(
+    args: argparse.Namespace,
+    stage: str,
+    config: SantaConfig,
+    data: str,
+    dev_uri: str,
+    warm_start: str,
+    run_uri: str,
+) -> dict[str, Any]:
+    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
+    from santa.train.trainer import RunSpec, fit
+
+    train = config.train
+    print(
+        f"[{stage}] {args.recipe}: {train.max_steps or f'{train.epochs} epochs of'} steps, "
+        f"lr {train.learning_rate:g}, {train.num_workers} workers, "
+        f"hard negatives {train.hard_negatives}" + (f", from {warm_start}" if warm_start else ""),
+        flush=True,
+    )
+    spec = RunSpec(
+        data=data,
+        storage=run_uri,
+        name=stage,
+        cpus_per_worker=args.cpus_per_worker,
+        eval_data=dev_uri,
+        eval_split="valid",
+        warm_start=warm_start,
+    )
+    started = time.time()
+    result = fit(config, spec)
+    if result.error is not None or result.checkpoint is None:
+        raise RuntimeError(f"{stage} training failed: {result.error}")
+    final = read_history(spec.run_uri)
+    return {
+        "stage": stage,
+        "checkpoint": _checkpoint_uri(result.checkpoint, args.storage),
+        "learning_rate": train.learning_rate,
+        "hard_negatives": train.hard_negatives.split(":", 1)[0],
+        "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},
+        "history": final,
+        "seconds": time.time() - started,
+    }
+
+
+def mine_negatives(model_uri: str, data: str, output: str, config: SantaConfig) -> str:
+    """The ANCE step: top-K with the fine-tuned model, positives removed, ``n`` sampled."""
+    from santa.checkpoints import load_model
+    from santa.negatives.miner import MinerSettings, refresh_table
+    from santa.negatives.mining import load_mining_corpus
+
+    if not model_uri:
+        raise ValueError("the ance stage mines with the previous stage's model: run finetune first")
+    model, _ = load_model(model_uri)
+    corpus = load_mining_corpus(data)
+    settings = MinerSettings.from_config(config)
+    print(
+        f"[ance] mining {settings.hard_negatives_per_query} negative(s) per query for "
+        f"{len(corpus.queries):,} queries among {len(corpus.documents):,} documents "
+        f"(top {settings.negatives_top_k}) with {model_uri}",
+        flush=True,
+    )
+    return refresh_table(model, corpus, settings).write_parquet(output)
+
+
 def evaluate_systems(
-    *, trained: str, untrained: str | None, data: str, split: str, output: str, baseline
-) -> dict[str, dict[str, Any]]:
-    """The trained model, the untrained one and the baseline on the same BEIR split."""
+    *,
+    trained: dict[str, str],
+    untrained: str | None,
+    data: str,
+    split: str,
+    output: str,
+    baseline: str | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every stage's model, the untrained one and the baseline on the same BEIR split."""
     from santa.eval import EvalConfig, evaluate
 
-    results = evaluate(trained, data, EvalConfig(split=split, output=output, baseline=baseline))
-    systems = {"santa (trained)": results.pop("model")}
+    systems: dict[str, dict[str, Any]] = {}
+    evaluated_with: dict[str, Any] = {}
     if untrained:
-        zero_shot_config = EvalConfig(
-            split=split, output=storage.join(output, "untrained"), baseline=None, progress=False
+        config = EvalConfig(
+            split=split,
+            output=storage.join(output, "untrained"),
+            baseline=None,
+            progress=sys.stderr.isatty(),
         )
-        zero_shot = evaluate(untrained, data, zero_shot_config)
-        systems["untrained"] = zero_shot["model"]
-    systems.update(results)
-    return systems
+        systems["untrained"] = evaluate(untrained, data, config)["model"]
+    last = list(trained)[-1]
+    for name, model in trained.items():
+        folder = name.removeprefix("santa (").removesuffix(")")
+        config = EvalConfig(
+            split=split,
+            output=storage.join(output, folder),
+            baseline=baseline if name == last else None,
+            progress=sys.stderr.isatty(),
+        )
+        results = evaluate(model, data, config)
+        systems[name] = results.pop("model")
+        if name == last:
+            systems.update(results)  # the baseline, once
+            evaluated_with = storage.read_json(storage.join(output, folder, "info.json"))
+    return systems, {
+        key: evaluated_with.get(key)
+        for key in ("similarity", "pooling", "max_query_length", "max_document_length")
+    }
 
 
-def format_report(report: dict[str, Any], plot: str | None) -> str:
-    """``report.md``: the metrics table, training summary and where things are."""
-    from santa.eval import format_markdown
-
-    final = report["final_metrics"]
-    lines = [
-        f"# santa pipeline: {report['name']}",
-        "",
-        f"Recipe `{report['recipe']}`; evaluated on `{report['data']['test']}`.",
-        "",
-        "## Retrieval (held-out split)",
-        "",
-        format_markdown(report["metrics"]).strip(),
-        "",
-        "## Training",
-        "",
-        "| step | loss | loss_sda | loss_mep | dev_mrr | pairs/s | negatives swaps |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        "| {} | {:.4f} | {:.4f} | {:.4f} | {} | {:.1f} | {} |".format(
-            int(final.get("step", 0)),
-            final.get("loss", float("nan")),
-            final.get("loss_sda", float("nan")),
-            final.get("loss_mep", float("nan")),
-            f"{final['dev_mrr']:.4f}" if "dev_mrr" in final else "-",
-            final.get("pairs_per_s", 0.0),
-            int(final.get("negatives_swaps", 0)),
-        ),
-        "",
-    ]
-    if plot:
-        lines += [f"![training curves]({plot.rsplit('/', 1)[-1]})", ""]
-    if report["corpus"]:
-        lines += [
-            "## Corpus",
-            "",
-            "| set | rows read | rows written | wall s |",
-            "|---|---:|---:|---:|",
-        ]
-        for key, summary in report["corpus"].items():
-            lines.append(
-                f"| {key} | {summary['rows_read']:,} | {summary['rows_written']:,} "
-                f"| {summary['wall_time_s']:.1f} |"
-            )
-        lines.append("")
-    phases = report["phases"]
-    lines += [
-        "## Time",
-        "",
-        " · ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in phases.items()),
-        "",
-        "## Where things are",
-        "",
-        f"- run: `{report['run']}` (TensorBoard: `tensorboard --logdir {report['run']}`)",
-        f"- final checkpoint: `{report['checkpoint']}`",
-        f"- metrics and TREC runs: `{storage.join(report['run'], 'eval')}`",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _initial_model(config, run_uri: str) -> str | None:
-    """The untrained model: the tiny init saved in the run, or the recipe's backbone."""
+def _initial_model(config: SantaConfig, stage_run: str) -> str | None:
+    """The untrained model: the tiny init saved in the first stage's run, or the backbone."""
     if config.model.is_tiny:
-        return storage.join(run_uri, "init_model")
+        return storage.join(stage_run, "init_model")
     return config.model.backbone
 
 
@@ -284,67 +359,16 @@ def _checkpoint_uri(checkpoint, storage_root: str) -> str:
     return path
 
 
-def _history(result) -> list[dict[str, float]]:
-    frame = getattr(result, "metrics_dataframe", None)
-    if frame is None or frame.empty:
-        return []
-    return frame.to_dict("records")
-
-
-def _plot_history(history: list[dict[str, float]], run_uri: str) -> str | None:
-    """``training.png``: losses and dev MRR over the steps."""
-    points = [h for h in history if _is_number(h.get("step")) and _is_number(h.get("loss"))]
-    if not points:
-        return None
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in points]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for key in ("loss", "loss_sda", "loss_mep"):
-        left.plot(steps, [h.get(key, float("nan")) for h in points], label=key)
-    left.set_xlabel("step")
-    left.set_title("training losses")
-    left.legend()
-    dev = [(h["step"], h["dev_mrr"]) for h in points if _is_number(h.get("dev_mrr"))]
-    if dev:
-        right.plot(*zip(*dev, strict=True), marker="o")
-    right.set_xlabel("step")
-    right.set_title("dev MRR@100")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    target = storage.join(run_uri, "training.png")
-    storage.write_bytes(target, buffer.getvalue())
-    return target
-
-
 def _corpus_summary(report: dict[str, Any]) -> dict[str, Any]:
     keys = ("rows_read", "rows_written", "dropped", "filtered", "entity_ratio", "wall_time_s")
     return {k: report.get(k) for k in keys}
 
 
-def _is_number(value: Any) -> bool:
-    import math
-
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Parse → run → print where the outputs are."""
+    """Parse → run → print where the outputs are; errors as one line (``--debug``: more)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse_args(argv)
-    try:
-        run(args)
-    except (ValueError, RuntimeError, storage.StorageError) as error:
-        print(f"python -m ray_jobs.pipeline: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_job(lambda: run(args) and 0, argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ _QUIET_WORKER_ENV = {
 }
 
 
+_log_level = "WARNING"
+
+
+def ray_log_level() -> str:
+    """``INFO`` after ``init_ray(verbose=True)``, else ``WARNING`` (for Ray's own loggers)."""
+    return _log_level
+
+
 def forwarded_env() -> dict[str, str]:
     """The environment variables santa forwards to every Ray worker."""
     return {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
@@ -51,16 +59,18 @@ def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> 
     if not verbose:
         env_vars = {**_QUIET_WORKER_ENV, **env_vars}
         if not sys.stderr.isatty():
-            # Ray Data's bars, redrawn as lines in a log file or a pipe, are most of what a
-            # job prints; on a terminal they stay.
-            os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-            env_vars["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
+            # Progress bars redrawn as lines in a log file or a pipe are most of what a job
+            # prints (Ray Data's, transformers' weight loading); on a terminal they stay.
+            for name in ("RAY_DATA_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+                os.environ.setdefault(name, "1")
+                env_vars[name] = "1"
         # Ray Data's per-operator progress dumps are INFO logs of "ray.data" (driver side).
         logging.getLogger("ray.data").setLevel(logging.WARNING)
     runtime_env = kwargs.pop("runtime_env", {}) or {}
     if env_vars:
         runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}
-    level = "INFO" if verbose else "WARNING"
+    global _log_level
+    level = _log_level = "INFO" if verbose else "WARNING"
     ray.init(
         address=address,
         runtime_env=runtime_env or None,

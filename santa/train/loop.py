@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -320,10 +321,12 @@ class WorkerTrainer:
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
         use_gpu = config.train.use_gpu and torch.cuda.is_available()
-        # A T5 trained without MEP leaves its LM head without gradient: DDP must be told,
-        # or it waits for it. Encoder-only models use every parameter (their pooler is
-        # removed), and the search for unused ones costs a pass over the graph every step.
-        unused = model.is_t5 and not config.train.uses_mep
+        # A T5 trained without MEP leaves an untied LM head (T5 v1.1) without gradient: DDP
+        # must be told, or it waits for it. A tied head is the input embedding, and
+        # encoder-only models use every parameter (their pooler is removed); the search
+        # for unused parameters costs a pass over the graph every step.
+        tied = getattr(model.backbone.config, "tie_word_embeddings", True)
+        unused = model.is_t5 and not config.train.uses_mep and not tied
         self.ddp_model = ray.train.torch.prepare_model(
             model, parallel_strategy_kwargs={"find_unused_parameters": unused}
         )
@@ -459,7 +462,9 @@ class WorkerTrainer:
             metrics.update(dev_metrics(self.model, self.dev, self.config))
         self._reset_window()
         if self.rank == 0:
-            print(_progress_line(metrics, self.steps), flush=True)
+            # Ray Train patches print() to log *and* tee it (two lines per call); the
+            # process's own stdout is printed once and still reaches the driver.
+            print(_progress_line(metrics, self.steps), file=sys.__stdout__, flush=True)
             self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
         _report(
             metrics,

@@ -14,7 +14,7 @@ from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
-from santa.ray_utils import cluster_cpus
+from santa.ray_utils import cluster_cpus, ray_log_level
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
 from santa.train.loop import LoopConfig, train_loop_per_worker
@@ -134,6 +134,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
     import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchTrainer
 
     train = config.train
@@ -190,6 +191,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             callbacks=callbacks or None,
+            # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
+            logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
         datasets={"train": dataset},
     )
