@@ -120,6 +120,7 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
             ["job", "submit", "--address", shell_cluster["address"], "--working-dir", str(REPO)]
             + ["--", "python", "-m", "ray_jobs.pipeline", "--storage", f"{bucket}/runs"]
             + ["--name", "e2e", "--input", str(corpus), "--max-steps", "12"]
+            + ["--stages", "pretrain,finetune"]
             + ["--cpus-per-worker", "0.5", "--set", "train.global_batch_size=8"]
             + ["--set", "train.max_query_length=24", "--set", "train.max_document_length=96"]
             + ["--set", "train.max_target_length=32", "--set", "model.tiny_vocab_size=2000"]
@@ -139,16 +140,23 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
     assert "succeeded" in output
     run = f"{bucket}/runs/e2e"
     report = storage.read_json(storage.join(run, "report.json"))
-    assert report["final_metrics"]["step"] == 12
-    assert set(report["metrics"]) >= {"santa (trained)", "untrained", "bm25"}
+    assert [stage["stage"] for stage in report["stages"]] == ["pretrain", "finetune"]
+    assert all(stage["final_metrics"]["step"] == 12 for stage in report["stages"])
+    assert set(report["metrics"]) == {"untrained", "santa (pretrain)", "santa (finetune)", "bm25"}
     for metrics in report["metrics"].values():
         assert 0 <= metrics["mrr@100"] <= 1
     checkpoint = report["checkpoint"]
-    assert checkpoint.startswith(f"{bucket}/runs/e2e/checkpoint_")
+    assert checkpoint.startswith(f"{bucket}/runs/e2e/finetune/checkpoint_")
+    # The finetune stage started from the pretraining checkpoint.
+    assert "from " + report["stages"][0]["checkpoint"] in output
     for name in ("model/config.json", "model/model.safetensors", "trainer_state.json"):
         assert storage.exists(storage.join(checkpoint, name)), name
     markdown = storage.read_bytes(storage.join(run, "report.md")).decode()
-    assert "| santa (trained) |" in markdown and "| bm25 |" in markdown
+    assert "| santa (finetune) |" in markdown and "| bm25 |" in markdown
+    # Every logged step of both stages is in the runs' histories (and so in the plot).
+    for stage in ("pretrain", "finetune"):
+        history = storage.read_bytes(storage.join(run, stage, "metrics.jsonl")).decode()
+        assert [json.loads(line)["step"] for line in history.splitlines()] == [3, 6, 9, 12]
     assert storage.exists(storage.join(run, "training.png"))
     # The run ran on the cluster's nodes, not in this process.
     nodes = json.loads(

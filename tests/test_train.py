@@ -238,3 +238,39 @@ def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path
     local = ray.train.Checkpoint.from_directory(str(tmp_path))
     with local_checkpoint(local) as directory:
         assert directory == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluster):
+    """--stages pretrain,finetune,ance: each stage warm-starts from the last, ANCE mines with
+    the fine-tuned model, and the report shows every stage's metrics and whole history."""
+    from ray_jobs import pipeline
+    from tests.training import write_beir
+
+    test_set = write_beir(tmp_path / "beir", pairs["dev"])
+    args = pipeline.parse_args(
+        ["--storage", str(tmp_path / "runs"), "--name", "staged", "--data", pairs["train"]]
+        + ["--eval-data", test_set, "--max-steps", "4", "--cpus-per-worker", "0.5"]
+        + ["--address", ray_cluster.address, "--set", "train.log_every=1"]
+    )
+    report = pipeline.run(args)
+    assert [s["stage"] for s in report["stages"]] == ["pretrain", "finetune", "ance"]
+    assert [s["hard_negatives"] for s in report["stages"]] == ["none", "none", "table"]
+    assert [s["learning_rate"] for s in report["stages"]] == [5e-4, 2e-4, 5e-5]
+    assert set(report["metrics"]) == {
+        "untrained",
+        "santa (pretrain)",
+        "santa (finetune)",
+        "santa (ance)",
+        "bm25",
+    }
+    run = tmp_path / "runs" / "staged"
+    assert (run / "negatives" / "negatives.parquet").is_file()
+    for stage in ("pretrain", "finetune", "ance"):
+        steps = [json.loads(line)["step"] for line in (run / stage / "metrics.jsonl").open()]
+        assert steps == [1, 2, 3, 4]
+    finetune_state = json.loads((run / "finetune" / "metrics.jsonl").read_text().splitlines()[0])
+    assert finetune_state["loss_mep"] == 0  # DR loss only after pretraining
+    markdown = (run / "report.md").read_text()
+    assert "| santa (ance) |" in markdown and "| ance | 4 |" in markdown
+    assert (run / "training.png").stat().st_size > 10_000
