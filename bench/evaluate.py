@@ -33,13 +33,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from santa.config import get_recipe  # noqa: E402
 from santa.data.beir import BeirData  # noqa: E402
 from santa.data.records import DropRow, PairOptions, build_code_pair  # noqa: E402
 from santa.data.source import SourceRecords, default_source_root  # noqa: E402
 from santa.encoding import encode_texts  # noqa: E402
 from santa.eval import compute_metrics, dense_retrieve  # noqa: E402
 from santa.model import DualEncoder  # noqa: E402
+from santa.recipes import get_recipe  # noqa: E402
 
 TOP_K = 100
 REPEATS = 10

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from santa.config import RECIPES, SantaConfig, get_recipe
+from santa.config import SantaConfig
+from santa.recipes import RECIPES, get_recipe
 
 
 def run_parser(

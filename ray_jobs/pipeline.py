@@ -34,9 +34,10 @@ from typing import Any
 from ray_jobs.args import run_parser
 from ray_jobs.pipeline_report import format_report, is_number, plot_history, read_history
 from santa import storage
-from santa.config import PIPELINE_STAGES, SantaConfig, stage_recipe
+from santa.config import SantaConfig
 from santa.data.source import default_source_root
 from santa.errors import run_job
+from santa.recipes import PIPELINE_STAGES, stage_recipe
 from santa.runlock import RunLock
 
 logger = logging.getLogger("santa.pipeline")

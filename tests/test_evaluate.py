@@ -17,11 +17,11 @@ import torch
 from santa import eval as ev
 from santa import storage
 from santa.checkpoints import resolve_model
-from santa.config import get_recipe
 from santa.data.beir import document_text, load_beir
 from santa.encoding import encode_corpus_ray, encode_texts
 from santa.eval import EvalConfig, evaluation
 from santa.model import DualEncoder
+from santa.recipes import get_recipe
 from santa.tokenizer import train_tokenizer
 from tests.conftest import REPO
 from tests.datagen import stdlib_python_records, write_csn_layout

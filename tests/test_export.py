@@ -56,7 +56,7 @@ def embed(model: DualEncoder) -> torch.Tensor:
 
 
 def write_checkpoint(root: Path, name: str, model: DualEncoder, step: int, weights=True) -> None:
-    """A checkpoint folder as santa.train.loop.save_training_checkpoint lays it out."""
+    """A checkpoint folder as santa.train.state.save_training_checkpoint lays it out."""
     folder = root / name
     model.save_pretrained(str(folder / checkpoints.MODEL_DIR))
     if not weights:

@@ -17,9 +17,10 @@ from transformers import (
 )
 
 from santa import storage
-from santa.config import ModelConfig, SantaConfig, TrainConfig, get_recipe, minilm_path
+from santa.config import ModelConfig, SantaConfig, TrainConfig
 from santa.losses import contrastive_loss
 from santa.model import SANTA_CONFIG_FILE, DualEncoder
+from santa.recipes import get_recipe, minilm_path
 from santa.tokenizer import train_tokenizer
 
 CORPUS = [

@@ -16,7 +16,7 @@ import pytest
 
 from santa import storage
 from santa.checkpoints import best_checkpoint, latest_checkpoint, load
-from santa.config import get_recipe
+from santa.recipes import get_recipe
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 from tuning import sweep
 

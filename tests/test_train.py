@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from santa import storage
-from santa.config import get_recipe
 from santa.model import DualEncoder
+from santa.recipes import get_recipe
 from santa.train.trainer import RunSpec, fit
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
@@ -225,7 +225,7 @@ def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path
     ``as_directory`` lets a second process re-download into it while the first reads."""
     import ray.train
 
-    from santa.train.loop import local_checkpoint
+    from santa.train.state import local_checkpoint
 
     bucket = moto_s3.create_bucket("resume-copies")
     storage.write_bytes(f"{bucket}/ckpt/optimizer.pt", b"x" * 1000)

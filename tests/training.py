@@ -7,9 +7,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from santa.config import SantaConfig, get_recipe
+from santa.config import SantaConfig
 from santa.data.records import PairOptions, build_code_pair
 from santa.data.schema import PAIR_SCHEMA, rows_to_table
+from santa.recipes import get_recipe
 from tests.datagen import stdlib_python_records
 
 
