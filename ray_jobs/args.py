@@ -27,6 +27,7 @@ def run_parser(
     parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
     parser.add_argument("--max-steps", type=int, default=None, help=max_steps_help)
     parser.add_argument("--address", default=None, help=address_help)
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     parser.add_argument(
         "--set",
         dest="overrides",

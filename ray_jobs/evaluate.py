@@ -19,6 +19,7 @@ import argparse
 import logging
 import sys
 
+from santa.errors import run_job
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
 
 
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     return parser
 
 
@@ -93,11 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         index_kind=args.index,
         progress=not args.no_progress,
     )
-    results = evaluate(args.checkpoint, args.data, config)
-    print(format_markdown(results), end="")
-    if args.output:
-        print(f"output: {args.output}")
-    return 0
+
+    def evaluate_and_print() -> int:
+        results = evaluate(args.checkpoint, args.data, config)
+        print(format_markdown(results), end="")
+        if args.output:
+            print(f"output: {args.output}")
+        return 0
+
+    return run_job(evaluate_and_print, argv)
 
 
 if __name__ == "__main__":

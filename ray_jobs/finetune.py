@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from ray_jobs.train_cli import build_parser, run
+from santa.errors import run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         help="warm start: a model folder or checkpoint's model/ (local or s3://)",
     )
     args = parser.parse_args(argv)
-    return run(args, stage="finetune", warm_start=args.init_checkpoint)
+    return run_job(lambda: run(args, stage="finetune", warm_start=args.init_checkpoint), argv)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
-    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")

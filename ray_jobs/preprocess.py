@@ -17,6 +17,7 @@ from santa.data.cosqa import write_cosqa_beir
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
+from santa.errors import run_job
 from santa.ray_utils import init_ray
 
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
@@ -64,6 +65,7 @@ def parse_args(
     parser.add_argument(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     args = parser.parse_args(argv)
     if args.input is None:
         if args.dataset != "source":
@@ -92,9 +94,13 @@ def parse_args(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse → start/join Ray → run → print the report."""
+    """Entry point: parse → start/join Ray → run → print the report (errors: one line)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config, address = parse_args(argv)
+    return run_job(lambda: _run(config, address), argv)
+
+
+def _run(config, address: str | None) -> int:
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
         report = write_cosqa_beir(config.input, config.output, split=config.split or "test")
         print(json.dumps(report))

@@ -8,12 +8,14 @@ from __future__ import annotations
 import sys
 
 from ray_jobs.train_cli import build_parser, run
+from santa.errors import run_job
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → fit → report."""
     parser = build_parser("python -m ray_jobs.pretrain", __doc__)
-    return run(parser.parse_args(argv), stage="pretrain")
+    args = parser.parse_args(argv)
+    return run_job(lambda: run(args, stage="pretrain"), argv)
 
 
 if __name__ == "__main__":

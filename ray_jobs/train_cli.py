@@ -8,6 +8,7 @@ import logging
 
 from ray_jobs.args import recipe_config, run_parser
 from santa.ray_utils import init_ray
+from santa.runlock import RunLock
 from santa.train.trainer import RunSpec, fit
 
 
@@ -18,6 +19,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--storage", required=True, help="checkpoints: local path or s3://")
     parser.add_argument("--name", required=True, help="run name (same name = resume)")
     parser.add_argument("--max-failures", type=int, default=1)
+    parser.add_argument("--force", action="store_true", help="take over a stale run lock")
+    parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
     parser.add_argument("--num-to-keep", type=int, default=2)
     parser.add_argument(
         "--eval-data", default="", help="BEIR folder for dev metrics during training (dev_mrr)"
@@ -39,18 +42,14 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     """Build the config and run spec from ``args``, train, and print the result."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     overrides = [f"train.stage={stage}"]
-    if args.max_steps:
+    if args.max_steps is not None:  # 0 is a value (and an error), not "unset"
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.hard_negatives != "none":
         overrides += [
             f"train.hard_negatives={args.hard_negatives}",
             f"train.hard_negatives_per_query={args.negatives_per_query}",
         ]
-    try:
-        config = recipe_config(args, overrides)
-    except ValueError as error:
-        print(f"error: {error}")
-        return 2
+    config = recipe_config(args, overrides)  # a bad value is one line, exit 2 (run_job)
     spec = RunSpec(
         data=args.data,
         storage=args.storage,
@@ -62,12 +61,12 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         eval_data=args.eval_data,
         eval_split=args.eval_split,
     )
-    init_ray(args.address)
-    result = fit(config, spec)
+    with RunLock(spec.run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+        print(init_ray(args.address, verbose=args.verbose), flush=True)
+        result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
     if result.checkpoint is not None:
         print(f"checkpoint: {result.checkpoint.path}")
     if result.error is not None:
-        print(f"error: {result.error}")
-        return 1
+        raise RuntimeError(f"training failed: {result.error}")
     return 0
