@@ -122,13 +122,19 @@ def tokenize_pairs(
     return out
 
 
+# CPUs a training-input task asks for. Parquet reads of Ray Data's V2 datasource list files
+# in a task that asks a whole CPU, with no setting to lower it: beside two 0.5-CPU trainers
+# on two 1-CPU nodes (free CPUs split 0.5 + 0.5) it never runs and training waits forever.
+DATA_TASK_CPUS = 0.5
+
+
 def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, Any]):
     """The Ray Dataset of tokenized training pairs read from ``data_uri`` (Parquet)."""
+    import pyarrow.parquet as pq
     import ray.data
 
     columns = [
         "dataset",
-        "kind",
         "label",
         "query_id",
         "doc_id",
@@ -138,10 +144,23 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
         "masked_document",
         "mep_target",
     ]
-    dataset = ray.data.read_parquet(storage.join(data_uri, "data"), columns=columns)
-    return dataset.map_batches(
+    root = storage.join(data_uri, "data")
+    files = storage.list_files(root, suffixes=(".parquet",))
+    if not files:
+        raise FileNotFoundError(f"no Parquet pairs under {root}")
+    filesystem, first = storage.resolve(files[0])
+    if "kind" in pq.read_schema(first, filesystem=filesystem).names:
+        columns.append("kind")  # corpora from before the kind column infer it (data.kinds)
+    context = ray.data.DataContext.get_current()
+    use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:  # the dataset keeps a copy of the context it was created with
+        dataset = ray.data.read_parquet(root, ray_remote_args={"num_cpus": DATA_TASK_CPUS})
+    finally:
+        context.use_datasource_v2 = use_v2
+    return dataset.select_columns(columns).map_batches(
         tokenize_pairs,
         fn_kwargs={"tokenizer_path": tokenizer_path, **settings},
         batch_format="pyarrow",
         batch_size=256,
+        num_cpus=DATA_TASK_CPUS,
     )
