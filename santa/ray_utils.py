@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 FORWARDED_ENV = ("NLTK_DATA", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
 # Quiet mode in every worker: no transformers/hub progress bars or advisory warnings.
 _QUIET_WORKER_ENV = {
+    "SANTA_QUIET": "1",
     "TRANSFORMERS_VERBOSITY": "error",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",

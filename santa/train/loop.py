@@ -208,6 +208,8 @@ class WorkerTrainer:
 
         config = self.config = loop.santa
         self.loop = loop
+        if os.environ.get("SANTA_QUIET"):
+            _quiet_train_reports()
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
@@ -467,3 +469,11 @@ def _tensorboard_writer(directory: str):
 
     os.makedirs(directory, exist_ok=True)
     return SummaryWriter(directory)
+
+
+def _quiet_train_reports() -> None:
+    """Ray Train logs each report at INFO under a logger named after its file (so its own
+    log-level setting misses it): in quiet mode it stays in Ray's log files."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
