@@ -39,15 +39,12 @@ import tree_sitter
 
 from santa.entities import (
     CODE_LANGUAGES,
-    MAX_ERROR_FRACTION,
-    UnparsableCodeError,
-    _error_bytes,
-    _error_nodes,
     _Grammar,
     _grammar,
     _GrammarSpec,
     _load,
     _utf8_length,
+    parse_snippet,
     parser_for,
     token_spans,
 )
@@ -249,29 +246,7 @@ def _parse(code: str, language: str) -> tuple[tree_sitter.Node, int, int]:
         )
     grammar, parser = _grammar_and_parser(language)
     snippet = code.encode("utf-8", "surrogatepass")
-    best: tuple[int, tree_sitter.Tree, int, list[tree_sitter.Node]] | None = None
-    for prefix, suffix in grammar.spec.wrappers:
-        prefix_bytes = prefix.encode()
-        tree = parser.parse(prefix_bytes + snippet + suffix.encode())
-        if tree is None:  # only on a parser timeout/cancellation
-            continue
-        if not tree.root_node.has_error:
-            best = (0, tree, len(prefix_bytes), [])
-            break
-        errors = _error_nodes(grammar, tree.root_node)
-        if best is None or len(errors) < best[0]:
-            best = (len(errors), tree, len(prefix_bytes), errors)
-    if best is None:
-        raise UnparsableCodeError(f"{language}: tree-sitter returned no tree")
-    _, tree, offset, errors = best
-    end = offset + len(snippet)
-    if errors:
-        covered = _error_bytes(errors, offset, end)
-        if covered > MAX_ERROR_FRACTION * max(len(snippet), 1):
-            raise UnparsableCodeError(
-                f"{language}: syntax errors cover {covered} of {len(snippet)} bytes"
-            )
-    return tree.root_node, offset, end
+    return parse_snippet(grammar, parser, snippet, language)
 
 
 # --------------------------------------------------------------------------------------

@@ -401,17 +401,18 @@ def _error_bytes(nodes: list[tree_sitter.Node], start: int, end: int) -> int:
     return covered + current_end - current_start
 
 
-def _extract_tree_sitter_entities(code: str, language: str) -> list[tuple[int, int]]:
-    """Return identifier spans of ``code`` using the tree-sitter grammar of ``language``."""
-    grammar = _grammar(language)
-    parser = parser_for(language)
-    spec = grammar.spec
-    snippet = code.encode("utf-8", "surrogatepass")
+def parse_snippet(
+    grammar: _Grammar, parser: tree_sitter.Parser, snippet: bytes, language: str
+) -> tuple[tree_sitter.Node, int, int]:
+    """Parse a code snippet inside each of the grammar's wrappers; return the root and the
+    byte range of the snippet in the parsed text.
 
-    # Parse with each wrapper until one gives an error-free tree; otherwise keep the tree
-    # with the fewest ERROR/MISSING nodes (earliest wrapper on ties).
+    The first wrapper that gives an error-free tree wins; otherwise the tree with the fewest
+    ERROR/MISSING nodes (earliest wrapper on ties), unless errors cover more than
+    ``MAX_ERROR_FRACTION`` of the snippet (:class:`UnparsableCodeError`).
+    """
     best: tuple[int, tree_sitter.Tree, int, list[tree_sitter.Node]] | None = None
-    for prefix, suffix in spec.wrappers:
+    for prefix, suffix in grammar.spec.wrappers:
         prefix_bytes = prefix.encode()
         tree = parser.parse(prefix_bytes + snippet + suffix.encode())
         if tree is None:  # only on a parser timeout/cancellation
@@ -425,18 +426,28 @@ def _extract_tree_sitter_entities(code: str, language: str) -> list[tuple[int, i
     if best is None:
         raise UnparsableCodeError(f"{language}: tree-sitter returned no tree")
     _, tree, offset, errors = best
-    snippet_end = offset + len(snippet)
+    end = offset + len(snippet)
     if errors:
-        covered = _error_bytes(errors, offset, snippet_end)
+        covered = _error_bytes(errors, offset, end)
         if covered > MAX_ERROR_FRACTION * max(len(snippet), 1):
             raise UnparsableCodeError(
                 f"{language}: syntax errors cover {covered} of {len(snippet)} bytes"
             )
+    return tree.root_node, offset, end
 
+
+def _extract_tree_sitter_entities(code: str, language: str) -> list[tuple[int, int]]:
+    """Return identifier spans of ``code`` using the tree-sitter grammar of ``language``."""
+    grammar = _grammar(language)
+    parser = parser_for(language)
+    spec = grammar.spec
+    snippet = code.encode("utf-8", "surrogatepass")
+
+    root, offset, snippet_end = parse_snippet(grammar, parser, snippet, language)
     keywords = spec.keywords
     lower = spec.case_insensitive_keywords
     byte_spans: list[tuple[int, int]] = []
-    captures = tree_sitter.QueryCursor(grammar.identifier_query).captures(tree.root_node)
+    captures = tree_sitter.QueryCursor(grammar.identifier_query).captures(root)
     for node in captures.get("identifier", ()):
         start, end = node.start_byte, node.end_byte
         # Skip wrapper names ("_W_"), zero-width MISSING nodes and non-leaves.
