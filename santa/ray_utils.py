@@ -65,8 +65,10 @@ def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> 
             for name in ("RAY_DATA_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
                 os.environ.setdefault(name, "1")
                 env_vars[name] = "1"
-        # Ray Data's per-operator progress dumps are INFO logs of "ray.data" (driver side).
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        # Ray Data's per-operator progress dumps are INFO logs of "ray.data" (driver side);
+        # faiss announces which of its builds it loaded.
+        for name in ("ray.data", "faiss", "faiss.loader"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     runtime_env = kwargs.pop("runtime_env", {}) or {}
     if env_vars:
         runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}

@@ -394,7 +394,8 @@ class WorkerTrainer:
         step = self.state["step"]
         if self.writer is not None:
             for key, value in metrics.items():
-                self.writer.add_scalar(f"train/{key}", value, step)
+                # TensorBoard names allow no "@" (recall@10 → recall_10).
+                self.writer.add_scalar(f"train/{key.replace('@', '_')}", value, step)
             self.writer.flush()
         if self.loop.metrics_uri:
             # A resumed run drops the lines of steps it repeats.
