@@ -172,4 +172,6 @@ def test_bad_hard_negative_sources_are_rejected_before_training(train_data, tmp_
         + ["--hard-negatives", "sometimes"]
     )
     assert code == 2
-    assert "hard_negatives must be 'none', 'async' or 'table:URI'" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.err.startswith("santa: error: TrainConfig.hard_negatives must be 'none'")
+    assert captured.err.count("\n") == 1 and "Ray:" not in captured.out  # before any Ray work
