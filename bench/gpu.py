@@ -219,9 +219,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_model(size: str, device: torch.device, gradient_checkpointing: bool) -> DualEncoder:
+def build_model(
+    size: str, device: torch.device, gradient_checkpointing: bool, attention: str = "sdpa"
+) -> DualEncoder:
     """A random-init T5 of ``size`` wrapped in santa's DualEncoder (seeded, no download)."""
     t5_config = T5Config(**SIZES[size], pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    t5_config._attn_implementation = attention
     torch.manual_seed(0)
     model_config = ModelConfig(
         backbone=f"random-t5-{size}", kind="t5", gradient_checkpointing=gradient_checkpointing
@@ -251,12 +254,14 @@ def bench_train(model: DualEncoder, args, device: torch.device, autocast) -> dic
         "masked_document_attention_mask": torch.ones_like(document_ids),
         "mep_labels": mep_labels,
     }
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    fused = {"fused": True} if args.fused_adamw else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **fused)
     model.train()
+    forward = torch.compile(model) if args.compile else model
 
     def step() -> torch.Tensor:
         with autocast:
-            output = model(**inputs)
+            output = forward(**inputs)
             sda = contrastive_loss(output.query_embeddings, output.doc_embeddings)
             loss = total_loss(sda, output.mep_loss, args.mep_weight)
         optimizer.zero_grad(set_to_none=True)
@@ -284,7 +289,26 @@ def bench_train(model: DualEncoder, args, device: torch.device, autocast) -> dic
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if args.profile:
+        result["profile"] = profile_table(step, device, args.profile)
     return result
+
+
+def profile_table(step, device: torch.device, steps: int, rows: int = 25) -> str:
+    """torch.profiler's table of the ops that took the most device time over ``steps``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
+    print(table)
+    return table
 
 
 def bench_encode(model: DualEncoder, args, device: torch.device, autocast) -> dict[str, Any]:
@@ -293,13 +317,14 @@ def bench_encode(model: DualEncoder, args, device: torch.device, autocast) -> di
     ids = random_ids(args.encode_batch, args.document_length, vocab, device)  # (batch, s)
     mask = torch.ones_like(ids)
     model.eval()
+    encode = torch.compile(model.encode) if args.compile else model.encode
     with torch.inference_mode(), autocast:
         for _ in range(args.warmup):
-            model.encode(ids, mask)
+            encode(ids, mask)
         synchronize(device)
         started = time.perf_counter()
         for _ in range(args.encode_batches):
-            embeddings = model.encode(ids, mask)  # (batch, dim)
+            embeddings = encode(ids, mask)  # (batch, dim)
         synchronize(device)
         elapsed = time.perf_counter() - started
     return {
@@ -379,6 +404,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--dim", type=int, default=768, help="faiss vector size (CodeT5-base)")
     parser.add_argument("--skip-faiss", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True)")
+    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
+    parser.add_argument("--tf32", action="store_true", help="TF32 for float32 matmuls")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS", help="print torch.profiler's top ops"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 TFLOP/s")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -401,7 +433,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     on_gpu = device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else nullcontext()
     peak, peak_source = peak_flops(device, args.peak_tflops)
-    model = build_model(args.size, device, args.gradient_checkpointing)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    model = build_model(args.size, device, args.gradient_checkpointing, args.attention)
     config = model.backbone.config
 
     flops = pair_flops(config, args.query_length, args.document_length, args.target_length)
@@ -437,6 +471,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     encode["achieved_flops_per_s"] = encode["documents_per_s"] * flops["encode_per_document"]
     encode["mfu"] = encode["achieved_flops_per_s"] / peak if peak else None
     parameters = sum(p.numel() for p in model.parameters())
+    model_attention = model.backbone.config._attn_implementation
     del model
     if on_gpu:
         torch.cuda.empty_cache()  # leave the memory to faiss
@@ -465,6 +500,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "mep_weight": args.mep_weight,
             "precision": "bf16 autocast" if on_gpu else "fp32",
             "gradient_checkpointing": args.gradient_checkpointing,
+            "compile": args.compile,
+            "fused_adamw": args.fused_adamw,
+            "attention": model_attention,
+            "tf32": args.tf32,
         },
         "flops": flops,
         "train": train,

@@ -28,11 +28,11 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 def pos_tagger_available() -> bool:
     """Whether NLTK's English POS tagger can be loaded here."""
-    from santa.entities import ensure_pos_tagger
-
     try:
+        from santa.entities import ensure_pos_tagger
+
         ensure_pos_tagger()
-    except LookupError:
+    except (ImportError, LookupError):  # no NLTK or tree-sitter here (e.g. a bare GPU box)
         return False
     return True
 

@@ -1,0 +1,89 @@
+"""The CUDA path: bf16 autocast training steps, fp32 scores under CUDA autocast, encoding.
+
+Skipped where torch sees no CUDA device (CI, laptops); run on a GPU machine with
+``python -m pytest tests/test_gpu.py``. Nothing here needs Ray.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from santa.config import ModelConfig
+from santa.encoding import encode_texts
+from santa.losses import contrastive_loss, similarity_scores, total_loss
+from santa.model import DualEncoder
+from santa.tokenizer import train_tokenizer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CORPUS = [
+    'def add_one(value):\n    """Add one to a value."""\n    return value + 1\n',
+    "class HttpClient:\n    def get(self, key):\n        return self.cache[key]\n",
+    "Return the number of items in the container.",
+    "A stainless steel water bottle that keeps drinks cold.",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(CORPUS * 50, vocab_size=1000)
+
+
+def test_scores_and_softmax_stay_fp32_under_cuda_bf16_autocast() -> None:
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(64, 768, generator=generator).cuda()
+    docs = (0.1 * queries.cpu() + torch.randn(64, 768, generator=generator)).cuda()
+    negatives = torch.randn(128, 768, generator=generator).cuda()
+    expected = contrastive_loss(queries.double(), docs.double(), negatives.double())
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = contrastive_loss(queries, docs, negatives)
+        scores = similarity_scores(queries, docs)
+        rounded = torch.nn.functional.cross_entropy(
+            torch.cat([queries @ docs.T, queries @ negatives.T], dim=1),
+            torch.arange(64, device="cuda"),
+        )
+    assert got.dtype == torch.float32 and scores.dtype == torch.float32
+    # TF32 may be on for fp32 matmuls on Ampere+; 1e-4 relative still rules out bf16.
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    assert abs(rounded.float().item() - expected.item()) > 1e-3
+
+
+def test_bf16_training_steps_on_cuda_lower_the_loss(tokenizer) -> None:
+    torch.manual_seed(0)
+    model = DualEncoder.build_tiny(ModelConfig(), tokenizer, seed=0).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    queries = model.tokenize(["add one to a value", "http client get", "items", "bottle"], 16)
+    docs = model.tokenize(CORPUS, 48)
+    inputs = {
+        "query_input_ids": queries.input_ids.cuda(),
+        "query_attention_mask": queries.attention_mask.cuda(),
+        "document_input_ids": docs.input_ids.cuda(),
+        "document_attention_mask": docs.attention_mask.cuda(),
+    }
+    losses = []
+    for _ in range(20):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            output = model(**inputs)
+            loss = total_loss(
+                contrastive_loss(output.query_embeddings, output.doc_embeddings),
+                output.mep_loss,
+                mep_weight=0.0,
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_encoding_on_cuda_matches_cpu(tokenizer) -> None:
+    model = DualEncoder.build_tiny(ModelConfig(), tokenizer, seed=0).eval()
+    on_cpu = encode_texts(model, CORPUS, max_length=48, batch_size=2, progress=False)
+    on_gpu = encode_texts(model.cuda(), CORPUS, max_length=48, batch_size=2, progress=False)
+    assert on_gpu.dtype == on_cpu.dtype
+    torch.testing.assert_close(
+        torch.from_numpy(on_gpu), torch.from_numpy(on_cpu), rtol=1e-3, atol=1e-3
+    )
