@@ -107,7 +107,7 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
                 final.get("loss_sda", float("nan")),
                 final.get("loss_mep", float("nan")),
                 f"{final['dev_mrr']:.4f}" if "dev_mrr" in final else "-",
-                final.get("pairs_per_s", 0.0),
+                final.get("run_pairs_per_s", final.get("pairs_per_s", 0.0)),
                 stage["hard_negatives"],
             )
         )

@@ -115,6 +115,12 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkey
     assert list((tmp_path / "runs" / "learn" / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def history_losses(run: Path) -> dict[int, float]:
+    """Every logged step's loss from the run's ``metrics.jsonl``."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {row["step"]: row["loss"] for row in map(json.loads, lines)}
+
+
 def step_losses(result) -> dict[int, float]:
     return {metrics["step"]: metrics["loss"] for _, metrics in result.best_checkpoints}
 
@@ -145,6 +151,34 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
     ]
     assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
     assert history[-1]["loss"] == pytest.approx(second.metrics["loss"])
+    # Whole-run throughput of the resumed process covers its own steps (4-6) only: it lies
+    # within the range of its per-window rates (the windows partition its time).
+    windows = [h["pairs_per_s"] for h in history[3:]]
+    assert 0.8 * min(windows) <= history[-1]["run_pairs_per_s"] <= 1.2 * max(windows)
+
+
+def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
+    """``train.compile`` (torch.compile of the DDP model) changes speed, not the numbers;
+    its checkpoint loads as a plain model. ``aot_eager`` needs no C++ compiler; GPUs use
+    ``inductor`` (bench/gpu.py)."""
+    common = {"data": pairs["train"], "storage": str(tmp_path), "cpus_per_worker": 0.5}
+    overrides = {"max_steps": 3, "log_every": 1, "checkpoint_every": 3, "num_workers": 2}
+    eager = fit(tiny_config(**overrides, compile="never"), RunSpec(name="eager", **common))
+    assert eager.error is None
+    compiled_config = tiny_config(**overrides, compile="always", compile_backend="aot_eager")
+    compiled = fit(compiled_config, RunSpec(name="compiled", **common))
+    assert compiled.error is None and compiled.metrics["step"] == 3
+    expected, got = (history_losses(tmp_path / name) for name in ("eager", "compiled"))
+    assert sorted(got) == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert got[step] == pytest.approx(expected[step], rel=1e-4), (step, expected, got)
+    with compiled.checkpoint.as_directory() as directory:
+        from safetensors import safe_open
+
+        files = list(Path(directory, "model").glob("*.safetensors"))
+        keys = [key for file in files for key in safe_open(str(file), "pt").keys()]  # noqa: SIM118
+        DualEncoder.from_pretrained(os.path.join(directory, "model"))
+    assert keys and not any("_orig_mod" in key or "module." in key for key in keys)
 
 
 @pytest.mark.slow
