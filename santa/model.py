@@ -16,6 +16,7 @@ Single-device code: parallelism (DDP, gathering) lives in the training loop and 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import tempfile
@@ -393,7 +394,10 @@ class DualEncoder(nn.Module):
         elif layout is not None:
             model_config = _with_folder_structure(model_config, layout.model_fields)
         auto_class = AutoModelForSeq2SeqLM if model_config.kind == "t5" else AutoModel
-        backbone = auto_class.from_pretrained(location)
+        # santa saves no pooler: build none for its own checkpoints (others carry theirs)
+        saved_by_santa = is_local and saved_config_path.is_file()
+        extra = _without_pooler(location, model_config) if saved_by_santa else {}
+        backbone = auto_class.from_pretrained(location, **extra)
         model = cls(backbone, model_config, _load_tokenizer(location, model_config, is_local))
         if model.projection is not None:
             state = _saved_projection(location) or (layout and layout.projection_state)
@@ -485,6 +489,24 @@ def _saved_projection(location: str) -> dict[str, torch.Tensor] | None:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+def _without_pooler(location: str, model_config: ModelConfig) -> dict[str, Any]:
+    """``add_pooling_layer=False`` for encoder-only classes that take it (BERT and kin).
+
+    santa never uses a pooler (see ``DualEncoder.__init__``) and does not save one, so
+    loading a santa checkpoint would otherwise make transformers build it afresh and
+    report its weights as missing.
+    """
+    if model_config.kind == "t5":
+        return {}
+    try:
+        model_class = AutoModel._model_mapping[type(AutoConfig.from_pretrained(location))]
+    except (KeyError, OSError, ValueError):
+        return {}
+    if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
+        return {"add_pooling_layer": False}
+    return {}
 
 
 def _load_tokenizer(

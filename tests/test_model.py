@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import pytest
 import torch
@@ -331,3 +332,27 @@ def test_real_minilm_loads_offline() -> None:
     assert cosine[0, 1] > 0.6 > cosine[0, 2]  # a real sentence encoder, not random weights
     with pytest.raises(ValueError, match="encoder-only"):
         model.encode_with_mep(encoded.input_ids, encoded.attention_mask, encoded.input_ids)
+
+
+def test_encoder_only_checkpoints_load_without_a_pooler_report(tmp_path) -> None:
+    """santa drops BERT's pooler and saves none: loading its checkpoint must not make
+    transformers rebuild one and report ``pooler.dense.*`` as newly initialized."""
+    original = DualEncoder.from_pretrained(minilm_path())
+    original.save_pretrained(str(tmp_path / "saved"))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    library_logger = logging.getLogger("transformers")  # it does not propagate to root
+    library_logger.addHandler(handler)
+    try:
+        loaded = DualEncoder.from_pretrained(str(tmp_path / "saved"))
+    finally:
+        library_logger.removeHandler(handler)
+    reports = [record.getMessage() for record in records]
+    assert not any("pooler" in message for message in reports), reports
+    assert getattr(loaded.backbone, "pooler", None) is None
+    ids = original.tokenize(["def add(a, b): return a + b"], 32)
+    torch.testing.assert_close(
+        loaded.encode(ids.input_ids, ids.attention_mask),
+        original.encode(ids.input_ids, ids.attention_mask),
+    )
