@@ -135,16 +135,20 @@ def encode_corpus_ray(
     import ray
     import ray.data
 
+    from santa.ray_utils import capacity_of, cluster_capacity
+
     texts = [str(text) for text in texts]
     if not texts:
         raise ValueError("no texts to encode")
-    resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
+    # What the cluster can grow to: an autoscaling cluster's GPU workers count though none
+    # is up yet (the pool's requests make the autoscaler start them).
+    capacity = cluster_capacity()
+    gpus = int(capacity_of("GPU", capacity))
     if use_gpu == "auto":
         use_gpu = gpus > 0
     if use_gpu and gpus < 1:
         raise ValueError("use_gpu=True but the Ray cluster has no GPU")
-    cpus = float(resources.get("CPU", 1))
+    cpus = max(1.0, capacity_of("CPU", capacity))
     if num_actors <= 0:
         # One per GPU, or CPU actors that leave one CPU free for the rest of Ray Data.
         cpu_actors = max(1, int((cpus - 1) // max(num_cpus_per_actor, 1e-3)))

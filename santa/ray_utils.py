@@ -13,6 +13,7 @@ Ray's session log folder (named on that first line); ``verbose=True`` shows them
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 
@@ -46,6 +47,9 @@ def forwarded_env() -> dict[str, str]:
     return {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
 
 
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
+
+
 def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> str:
     """Join the cluster ``address``/``RAY_ADDRESS`` names, or start a local Ray of our own.
 
@@ -72,6 +76,13 @@ def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> 
     runtime_env = kwargs.pop("runtime_env", {}) or {}
     if env_vars:
         runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}
+    if address == "local":
+        # Ray runs workers at nice 15 so the raylet stays responsive on a busy node; on a
+        # workstation that hands the trainers' CPU to any ordinary process. The Ray santa
+        # starts is the job's own: its workers run at the driver's priority (Ray's job
+        # supervisor does the same). RAY_worker_niceness set by the user still wins;
+        # clusters set it in `ray start`'s environment.
+        os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     global _log_level
     level = _log_level = "INFO" if verbose else "WARNING"
     ray.init(
@@ -111,3 +122,56 @@ def session_log_dir() -> str:
 def cluster_cpus() -> int:
     """CPUs in the cluster right now (at least 1)."""
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+HEAD_RESOURCE = "head"
+"""The custom resource of the head node in ``cluster.yaml``: long-lived drivers (Tune trial
+drivers, the hard-negative miner) ask for a sliver of it so that the autoscaler never has
+to keep a GPU node alive for them."""
+
+
+def head_placement(amount: float = 0.001) -> dict[str, float]:
+    """``{"head": amount}`` where the cluster has a ``head`` resource, else ``{}``."""
+    return {HEAD_RESOURCE: amount} if ray.cluster_resources().get(HEAD_RESOURCE) else {}
+
+
+def merge_capacity(
+    present: dict[str, float], declared: dict[str, float] | None
+) -> dict[str, float]:
+    """The most of each resource the cluster can have: the larger of what is present and
+    what the autoscaler's config declares (``inf`` where a node type has no max)."""
+    if not declared:
+        return dict(present)
+    merged = {}
+    for key in set(present) | set(declared):
+        limit = declared.get(key, 0)
+        limit = math.inf if limit >= sys.maxsize else float(limit)
+        merged[key] = max(float(present.get(key, 0)), limit)
+    return merged
+
+
+def cluster_capacity() -> dict[str, float]:
+    """What the cluster can grow to: on an autoscaling cluster its declared max (Ray's own
+    reading of the cluster config, as Ray Train uses), else the resources present now.
+
+    Pools and sweeps sized from this ask for what they can use and let the autoscaler
+    add the nodes; sized from ``ray.cluster_resources()`` at launch, they would stay on
+    the head of a cluster whose workers start at 0.
+    """
+    present = ray.cluster_resources()
+    try:
+        declared = ray._private.state.state.get_max_resources_from_cluster_config()
+    except Exception:  # an older GCS or no autoscaler state: the present is all there is
+        logger.debug("no autoscaler cluster config", exc_info=True)
+        declared = None
+    return merge_capacity(present, declared)
+
+
+POOL_LIMIT = 1024
+"""Pool sizes and trial counts are capped here when a node type has no declared max."""
+
+
+def capacity_of(resource: str, capacity: dict[str, float] | None = None) -> float:
+    """How much of ``resource`` the cluster can grow to (capped at :data:`POOL_LIMIT`)."""
+    capacity = cluster_capacity() if capacity is None else capacity
+    return min(float(capacity.get(resource, 0)), float(POOL_LIMIT))

@@ -38,7 +38,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray_jobs.args import recipe_config, run_parser
 from santa import storage
 from santa.config import SantaConfig
-from santa.ray_utils import init_ray
+from santa.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
 
 logger = logging.getLogger(__name__)
 
@@ -354,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
 
     storage_root = storage.absolute(args.storage)
     sweep_root = storage.join(storage_root, args.name)
-    trainable = tune.with_resources(train_trial, TRIAL_DRIVER_RESOURCES)
-
     init_ray(args.address)
-    import ray
+
+    # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml).
+    trainable = tune.with_resources(train_trial, {**TRIAL_DRIVER_RESOURCES, **head_placement()})
 
     if tune.Tuner.can_restore(sweep_root):
         print(f"resuming the sweep at {sweep_root} (its trials, space and limits as first set)")
@@ -370,13 +370,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.recipe!r} has no loss weight (MEP needs a T5 backbone in pretraining)"
             )
         cpus = worker_cpus(args.cpus_per_worker, args.num_workers)
-        resources = ray.cluster_resources()
+        # Sized by what the cluster can grow to (an autoscaler's declared max), not by the
+        # head alone at launch: pending trials are what makes the autoscaler add workers.
+        capacity = cluster_capacity()
+        resources = {key: capacity_of(key, capacity) for key in ("CPU", "GPU")}
         concurrent = args.max_concurrent or max_concurrent_trials(
             resources, args.num_workers, cpus, args.gpu, args.data_cpus
         )
         print(
-            f"max_concurrent_trials={concurrent} (cluster: {resources.get('CPU', 0):g} CPU, "
-            f"{resources.get('GPU', 0):g} GPU; per trial: {args.num_workers} workers × "
+            f"max_concurrent_trials={concurrent} (cluster up to {resources['CPU']:g} CPU, "
+            f"{resources['GPU']:g} GPU; per trial: {args.num_workers} workers × "
             f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''} + {args.data_cpus:g} CPU for Ray Data)"
         )
         sweep = {

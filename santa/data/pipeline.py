@@ -41,7 +41,7 @@ from santa.data.readers import (
 from santa.data.records import PairOptions, Reason
 from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
-from santa.ray_utils import cluster_cpus
+from santa.ray_utils import capacity_of, cluster_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +193,12 @@ def _actor_pool(
     ``whole_blocks`` gives each call a whole block (no ``batch_size``), which a read needs
     to fuse into the pool.
     """
-    max_size = config.max_actors or max(1, int(_cluster_cpus() / config.num_cpus_per_actor))
-    min_size = max_size if start_all else min(config.min_actors, max_size)
+    # The pool may grow to what the cluster can grow to (its autoscaler's declared max);
+    # it starts with what is here now, and Ray Data asks the autoscaler for the rest.
+    per_actor = config.num_cpus_per_actor
+    max_size = config.max_actors or max(1, int(capacity_of("CPU") / per_actor))
+    present = max(1, int(_cluster_cpus() / per_actor))
+    min_size = min(present, max_size) if start_all else min(config.min_actors, max_size)
     return {
         "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,

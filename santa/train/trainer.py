@@ -14,7 +14,7 @@ from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
-from santa.ray_utils import cluster_cpus, ray_log_level
+from santa.ray_utils import cluster_cpus, head_placement, ray_log_level
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
 from santa.train.loop import LoopConfig, train_loop_per_worker
@@ -159,6 +159,9 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             config=config,
             num_gpus=1 if train.use_gpu and spec.miner_gpu else 0,
             max_restarts=spec.miner_max_restarts,
+            # a long-lived actor: on the head node where the cluster has one (cluster.yaml),
+            # unless it encodes on a GPU itself (the head has none)
+            resources=head_placement() if not (train.use_gpu and spec.miner_gpu) else None,
         )
     trainer = TorchTrainer(
         train_loop_per_worker,

@@ -1,0 +1,76 @@
+"""santa's own local Ray: which cluster a job uses, and the priority of its workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = """
+import os, ray
+from santa.ray_utils import init_ray
+print(init_ray())
+print("nice", ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()), os.nice(0))
+"""
+
+
+def run_probe(extra_env: dict[str, str]) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), **extra_env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize(("env", "expected"), [({}, 0), ({"RAY_worker_niceness": "15"}, 15)])
+def test_local_ray_workers_run_at_the_drivers_priority(env, expected) -> None:
+    """Ray's default puts workers at nice 15; the local Ray santa starts keeps them at the
+    driver's nice level unless the user sets RAY_worker_niceness."""
+    lines = run_probe(env)
+    assert lines[0].startswith("Ray: started a local cluster (")
+    worker, driver = map(int, lines[-1].split()[1:])
+    assert driver == 0 and worker == expected
+
+
+def test_capacity_is_what_the_autoscaler_declares_or_what_is_here() -> None:
+    from santa.ray_utils import POOL_LIMIT, capacity_of, merge_capacity
+
+    here = {"CPU": 4.0, "memory": 1e9, "head": 1.0}
+    assert merge_capacity(here, None) == here
+    # cluster.yaml scaled: head 4 CPUs, GPU workers 0..2 × (8 CPU, 1 GPU)
+    declared = {"CPU": 20, "GPU": 2, "head": 1}
+    merged = merge_capacity(here, declared)
+    assert merged["CPU"] == 20 and merged["GPU"] == 2 and merged["memory"] == 1e9
+    # a node type without a max: unbounded, and pools built from it are capped
+    unbounded = merge_capacity(here, {"CPU": sys.maxsize})
+    assert unbounded["CPU"] == float("inf")
+    assert capacity_of("CPU", unbounded) == POOL_LIMIT
+    assert capacity_of("GPU", merged) == 2 and capacity_of("GPU", here) == 0
+
+
+def test_long_lived_drivers_go_to_the_head_resource(ray_cluster) -> None:
+    """cluster.yaml's head node carries a custom ``head`` resource; santa's miner and Tune
+    trial drivers ask for a sliver of it, so they land there (here: the test cluster's
+    head node has it, the other node does not)."""
+    import ray
+
+    from santa.ray_utils import head_placement
+
+    assert head_placement() == {"head": 0.001}
+
+    @ray.remote(num_cpus=0)
+    class Where:
+        def node(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+    head_id = next(
+        node["NodeID"] for node in ray.nodes() if node["Alive"] and "head" in node["Resources"]
+    )
+    placed = [Where.options(resources=head_placement()).remote() for _ in range(3)]
+    assert {ray.get(actor.node.remote()) for actor in placed} == {head_id}
