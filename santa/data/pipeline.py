@@ -198,7 +198,7 @@ def _actor_pool(
     per_actor = config.num_cpus_per_actor
     max_size = config.max_actors or max(1, int(capacity_of("CPU") / per_actor))
     present = max(1, int(_cluster_cpus() / per_actor))
-    min_size = min(present, max_size) if start_all else min(config.min_actors, max_size)
+    min_size = min(max(present, config.min_actors) if start_all else config.min_actors, max_size)
     return {
         "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,

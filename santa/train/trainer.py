@@ -14,7 +14,7 @@ from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
-from santa.ray_utils import cluster_cpus, head_placement, ray_log_level
+from santa.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
 from santa.train.loop import LoopConfig, train_loop_per_worker
@@ -122,11 +122,16 @@ def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
 
 
 def worker_cpus(cpus_per_worker: float, num_workers: int) -> float:
-    """CPUs per training worker: as asked, or what leaves one CPU to Ray Data."""
+    """CPUs per training worker: as asked, or what leaves one CPU to Ray Data.
+
+    Counted on what the cluster can grow to (an autoscaler's declared max), so that on a
+    cluster whose workers start at 0 the trainers ask for real CPUs and the autoscaler
+    adds nodes, rather than squeezing onto the head.
+    """
     if cpus_per_worker:
         return cpus_per_worker
     # Train V2 takes the workers' CPUs out of Ray Data's budget: keep one for Data.
-    free = max(0.0, cluster_cpus() - 1)
+    free = max(0.0, capacity_of("CPU") - 1)
     return max(0.25, min(1.0, free / num_workers))
 
 
