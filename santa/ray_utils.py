@@ -150,21 +150,94 @@ def merge_capacity(
     return merged
 
 
-def cluster_capacity() -> dict[str, float]:
-    """What the cluster can grow to: on an autoscaling cluster its declared max (Ray's own
-    reading of the cluster config, as Ray Train uses), else the resources present now.
+AUTOSCALING_CONFIG_ENV = "SANTA_AUTOSCALING_CONFIG"
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+"""Where the cluster launcher (``ray up``) leaves the autoscaler's config on the head."""
 
-    Pools and sweeps sized from this ask for what they can use and let the autoscaler
-    add the nodes; sized from ``ray.cluster_resources()`` at launch, they would stay on
-    the head of a cluster whose workers start at 0.
+
+def declared_max_resources(autoscaling_config: dict) -> dict[str, float]:
+    """The most of each resource an autoscaler config allows: the head node type's
+    resources plus every worker type's at its ``max_workers`` (capped by the cluster's
+    ``max_workers`` times the largest node, when that is smaller)."""
+    types = autoscaling_config.get("available_node_types") or {}
+    head_type = autoscaling_config.get("head_node_type")
+    total: dict[str, float] = {}
+    largest: dict[str, float] = {}
+    for name, node_type in types.items():
+        resources = node_type.get("resources") or {}
+        count = 1 if name == head_type else int(node_type.get("max_workers", 0))
+        for key, value in resources.items():
+            if name != head_type:
+                largest[key] = max(largest.get(key, 0.0), float(value))
+            total[key] = total.get(key, 0.0) + count * float(value)
+    cluster_max = autoscaling_config.get("max_workers")
+    if cluster_max is not None:
+        head = (types.get(head_type) or {}).get("resources") or {}
+        for key, value in largest.items():
+            cap = float(head.get(key, 0)) + int(cluster_max) * value
+            total[key] = min(total[key], cap)
+    return total
+
+
+def autoscaling_config_path() -> str | None:
+    """The autoscaler config of the cluster this process is connected to, if it can be
+    read here: ``SANTA_AUTOSCALING_CONFIG``, the ``--autoscaling-config`` of this cluster's
+    monitor process (drivers run on the head under ``ray job submit``), or the cluster
+    launcher's bootstrap config on the head."""
+    explicit = os.environ.get(AUTOSCALING_CONFIG_ENV)
+    if explicit:
+        return explicit
+    try:
+        gcs_flag = f"--gcs-address={ray.get_runtime_context().gcs_address}".encode()
+    except Exception:
+        gcs_flag = None
+    proc = "/proc"
+    if gcs_flag and os.path.isdir(proc):
+        for pid in os.listdir(proc):
+            try:
+                with open(os.path.join(proc, pid, "cmdline"), "rb") as handle:
+                    args = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if gcs_flag in args:
+                for arg in args:
+                    if arg.startswith(b"--autoscaling-config="):
+                        return os.path.expanduser(arg.split(b"=", 1)[1].decode())
+    bootstrap = os.path.expanduser(BOOTSTRAP_CONFIG)
+    return bootstrap if os.path.isfile(bootstrap) else None
+
+
+def _declared_from_autoscaling_config() -> dict[str, float] | None:
+    path = autoscaling_config_path()
+    if not path:
+        return None
+    try:
+        import yaml  # JSON is YAML too
+
+        with open(path) as handle:
+            return declared_max_resources(yaml.safe_load(handle) or {})
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as error:
+        logger.warning("could not read the autoscaler config %s: %s", path, error)
+        return None
+
+
+def cluster_capacity() -> dict[str, float]:
+    """What the cluster can grow to: on an autoscaling cluster its declared max, else the
+    resources present now.
+
+    The declared max is what the GCS holds (clusters that report their config, as Ray
+    Train reads it), else the autoscaler config itself (:func:`autoscaling_config_path`).
+    Pools and sweeps sized from this ask for what they can use and let the autoscaler add
+    the nodes; sized from ``ray.cluster_resources()`` at launch, they would stay on the
+    head of a cluster whose workers start at 0.
     """
     present = ray.cluster_resources()
     try:
         declared = ray._private.state.state.get_max_resources_from_cluster_config()
-    except Exception:  # an older GCS or no autoscaler state: the present is all there is
-        logger.debug("no autoscaler cluster config", exc_info=True)
+    except Exception:  # an older GCS or no autoscaler state
+        logger.debug("no autoscaler cluster config in the GCS", exc_info=True)
         declared = None
-    return merge_capacity(present, declared)
+    return merge_capacity(present, declared or _declared_from_autoscaling_config())
 
 
 POOL_LIMIT = 1024

@@ -157,3 +157,17 @@ def test_bad_node_config_fails_the_ec2_model() -> None:
     )
     with pytest.raises(ParamValidationError):
         validate_parameters({**node_config, "MinCount": 1, "MaxCount": 1}, shape)
+
+
+def test_declared_resources_let_santa_size_pools_by_what_the_cluster_can_grow_to(config) -> None:
+    """Worker types state their CPUs and GPUs, so that ``cluster_capacity`` (which reads
+    the autoscaler's config on the head) sees the GPU workers before any is up."""
+    from santa.ray_utils import declared_max_resources
+
+    declared = declared_max_resources(config)
+    types = config["available_node_types"]
+    workers = [node for name, node in types.items() if name != config["head_node_type"]]
+    assert all(node["resources"].get("CPU") for node in workers)
+    expected_gpus = sum(node["max_workers"] * node["resources"].get("GPU", 0) for node in workers)
+    assert declared["GPU"] == expected_gpus >= 1
+    assert declared["CPU"] > types[config["head_node_type"]]["resources"]["CPU"]

@@ -74,3 +74,22 @@ def test_long_lived_drivers_go_to_the_head_resource(ray_cluster) -> None:
     )
     placed = [Where.options(resources=head_placement()).remote() for _ in range(3)]
     assert {ray.get(actor.node.remote()) for actor in placed} == {head_id}
+
+
+def test_declared_max_from_an_autoscaler_config() -> None:
+    from santa.ray_utils import declared_max_resources
+
+    config = {
+        "max_workers": 3,
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"resources": {"CPU": 4, "head": 1, "GPU": 0}, "max_workers": 0},
+            "gpu": {"resources": {"CPU": 8, "GPU": 1}, "min_workers": 0, "max_workers": 2},
+            "spot": {"resources": {"CPU": 16}, "min_workers": 0, "max_workers": 4},
+        },
+    }
+    declared = declared_max_resources(config)
+    # per type: 4 + 2×8 + 4×16 = 84 CPUs, but at most 3 workers: 4 + 3×16 = 52
+    assert declared == {"CPU": 52.0, "GPU": 2.0, "head": 1.0}
+    del config["max_workers"]
+    assert declared_max_resources(config)["CPU"] == 84.0
