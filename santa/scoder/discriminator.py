@@ -88,7 +88,10 @@ class Discriminator(nn.Module):
             return_offsets_mapping=True,
         )["offset_mapping"]
         # The first text cut at its last kept token: the pair encoder then only shortens y.
-        firsts = [text[: offsets[-1][1]] if offsets else text for text, offsets in zip(firsts, cut)]
+        firsts = [
+            text[: offsets[-1][1]] if offsets else text
+            for text, offsets in zip(firsts, cut, strict=True)
+        ]
         return dict(
             self.tokenizer(
                 firsts,
