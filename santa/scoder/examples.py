@@ -137,3 +137,8 @@ def read_listwise(uri: str) -> pa.Table:
         filesystem, path = storage.resolve(file_uri)
         tables.append(pq.read_table(path, filesystem=filesystem))
     return pa.concat_tables(tables)
+
+
+def pair_kinds(data_uri: str) -> set[str]:
+    """The pair kinds of the training pairs under ``data_uri``."""
+    return {kind for _, _, _, kind in _pair_rows(data_uri)}
