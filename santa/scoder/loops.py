@@ -318,7 +318,7 @@ class _DualWorker(_Worker):
         self.teacher.to(self.device)
         width = len(rows["candidates"][0])
         scores = torch.empty(len(rows["query"]), width, device=self.device)
-        with torch.inference_mode():
+        with torch.no_grad():  # a constant for G_θ (no_grad: the result enters the loss)
             for kind, model in self.teacher.by_kind.items():
                 index = [i for i, k in enumerate(rows["kind"]) if k == kind]
                 if index:
@@ -328,7 +328,7 @@ class _DualWorker(_Worker):
                         max_first=self.config.train.max_query_length,
                         max_length=pair_length(self.config),
                     ).float()
-        return scores.clone()  # out of inference mode, to enter the loss
+        return scores
 
     def step(self, rows: dict[str, list]) -> dict[str, float]:
         train = self.config.train
