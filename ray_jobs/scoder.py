@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name):
             setattr(args, name, storage.absolute(getattr(args, name)))
     config = scoder_config(args)  # fail fast, before Ray
+    pairs = storage.join(args.data, "data")
+    if not storage.list_files(pairs, suffixes=(".parquet",)):
+        raise FileNotFoundError(f"no Parquet pairs under {pairs} (ray_jobs.preprocess output)")
     run_uri = storage.join(args.storage, args.name)
     with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)

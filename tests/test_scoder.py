@@ -176,3 +176,23 @@ def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs
     assert storage.exists(third["dual_encoder"])
     report = json.loads((run / "report.json").read_text())
     assert [m["iteration"] for m in report["iterations"]] == [1, 2, 3]
+
+
+def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
+    from ray_jobs import scoder
+
+    base = ["--storage", str(tmp_path / "runs"), "--name", "bad"]
+    assert scoder.main(["--data", str(tmp_path / "missing"), *base]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: ") and str(tmp_path / "missing" / "data") in line
+    (tmp_path / "empty" / "data").mkdir(parents=True)
+    assert scoder.main(["--data", str(tmp_path / "empty"), *base]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"santa: error: no Parquet pairs under {tmp_path / 'empty' / 'data'} "
+        "(ray_jobs.preprocess output)"
+    ]
+    bad_lambda = ["--data", str(tmp_path), *base, "--set", "scoder.adversarial_weight=1.5"]
+    assert scoder.main(bad_lambda) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["santa: error: ScoderConfig.adversarial_weight must be in [0, 1], got 1.5"]
+    assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
