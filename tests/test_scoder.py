@@ -89,7 +89,74 @@ def test_score_summary_is_heldout_accuracy_and_entropy():
     assert summary["soft_label_entropy"] < math.log(2)
 
 
+def test_dual_encoder_scores_each_query_against_its_own_candidates():
+    import torch
+
+    from santa.losses import similarity_scores
+    from santa.scoder.loops import own_candidate_scores
+
+    queries = torch.randn(3, 5)
+    candidates = torch.randn(3, 4, 5)  # 3 queries × (positive + 3 negatives)
+    every = similarity_scores(queries, candidates.reshape(12, 5))  # (3, 12)
+    own = own_candidate_scores(every, 4)
+    expected = torch.einsum("bd,bcd->bc", queries, candidates)
+    assert own.shape == (3, 4) and torch.allclose(own, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="expected 3 × 5"):
+        own_candidate_scores(every, 5)
+
+
 # ----------------------------------------------------------------------- on Ray
+
+
+def test_offline_soft_labels_are_the_discriminators_scores(ray_cluster, tmp_path):
+    """The Ray Data actor pool writes, per example, what D_φ / D_ψ score in-process."""
+    import torch
+
+    from santa.model import DualEncoder
+    from santa.recipes import get_recipe
+    from santa.scoder.discriminator import Discriminator, DiscriminatorPair
+    from santa.scoder.soft_labels import write_soft_labels
+    from santa.tokenizer import train_tokenizer
+
+    texts = [row["query"] for row in stdlib_pair_rows()[:20]]
+    codes = [row["document"] for row in stdlib_pair_rows()[:20]]
+    tokenizer = train_tokenizer(texts + codes, vocab_size=600)
+    backbone = str(tmp_path / "backbone")
+    DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer).save_pretrained(backbone)
+    pair = DiscriminatorPair(
+        {
+            "text_code": Discriminator.from_backbone(backbone, seed=1),
+            "code_code": Discriminator.from_backbone(backbone, seed=2),
+        }
+    )
+    pair.save_pretrained(str(tmp_path / "discriminators"))
+    rows = [
+        {
+            "query_id": f"q{i}",
+            "kind": "code_code" if i % 3 == 0 else "text_code",
+            "query": codes[i][:80] if i % 3 == 0 else texts[i],
+            "candidates": [codes[i], codes[(i + 1) % 20], codes[(i + 2) % 20]],
+            "heldout": i % 4 == 0,
+        }
+        for i in range(20)
+    ]
+    write_listwise(rows, str(tmp_path / "examples"))
+    write_soft_labels(
+        str(tmp_path / "examples"),
+        str(tmp_path / "discriminators"),
+        str(tmp_path / "soft"),
+        max_first=16,
+        max_length=64,
+    )
+    scored = read_listwise(str(tmp_path / "soft")).to_pylist()
+    assert sorted(row["query_id"] for row in scored) == sorted(row["query_id"] for row in rows)
+    pair.eval()
+    for row in scored:
+        with torch.no_grad():
+            expected = pair.by_kind[row["kind"]].score_lists(
+                [row["query"]], [row["candidates"]], max_first=16, max_length=64
+            )[0]
+        assert torch.allclose(torch.tensor(row["scores"]), expected, atol=1e-4)
 
 
 def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:

@@ -46,7 +46,14 @@ from santa.train.state import (
     seed_everything,
 )
 
-__all__ = ["STAGES", "StageSpec", "fit_stage", "listwise_entropy", "stage_loop_per_worker"]
+__all__ = [
+    "STAGES",
+    "StageSpec",
+    "fit_stage",
+    "listwise_entropy",
+    "own_candidate_scores",
+    "stage_loop_per_worker",
+]
 
 DISCRIMINATORS = "discriminators"
 DUAL_ENCODER = "dual_encoder"
@@ -333,7 +340,7 @@ class _DualWorker(_Worker):
     def step(self, rows: dict[str, list]) -> dict[str, float]:
         train = self.config.train
         queries, candidates = rows["query"], rows["candidates"]
-        batch, width = len(queries), len(candidates[0])
+        width = len(candidates[0])
         encoded_queries = self.model.tokenize(queries, train.max_query_length, "max_length")
         encoded_documents = self.model.tokenize(
             [text for row in candidates for text in row], train.max_document_length, "max_length"
@@ -346,8 +353,7 @@ class _DualWorker(_Worker):
             document_attention_mask=encoded_documents["attention_mask"].to(self.device),
         )
         every = self.model.similarity(output.query_embeddings, output.doc_embeddings)
-        rows_index = torch.arange(batch, device=every.device)
-        scores = every.reshape(batch, batch, width)[rows_index, rows_index]  # (batch, 1 + n)
+        scores = own_candidate_scores(every, width)  # (batch, 1 + n)
         weight = self.config.scoder.adversarial_weight
         loss = soft_labeled_loss(scores, teacher, adversarial_weight=weight)
         self.optimizer.zero_grad(set_to_none=True)
@@ -381,6 +387,16 @@ class _DualWorker(_Worker):
 
     def load(self, directory: str) -> dict[str, Any]:
         return load_training_state(directory, self.model, self.optimizer, self.scheduler)
+
+
+def own_candidate_scores(every: torch.Tensor, width: int) -> torch.Tensor:
+    """Each query's scores against its own candidates: ``(batch, batch * width)`` scores of
+    every query against all candidates (query-major, ``width`` each) → ``(batch, width)``."""
+    batch = every.shape[0]
+    if every.shape[1] != batch * width:
+        raise ValueError(f"expected {batch} × {width} candidates, got {every.shape[1]}")
+    rows = torch.arange(batch, device=every.device)
+    return every.reshape(batch, batch, width)[rows, rows]
 
 
 def pair_length(config: SantaConfig) -> int:
