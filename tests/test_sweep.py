@@ -270,3 +270,42 @@ def test_scoder_objective_sweeps_the_adversarial_weight_in_0_1():
     args.lambda_range = [0.0, 1.5]
     with pytest.raises(ValueError, match=r"within \[0, 1\]"):
         sweep.search_space(args, config, {"lambda_field": field, "objective": "scoder"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
+    ray_cluster, data, tmp_path, capsys
+):
+    """A ``--objective scoder`` trial is a whole SCodeR run reporting dev MRR per iteration;
+    best.json records its λ as ``scoder.adversarial_weight`` and its dual encoder."""
+    args = sweep_args(
+        data,
+        tmp_path,
+        "scoder-sweep",
+        "--recipe",
+        "tiny-scoder",
+        "--objective",
+        "scoder",
+        "--num-samples",
+        "1",
+        "--max-steps",
+        "2",
+        "--scheduler",
+        "fifo",
+        "--set",
+        "scoder.iterations=1",
+        "--set",
+        "scoder.max_pair_length=112",
+    )
+    args += ["--address", ray_cluster.address]
+    assert sweep.main(args) == 0
+    root = tmp_path / "scoder-sweep"
+    best = json.loads((root / "best.json").read_text())
+    assert best["objective"] == "scoder" and best["step"] == 1
+    assert best["lambda_field"] == "scoder.adversarial_weight" and 0 <= best["lambda"] <= 1
+    assert best["config"]["santa"]["scoder"]["adversarial_weight"] == best["lambda"]
+    run = root / "runs" / f"scoder-sweep-{best['trial_id']}"
+    manifest = json.loads((run / "iter-1" / "manifest.json").read_text())
+    assert best["checkpoint"] == manifest["dual_encoder"] and Path(best["checkpoint"]).is_dir()
+    assert manifest["metrics"]["dev_mrr"] == best["value"]

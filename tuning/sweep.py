@@ -124,46 +124,14 @@ def train_trial(params: dict[str, Any]) -> None:
     config = trial_config(params)
     trial_id = tune.get_context().get_trial_id()
     if sweep.get("objective") == "scoder":
+        from tuning.scoder_trial import train_scoder_trial
+
         train_scoder_trial(config, sweep, run_name(sweep["name"], trial_id))
         return
     spec = RunSpec(**sweep["run"], name=run_name(sweep["name"], trial_id))
     result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
     if result.error is not None:
         raise result.error
-
-
-def train_scoder_trial(config: SantaConfig, sweep: dict[str, Any], name: str) -> None:
-    """One SCodeR trial: Algorithm 2 (``ray_jobs.scoder``), reporting dev MRR to Tune after
-    every iteration (``step`` counts iterations, so ASHA stops trials between them)."""
-    from ray import tune
-
-    from ray_jobs.scoder import run_algorithm
-
-    run = sweep["run"]
-
-    def report(manifest: dict[str, Any]) -> None:
-        metrics = manifest["metrics"]
-        if sweep["metric"] not in metrics:
-            raise ValueError(f"iteration {metrics['iteration']} reported no {sweep['metric']}")
-        tune.report(
-            {
-                sweep["metric"]: metrics[sweep["metric"]],
-                TIME_ATTR: metrics["iteration"],
-                "checkpoint_path": manifest["dual_encoder"],
-                **{k: v for k, v in metrics.items() if isinstance(v, int | float)},
-            }
-        )
-
-    run_algorithm(
-        config,
-        data=run["data"],
-        run_uri=storage.join(run["storage"], name),
-        recipe=sweep.get("recipe", ""),
-        eval_data=run["eval_data"],
-        eval_split=run["eval_split"],
-        cpus_per_worker=run["cpus_per_worker"],
-        on_iteration=report,
-    )
 
 
 # --------------------------------------------------------------------------- sizing
