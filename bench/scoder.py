@@ -46,8 +46,8 @@ from santa.train.trainer import RunSpec, fit  # noqa: E402
 PHASES = ("mine_s", "examples_s", "discriminators_s", "soft_labels_s", "dual_encoder_s")
 
 
-def build_corpus(work: Path, max_files: int) -> tuple[str, str]:
-    """Standard-library pairs (train split, with ASST) and the test split as BEIR."""
+def build_corpus(work: Path, max_files: int) -> tuple[str, str, dict[str, int]]:
+    """Standard-library pairs (train split, with ASST), the test split as BEIR, and sizes."""
     tree = work / "stdlib"
     tree.mkdir()
     files = sorted(Path(default_source_root()).glob("*.py"))
@@ -59,8 +59,14 @@ def build_corpus(work: Path, max_files: int) -> tuple[str, str]:
         PreprocessConfig(output=pairs, stage="finetune", split="train", asst=True, **common)
     )
     print(f"pairs: {report['rows_written']:,} code, {report['asst']['written']:,} ASST", flush=True)
-    run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **common))
-    return pairs, test
+    heldout = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **common))
+    sizes = {
+        "code_pairs": report["rows_written"],
+        "asst_pairs": report["asst"]["written"],
+        "stdlib_test_queries": heldout["rows_written"],
+    }
+    print(f"held-out test functions: {sizes['stdlib_test_queries']:,}", flush=True)
+    return pairs, test, sizes
 
 
 def mrr(model: str, beir: str, split: str) -> float:
@@ -87,7 +93,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="santa-scoder-bench-"))
     print(init_ray(), flush=True)
     started = time.time()
-    pairs, test = build_corpus(work, args.max_files)
+    pairs, test, sizes = build_corpus(work, args.max_files)
     cosqa = str(work / "cosqa")
     write_cosqa_beir(args.cosqa, cosqa)
     corpus_s = time.time() - started
@@ -158,6 +164,7 @@ def main() -> int:
         "steps_per_stage": args.steps,
         "iterations": args.iterations,
         "soft_labels": args.soft_labels,
+        "corpus": sizes,
         "results": results,
         "per_iteration": report["iterations"],
         "seconds": {
