@@ -434,7 +434,7 @@ def read_listwise_dataset(uri: str):
     context = ray.data.DataContext.get_current()
     use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
     try:  # see santa.train.data: the V2 reader's listing task asks a whole CPU
-        return ray.data.read_parquet(root, ray_remote_args={"num_cpus": DATA_TASK_CPUS})
+        return ray.data.read_parquet(root, num_cpus=DATA_TASK_CPUS)
     finally:
         context.use_datasource_v2 = use_v2
 
