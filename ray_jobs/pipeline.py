@@ -283,8 +283,13 @@ def train_stage(
     }
 
 
-def mine_negatives(model_uri: str, data: str, output: str, config: SantaConfig) -> str:
-    """The ANCE step: top-K with the fine-tuned model, positives removed, ``n`` sampled."""
+def mine_negatives(
+    model_uri: str, data: str, output: str, config: SantaConfig, *, label: str = "ance"
+) -> str:
+    """The ANCE step: top-K with the fine-tuned model, positives removed, ``n`` sampled.
+
+    Also SCodeR's refresh of the top-K negatives (``ray_jobs.scoder``; ``label`` names the
+    step in the progress line)."""
     from santa.checkpoints import load_model
     from santa.negatives.miner import MinerSettings, refresh_table
     from santa.negatives.mining import load_mining_corpus
@@ -295,7 +300,7 @@ def mine_negatives(model_uri: str, data: str, output: str, config: SantaConfig) 
     corpus = load_mining_corpus(data)
     settings = MinerSettings.from_config(config)
     print(
-        f"[ance] mining {settings.hard_negatives_per_query} negative(s) per query for "
+        f"[{label}] mining {settings.hard_negatives_per_query} negative(s) per query for "
         f"{len(corpus.queries):,} queries among {len(corpus.documents):,} documents "
         f"(top {settings.negatives_top_k}) with {model_uri}",
         flush=True,

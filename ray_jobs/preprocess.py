@@ -50,6 +50,11 @@ def parse_args(
     parser.add_argument("--locale", default="us")
     parser.add_argument("--skip-tests", action="store_true", help="source: skip test directories")
     parser.add_argument(
+        "--asst",
+        action="store_true",
+        help="code: also write ASST code–code pairs (kind asst, SCodeR) beside the pairs",
+    )
+    parser.add_argument(
         "--max-actors",
         type=int,
         default=0,
@@ -71,6 +76,8 @@ def parse_args(
         if args.dataset != "source":
             parser.error("--input is required for this dataset")
         args.input = default_source_root()
+    if args.asst and (args.dataset == "esci" or args.stage == "eval"):
+        parser.error("--asst makes code–code training pairs: a code dataset, not --stage eval")
     if args.dataset == COSQA:
         if args.stage not in ("pretrain", "eval"):
             parser.error("cosqa is an evaluation set: use --stage eval")
@@ -87,6 +94,7 @@ def parse_args(
         esci_version=args.esci_version,
         locale=args.locale,
         skip_tests=args.skip_tests,
+        asst=args.asst,
         max_actors=args.max_actors,
         batch_size=args.batch_size,
     )
@@ -125,6 +133,10 @@ def format_report(report: dict) -> str:
         lines.append(f"filtered {reason:<22}{count:>10,}")
     for language, ratio in report["entity_ratio"].items():
         lines.append(f"entity ratio {language:<18}{ratio:>10.3f}")
+    if "asst" in report:
+        lines.append(f"asst pairs    {report['asst']['written']:>10,}")
+        for reason, count in report["asst"]["skipped"].items():
+            lines.append(f"asst skipped {reason:<18}{count:>10,}")
     lines.append(f"wall time     {report['wall_time_s']:>10.1f} s")
     if "beir" in report:
         lines.append("BEIR " + json.dumps(report["beir"]))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "SantaConfig", "TrainConfig"]
+__all__ = ["ModelConfig", "SantaConfig", "ScoderConfig", "TrainConfig"]
 
 TINY_BACKBONE = "tiny"
 MODEL_KINDS = ("t5", "encoder")
@@ -27,6 +27,8 @@ SIMILARITIES = ("dot", "cosine")
 PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 COMPILE_MODES = ("gpu", "always", "never")
+SOFT_LABEL_MODES = ("offline", "online")
+SECTIONS = ("model", "train", "scoder")
 
 
 def _fail(message: str) -> None:
@@ -345,6 +347,98 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScoderConfig:
+    """SCodeR's soft-labeled training (Algorithm 2): iterations, discriminators, λ.
+
+    Used by ``ray_jobs.scoder`` only; the dual encoder's own settings (backbone, batch,
+    learning rate, lengths, similarity) are the ``model`` and ``train`` sections. The
+    discriminators share the backbone and the global batch size of the dual encoder.
+    """
+
+    iterations: int = 4
+    """I in Algorithm 2: rounds of mine → train discriminators → train the dual encoder."""
+
+    adversarial_weight: float = 0.2
+    """λ in ``L = λ·L_adv + (1 − λ)·L_distill`` (Eq. 10; 0.2 in the paper's Table 7)."""
+
+    negatives_per_query: int = 7
+    """Hard negatives X⁻ scored with each positive (the paper's "negative size")."""
+
+    negatives_top_k: int = 100
+    """K: the dual encoder's top-K hits (positives removed) the negatives come from."""
+
+    negatives_pool: int = 30
+    """Negatives kept per query from the top K; every stage samples its X⁻ from them."""
+
+    discriminator_learning_rate: float = 1e-5
+    """Peak AdamW learning rate of the discriminators."""
+
+    discriminator_steps: int | None = None
+    """Discriminator steps per iteration; ``None``: one pass over the examples."""
+
+    dual_encoder_steps: int | None = None
+    """Dual-encoder steps per iteration; ``None``: one pass over the examples."""
+
+    warmup_steps: int | None = None
+    """Steps of the in-batch-negative warm-up; ``None``: ``train.max_steps`` or its epochs."""
+
+    max_pair_length: int | None = None
+    """Tokens of a discriminator's ``[x; y]`` input; ``None``: query + document lengths."""
+
+    soft_labels: str = "offline"
+    """``offline``: discriminator scores precomputed into Parquet with Ray Data (saves
+    accelerator memory, the paper's Limitations); ``online``: the training workers run the
+    discriminators, without gradient, on every batch."""
+
+    heldout_fraction: float = 0.1
+    """Share of the examples the discriminators never train on (their held-out accuracy)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            self,
+            "iterations",
+            "negatives_per_query",
+            "negatives_top_k",
+            "negatives_pool",
+            "discriminator_learning_rate",
+            "discriminator_steps",
+            "dual_encoder_steps",
+            "warmup_steps",
+            "max_pair_length",
+        )
+        if not 0.0 <= self.adversarial_weight <= 1.0:
+            _fail(
+                f"ScoderConfig.adversarial_weight must be in [0, 1], got {self.adversarial_weight}"
+            )
+        if self.negatives_pool < self.negatives_per_query:
+            _fail(
+                f"ScoderConfig.negatives_pool={self.negatives_pool} must be at least "
+                f"negatives_per_query={self.negatives_per_query}"
+            )
+        if self.negatives_top_k < self.negatives_pool:
+            _fail(
+                f"ScoderConfig.negatives_top_k={self.negatives_top_k} must be at least "
+                f"negatives_pool={self.negatives_pool}"
+            )
+        if self.soft_labels not in SOFT_LABEL_MODES:
+            _fail(
+                f"ScoderConfig.soft_labels must be one of {SOFT_LABEL_MODES}, "
+                f"got {self.soft_labels!r}"
+            )
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            _fail(f"ScoderConfig.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ScoderConfig:
+        """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
+        return _from_dict(cls, values)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SantaConfig:
     """A whole run's config: the model and how to train it."""
 
@@ -353,6 +447,9 @@ class SantaConfig:
 
     train: TrainConfig = field(default_factory=TrainConfig)
     """Stage, optimisation, batch and loss weights."""
+
+    scoder: ScoderConfig = field(default_factory=ScoderConfig)
+    """SCodeR's soft-labeled training (``ray_jobs.scoder`` only)."""
 
     def __post_init__(self) -> None:
         if self.model.kind != "t5" and self.train.uses_mep:
@@ -374,18 +471,24 @@ class SantaConfig:
             object.__setattr__(self, "model", model)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"model": {...}, "train": {...}}`` of plain values."""
-        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+        """Return ``{"model": {...}, "train": {...}, "scoder": {...}}`` of plain values."""
+        return {
+            "model": self.model.to_dict(),
+            "train": self.train.to_dict(),
+            "scoder": self.scoder.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SantaConfig:
         """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
-        unknown = set(values) - {"model", "train"}
+        unknown = set(values) - set(SECTIONS)
         if unknown:
-            _fail(f"unknown SantaConfig keys {sorted(unknown)}; expected 'model' and 'train'")
+            _fail(f"unknown SantaConfig keys {sorted(unknown)}; expected {', '.join(SECTIONS)}")
         return cls(
             model=ModelConfig.from_dict(values.get("model", {})),
             train=TrainConfig.from_dict(values.get("train", {})),
+            # Checkpoints from before SCodeR have no such section.
+            scoder=ScoderConfig.from_dict(values.get("scoder", {})),
         )
 
     def with_overrides(self, overrides: Iterable[str]) -> SantaConfig:
@@ -394,14 +497,14 @@ class SantaConfig:
         Values are parsed by the field's type: ``true``/``false`` for booleans, ``none``
         for optional fields, numbers in any Python form (``1e-4``, ``128``).
         """
-        changes: dict[str, dict[str, Any]] = {"model": {}, "train": {}}
+        changes: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
         for override in overrides:
             key, separator, raw_value = override.partition("=")
             section, dot, name = key.strip().partition(".")
             if not separator or not dot:
                 _fail(f"override {override!r} must look like 'train.learning_rate=1e-4'")
             if section not in changes:
-                _fail(f"override {override!r}: section must be 'model' or 'train'")
+                _fail(f"override {override!r}: section must be one of {', '.join(SECTIONS)}")
             section_class = type(getattr(self, section))
             types_by_name = typing.get_type_hints(section_class)
             field_names = [f.name for f in dataclasses.fields(section_class)]
@@ -411,6 +514,7 @@ class SantaConfig:
         return SantaConfig(
             model=dataclasses.replace(self.model, **changes["model"]),
             train=dataclasses.replace(self.train, **changes["train"]),
+            scoder=dataclasses.replace(self.scoder, **changes["scoder"]),
         )
 
 

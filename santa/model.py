@@ -429,7 +429,7 @@ class DualEncoder(nn.Module):
             payload: dict[str, Any] = {"model": self.model_config.to_dict()}
         else:
             # The model section is this model's config, whatever the run config said.
-            payload = SantaConfig(model=self.model_config, train=santa_config.train).to_dict()
+            payload = dataclasses.replace(santa_config, model=self.model_config).to_dict()
         text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
         (Path(directory) / SANTA_CONFIG_FILE).write_text(text)
         if self.projection is not None:

@@ -108,3 +108,43 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     modes = [r["mode"] for r in result["results"]]
     assert len(modes) == 2 and all(r["pairs_per_s"] > 0 for r in result["results"])
     assert result["worker_rss_mb"]["tiny"] > 0
+
+
+def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
+    output = tmp_path / "scoder.json"
+    stdout = run_bench(
+        "scoder.py",
+        "--cosqa",
+        str(shared_fixtures / "cosqa" / "cosqa-dev.json"),
+        "--recipe",
+        "tiny-scoder",
+        "--warmup-steps",
+        "4",
+        "--steps",
+        "4",
+        "--iterations",
+        "1",
+        "--batch",
+        "8",
+        "--max-files",
+        "25",
+        "--set",
+        "train.max_query_length=24",
+        "--set",
+        "train.max_document_length=96",
+        "--set",
+        "scoder.max_pair_length=112",
+        "--set",
+        "model.tiny_vocab_size=2000",
+        "--output",
+        str(output),
+        timeout=1500,
+    )
+    result = json.loads(output.read_text())
+    assert set(result["results"]) == {"warm-up", "in-batch, same steps", "scoder"}
+    for row in result["results"].values():
+        assert 0 <= row["cosqa_mrr@100"] <= 1 and 0 <= row["stdlib_mrr@100"] <= 1
+    (iteration,) = result["per_iteration"]
+    assert 0 <= iteration["heldout_accuracy_text_code"] <= 1
+    assert all(iteration[key] > 0 for key in ("mine_s", "discriminators_s", "dual_encoder_s"))
+    assert "seconds per iteration" in stdout

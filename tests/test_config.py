@@ -148,7 +148,7 @@ def test_overrides_switching_to_an_encoder_baseline() -> None:
     [
         ("train.learning_rate", "must look like"),
         ("learning_rate=1", "must look like"),
-        ("optim.learning_rate=1", "section must be 'model' or 'train'"),
+        ("optim.learning_rate=1", "section must be one of model, train, scoder"),
         ("train.lr=1", "unknown field"),
         ("train.global_batch_size=big", "expected int"),
         ("train.use_gpu=maybe", "expected true or false"),

@@ -433,3 +433,36 @@ def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
     assert 2 <= len(files) <= -(-written // 40)  # files of 40 rows or more, but the last
     counts = [pq.read_metadata(f).num_rows for f in files]
     assert sum(count < 40 for count in counts) <= 1  # only the last file may be short
+
+
+def test_asst_option_writes_code_code_pairs_beside_the_pairs(csn_root, tmp_path):
+    """``asst=True``: one ASST pair (kind ``asst``) per code pair with a selectable sub-tree,
+    in the same data folder; the span put back into its context is the function again."""
+    from santa.data.kinds import ASST, CODE_PAIR
+
+    root, _ = csn_root
+    config = PreprocessConfig(
+        dataset="codesearchnet", input=str(root), output=str(tmp_path), asst=True
+    )
+    report = run_preprocess(config)
+    table = read_pairs(str(tmp_path))
+    assert table.schema.names == PAIR_SCHEMA.names
+    rows = table.to_pylist()
+    code = {row["doc_id"]: row for row in rows if row["kind"] == CODE_PAIR}
+    asst = [row for row in rows if row["kind"] == ASST]
+    assert len(code) == report["rows_written"]
+    assert len(asst) == report["asst"]["written"] == report["by_kind"]["asst"] > 0
+    assert len(asst) + sum(report["asst"]["skipped"].values()) == len(code)
+    # The generated one-statement functions of the other languages are mostly too short.
+    assert "python" in {row["language"] for row in asst}
+    assert set(report["asst"]["skipped"]) <= {"no_subtree", "unparsable_code"}
+    for row in asst:
+        source = code[row["doc_id"].removesuffix("#asst")]
+        assert row["query"] and row["document"] and row["query"] in source["document"]
+        start = source["document"].index(row["query"])
+        rebuilt = row["document"][:start] + row["query"] + row["document"][start:]
+        assert rebuilt == source["document"]
+    # A rerun replaces the ASST files instead of adding to them; same seed, same pairs.
+    run_preprocess(config)
+    again = [r for r in read_pairs(str(tmp_path)).to_pylist() if r["kind"] == ASST]
+    assert sorted(r["id"] for r in again) == sorted(r["id"] for r in asst)

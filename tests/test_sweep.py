@@ -232,3 +232,80 @@ def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_p
     assert len([uri for uri in files if "events.out.tfevents" in uri]) >= 2
     for run in Path("~/santa-runs").expanduser().glob(f"{name}-*"):
         shutil.rmtree(run)  # the trainer's own TensorBoard of S3 runs is kept locally
+
+
+def test_scoder_objective_sweeps_the_adversarial_weight_in_0_1():
+    """``--objective scoder``: λ is SCodeR's weight (Eq. 10), sampled in [0, 1], every stage
+    of Algorithm 2 gets the step budget, and a trial's config carries the sampled λ."""
+    from ray.tune.search.sample import Float
+
+    base_argv = ["--recipe", "tiny-scoder", "--data", "d", "--eval-data", "e"]
+    args = sweep.build_parser().parse_args(
+        [*base_argv, "--storage", "s", "--objective", "scoder", "--max-steps", "5"]
+    )
+    config = sweep.base_config(args)
+    assert sweep.objective(config, "scoder") == "scoder"
+    assert sweep.objective(config) == "dr"  # auto never guesses SCodeR
+    field = sweep.lambda_field(config, "scoder")
+    assert field == "scoder.adversarial_weight"
+    assert (
+        config.scoder.warmup_steps
+        == config.scoder.discriminator_steps
+        == config.scoder.dual_encoder_steps
+        == 5
+    )
+    space = sweep.search_space(
+        args, config, {"lambda_field": field, "objective": "scoder", "santa": config.to_dict()}
+    )
+    assert isinstance(space["lambda"], Float)
+    assert (space["lambda"].lower, space["lambda"].upper) == (0.0, 1.0)
+    params = {
+        "lr": 3e-4,
+        "lambda": 0.7,
+        "sweep": {"santa": config.to_dict(), "lambda_field": field, "objective": "scoder"},
+    }
+    trial = sweep.trial_config(params)
+    assert trial.scoder.adversarial_weight == 0.7 and trial.train.learning_rate == 3e-4
+    assert trial.train.mep_weight == config.train.mep_weight  # SANTA's λ untouched
+    args.lambda_range = [0.0, 1.5]
+    with pytest.raises(ValueError, match=r"within \[0, 1\]"):
+        sweep.search_space(args, config, {"lambda_field": field, "objective": "scoder"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
+    ray_cluster, data, tmp_path, capsys
+):
+    """A ``--objective scoder`` trial is a whole SCodeR run reporting dev MRR per iteration;
+    best.json records its λ as ``scoder.adversarial_weight`` and its dual encoder."""
+    args = sweep_args(
+        data,
+        tmp_path,
+        "scoder-sweep",
+        "--recipe",
+        "tiny-scoder",
+        "--objective",
+        "scoder",
+        "--num-samples",
+        "1",
+        "--max-steps",
+        "2",
+        "--scheduler",
+        "fifo",
+        "--set",
+        "scoder.iterations=1",
+        "--set",
+        "scoder.max_pair_length=112",
+    )
+    args += ["--address", ray_cluster.address]
+    assert sweep.main(args) == 0
+    root = tmp_path / "scoder-sweep"
+    best = json.loads((root / "best.json").read_text())
+    assert best["objective"] == "scoder" and best["step"] == 1
+    assert best["lambda_field"] == "scoder.adversarial_weight" and 0 <= best["lambda"] <= 1
+    assert best["config"]["santa"]["scoder"]["adversarial_weight"] == best["lambda"]
+    run = root / "runs" / f"scoder-sweep-{best['trial_id']}"
+    manifest = json.loads((run / "iter-1" / "manifest.json").read_text())
+    assert best["checkpoint"] == manifest["dual_encoder"] and Path(best["checkpoint"]).is_dir()
+    assert manifest["metrics"]["dev_mrr"] == best["value"]

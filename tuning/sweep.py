@@ -54,23 +54,32 @@ TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 128 * 1024**2}
 read task no longer fits in the 0.99 CPU left): ask for a little memory instead."""
 
 # The weight λ of each training objective, as a santa config field; None: it has none.
-# (SCodeR's adversarial weight will map here once the soft-label objective exists.)
 LAMBDA_FIELDS: dict[str, str | None] = {
     "santa": "train.mep_weight",  # L = L_SDA + λ·L_MEP
     "dr": None,  # SDA/DR contrastive loss only: encoder-only backbones, fine-tuning
+    "scoder": "scoder.adversarial_weight",  # L = λ·L_adv + (1 − λ)·L_distill (SCodeR Eq. 10)
 }
+OBJECTIVES = ("auto", *LAMBDA_FIELDS)
+# λ's range when --lambda-range is not given; SCodeR's λ mixes two losses: [0, 1].
+DEFAULT_LAMBDA_RANGES = {"santa": (0.0, 2.0), "dr": (0.0, 2.0), "scoder": (0.0, 1.0)}
 
 
-def objective(config: SantaConfig) -> str:
-    """Which objective ``config`` trains: ``santa`` (SDA + λ·MEP) or ``dr`` (no λ)."""
+def objective(config: SantaConfig, requested: str = "auto") -> str:
+    """Which objective a trial trains: ``requested``, or for ``auto`` what ``config`` trains
+    with santa's trainer: ``santa`` (SDA + λ·MEP) or ``dr`` (no λ). ``scoder`` (Algorithm 2,
+    ``ray_jobs.scoder``) is only ever asked for."""
+    if requested != "auto":
+        if requested not in LAMBDA_FIELDS:
+            raise ValueError(f"unknown objective {requested!r}; objectives are {OBJECTIVES}")
+        return requested
     if config.model.kind == "t5" and config.train.stage == "pretrain":
         return "santa"
     return "dr"
 
 
-def lambda_field(config: SantaConfig) -> str | None:
+def lambda_field(config: SantaConfig, requested: str = "auto") -> str | None:
     """The config field λ sweeps for this config's objective, or None when there is none."""
-    return LAMBDA_FIELDS[objective(config)]
+    return LAMBDA_FIELDS[objective(config, requested)]
 
 
 def run_name(sweep: str, trial_id: str) -> str:
@@ -114,6 +123,11 @@ def train_trial(params: dict[str, Any]) -> None:
     sweep = params["sweep"]
     config = trial_config(params)
     trial_id = tune.get_context().get_trial_id()
+    if sweep.get("objective") == "scoder":
+        from tuning.scoder_trial import train_scoder_trial
+
+        train_scoder_trial(config, sweep, run_name(sweep["name"], trial_id))
+        return
     spec = RunSpec(**sweep["run"], name=run_name(sweep["name"], trial_id))
     result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
     if result.error is not None:
@@ -226,6 +240,7 @@ def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, An
         "lr": params["lr"],
         "lambda": params.get("lambda"),
         "lambda_field": sweep.get("lambda_field"),
+        "objective": sweep.get("objective", "auto"),
         "run": run_uri,
         "sweep": sweep_root,
         "config": {
@@ -285,12 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="log-uniform learning-rate range; default: the recipe's lr / 10 to lr × 10",
     )
     parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="auto",
+        help="what λ weighs: santa (train.mep_weight), scoder (SCodeR's Algorithm 2 as the "
+        "trial, λ = scoder.adversarial_weight), dr (no λ); auto: santa or dr by the recipe",
+    )
+    parser.add_argument(
         "--lambda-range",
         nargs=2,
         type=float,
         metavar=("LOW", "HIGH"),
-        default=(0.0, 2.0),
-        help="uniform range of λ (the objective's loss weight); LOW == HIGH: fixed",
+        default=None,
+        help="uniform range of λ (the objective's loss weight); LOW == HIGH: fixed; "
+        "default 0 to 2 (scoder: 0 to 1)",
     )
     parser.add_argument(
         "--data-cpus", type=float, default=1.0, help="CPUs left to each trial's Ray Data"
@@ -305,9 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def base_config(args: argparse.Namespace) -> SantaConfig:
     """The recipe with the sweep's own settings and the user's overrides applied."""
-    config = recipe_config(
-        args, then=[f"train.max_steps={args.max_steps}"] if args.max_steps else []
-    )
+    then = [f"train.max_steps={args.max_steps}"] if args.max_steps else []
+    if args.max_steps and getattr(args, "objective", "auto") == "scoder":
+        # Every stage of Algorithm 2 gets the budget (as ray_jobs.scoder --max-steps).
+        then += [
+            f"scoder.{name}_steps={args.max_steps}"
+            for name in ("warmup", "discriminator", "dual_encoder")
+        ]
+    config = recipe_config(args, then=then)
     max_steps = config.train.max_steps
     if not max_steps:
         raise ValueError("a sweep needs a step budget: --max-steps N (ASHA's max_t)")
@@ -329,9 +357,14 @@ def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str,
         raise ValueError(f"--lr-range must satisfy 0 < LOW <= HIGH, got {low} {high}")
     space: dict[str, Any] = {"lr": tune.loguniform(low, high) if low < high else low}
     if sweep["lambda_field"]:
-        low_l, high_l = args.lambda_range
+        chosen = sweep.get("objective", "auto")
+        low_l, high_l = args.lambda_range or DEFAULT_LAMBDA_RANGES[objective(config, chosen)]
         if not 0 <= low_l <= high_l:
             raise ValueError(f"--lambda-range must satisfy 0 <= LOW <= HIGH, got {low_l} {high_l}")
+        if objective(config, chosen) == "scoder" and high_l > 1:
+            raise ValueError(
+                f"SCodeR's λ weighs two losses: --lambda-range within [0, 1], got {high_l}"
+            )
         space["lambda"] = tune.uniform(low_l, high_l) if low_l < high_l else low_l
     space["sweep"] = sweep
     return space
@@ -363,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resuming the sweep at {sweep_root} (its trials, space and limits as first set)")
         tuner = tune.Tuner.restore(sweep_root, trainable=trainable, resume_errored=True)
     else:
-        field = lambda_field(config)
+        field = lambda_field(config, args.objective)
         if field is None:
             print(
                 f"λ is not swept: the {objective(config)!r} objective of recipe "
@@ -386,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             "name": args.name,
             "metric": METRIC,
             "lambda_field": field,
+            "objective": objective(config, args.objective),
+            "recipe": args.recipe,
             "santa": config.to_dict(),
             "run": {
                 "data": storage.absolute(args.data),
@@ -402,11 +437,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
         max_steps = config.train.max_steps
+        grace = args.grace_period or config.train.eval_every
+        if sweep["objective"] == "scoder":  # a SCodeR trial reports once per iteration
+            max_steps, grace = config.scoder.iterations, args.grace_period or 1
         if args.scheduler == "asha":
             scheduler = ASHAScheduler(
                 time_attr=TIME_ATTR,
                 max_t=max_steps,
-                grace_period=min(max_steps, args.grace_period or config.train.eval_every),
+                grace_period=min(max_steps, grace),
                 reduction_factor=args.reduction_factor,
             )
         else:

@@ -8,6 +8,8 @@ Every row the preprocessing writes says what it is in its ``kind`` column:
   pretraining pair). Embeds the description alone. A description that shares no noun with
   its title has no entity to mask: the pair still trains (SDA only; its MEP target is empty
   and ignored by the loss).
+- ``asst``: a code sub-tree ↔ the rest of its function (SCodeR's ASST, Algorithm 1; a
+  code–code pair). Embeds the remaining code; the query is the cut-out sub-tree.
 - ``product_judgment``: an ESCI query → product judgment with a graded label. Embeds
   ``title + " " + text``, as evaluation embeds the BEIR corpus; only Exact judgments are
   training pairs (Substitutes and Complements are neither positives nor negatives).
@@ -24,6 +26,7 @@ from typing import Any
 from santa.data.schema import CODE_LANGUAGES, ESCI_EXACT
 
 __all__ = [
+    "ASST",
     "CODE_PAIR",
     "KINDS",
     "PRODUCT_JUDGMENT",
@@ -38,7 +41,10 @@ __all__ = [
 CODE_PAIR = "code_pair"
 PRODUCT_PRETRAIN = "product_pretrain"
 PRODUCT_JUDGMENT = "product_judgment"
-KINDS = (CODE_PAIR, PRODUCT_PRETRAIN, PRODUCT_JUDGMENT)
+ASST = "asst"
+KINDS = (CODE_PAIR, PRODUCT_PRETRAIN, PRODUCT_JUDGMENT, ASST)
+# Kinds whose query is code (SCodeR scores them with the code–code discriminator D_ψ).
+CODE_QUERY_KINDS = (ASST,)
 
 
 def row_kind(kind: str | None, dataset: str | None = None, mep_target: str | None = None) -> str:

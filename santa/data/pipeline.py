@@ -119,6 +119,9 @@ class PreprocessConfig:
     max_actors: int = 0
     """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
     options: dict[str, Any] = field(default_factory=dict)
+    asst: bool = False
+    """pretrain/finetune: also write ASST code–code pairs (kind ``asst``, SCodeR's
+    Algorithm 1) of the written code pairs beside them (``santa.data.asst_pairs``)."""
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -420,11 +423,19 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
             pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
         written = None
 
+    asst = None
+    if config.asst and config.stage != "eval":
+        from santa.data.asst_pairs import write_asst_pairs
+
+        asst = write_asst_pairs(storage.join(config.output, "data"), seed=config.seed)
     phases["write_s"] = time.time() - started - sum(phases.values())
     report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)
     report["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
     if written is not None:
         report["beir"] = written
+    if asst is not None:
+        report["asst"] = asst  # derived pairs: not in rows_read / rows_written
+        report["by_kind"]["asst"] = asst["written"]
     storage.write_json(storage.join(config.output, "report.json"), report)
     return report
 

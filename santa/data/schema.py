@@ -19,7 +19,10 @@ PAIR_SCHEMA = pa.schema(
     [
         ("id", pa.string()),  # stable id of the pair
         ("dataset", pa.string()),  # codesearchnet | advtest | esci | source
-        ("kind", pa.string()),  # code_pair | product_pretrain | product_judgment (data.kinds)
+        (
+            "kind",
+            pa.string(),
+        ),  # code_pair | asst | product_pretrain | product_judgment (data.kinds)
         ("language", pa.string()),  # programming language, or the ESCI locale
         ("query_id", pa.string()),
         ("query", pa.string()),  # docstring / bullet point / search query

@@ -1,0 +1,185 @@
+"""SCodeR (Algorithm 2) against its own warm-up, on the same pairs and the same steps.
+
+    python bench/scoder.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json
+    python bench/scoder.py --cosqa ... --recipe tiny-scoder --warmup-steps 4 --steps 4 \\
+        --max-files 40                                  # a smoke run
+
+The corpus is this Python's standard library preprocessed by santa's pipeline (docstring →
+code pairs plus ASST code–code pairs, split by file), so the held-out test split is whole
+files no model trained on. Three dual encoders are scored on the CoSQA dev set (real web
+queries) and on the held-out standard-library functions (MRR@100):
+
+- ``warm-up``: the in-batch-negative warm-up of the SCodeR run (``--warmup-steps``);
+- ``in-batch, same steps``: the warm-up continued with in-batch negatives for as many
+  dual-encoder steps as SCodeR's iterations take (``--iterations × --steps``);
+- ``scoder``: the warm-up, then ``--iterations`` of mine → discriminators → soft labels →
+  dual encoder (``--steps`` steps per stage).
+
+Also the discriminators' held-out accuracy per iteration and where an iteration's time
+goes (mining, examples, discriminators, soft labels, dual encoder). Prints tables and
+writes ``bench/results/scoder.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ray_jobs.scoder import format_table, run_algorithm  # noqa: E402
+from santa import storage  # noqa: E402
+from santa.data.cosqa import write_cosqa_beir  # noqa: E402
+from santa.data.pipeline import PreprocessConfig, run_preprocess  # noqa: E402
+from santa.data.source import default_source_root  # noqa: E402
+from santa.eval import EvalConfig, evaluate  # noqa: E402
+from santa.ray_utils import init_ray  # noqa: E402
+from santa.recipes import get_recipe  # noqa: E402
+from santa.train.trainer import RunSpec, fit  # noqa: E402
+
+PHASES = ("mine_s", "examples_s", "discriminators_s", "soft_labels_s", "dual_encoder_s")
+
+
+def build_corpus(work: Path, max_files: int) -> tuple[str, str, dict[str, int]]:
+    """Standard-library pairs (train split, with ASST), the test split as BEIR, and sizes."""
+    tree = work / "stdlib"
+    tree.mkdir()
+    files = sorted(Path(default_source_root()).glob("*.py"))
+    for path in files[:max_files] if max_files else files:
+        shutil.copy(path, tree)
+    common = {"dataset": "source", "input": str(tree), "languages": ("python",)}
+    pairs, test = str(work / "pairs"), str(work / "test")
+    report = run_preprocess(
+        PreprocessConfig(output=pairs, stage="finetune", split="train", asst=True, **common)
+    )
+    print(f"pairs: {report['rows_written']:,} code, {report['asst']['written']:,} ASST", flush=True)
+    heldout = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **common))
+    sizes = {
+        "code_pairs": report["rows_written"],
+        "asst_pairs": report["asst"]["written"],
+        "stdlib_test_queries": heldout["rows_written"],
+    }
+    print(f"held-out test functions: {sizes['stdlib_test_queries']:,}", flush=True)
+    return pairs, test, sizes
+
+
+def mrr(model: str, beir: str, split: str) -> float:
+    """MRR@100 of ``model`` on a BEIR folder."""
+    config = EvalConfig(split=split, baseline=None, progress=False)
+    return float(evaluate(model, beir, config)["model"]["mrr@100"])
+
+
+def main() -> int:
+    """Build the corpus, train the three systems, evaluate, print and write the results."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cosqa", required=True, help="cosqa-dev.json")
+    parser.add_argument("--recipe", default="minilm-scoder")
+    parser.add_argument("--warmup-steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=50, help="per stage and iteration")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-files", type=int, default=0, help="stdlib files (0: all)")
+    parser.add_argument("--soft-labels", choices=("offline", "online"), default="offline")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--output", default="bench/results/scoder.json")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    work = Path(tempfile.mkdtemp(prefix="santa-scoder-bench-"))
+    print(init_ray(), flush=True)
+    started = time.time()
+    pairs, test, sizes = build_corpus(work, args.max_files)
+    cosqa = str(work / "cosqa")
+    write_cosqa_beir(args.cosqa, cosqa)
+    corpus_s = time.time() - started
+    config = get_recipe(args.recipe).with_overrides(
+        [
+            "train.num_workers=2",
+            f"train.global_batch_size={args.batch}",
+            "train.log_every=10",
+            f"scoder.iterations={args.iterations}",
+            f"scoder.warmup_steps={args.warmup_steps}",
+            f"scoder.discriminator_steps={args.steps}",
+            f"scoder.dual_encoder_steps={args.steps}",
+            f"scoder.soft_labels={args.soft_labels}",
+            *args.overrides,
+        ]
+    )
+    run_uri = str(work / "runs" / "scoder")
+    report = run_algorithm(
+        config, data=pairs, run_uri=run_uri, recipe=args.recipe, cpus_per_worker=0.5
+    )
+    scoder_s = report["total_s"]
+
+    # The in-batch baseline: the warm-up's weights, as many more dual-encoder steps.
+    extra = args.iterations * args.steps
+    clock = time.time()
+    baseline = fit(
+        config.with_overrides([f"train.max_steps={extra}", f"train.checkpoint_every={extra}"]),
+        RunSpec(
+            data=pairs,
+            storage=str(work / "runs"),
+            name="in-batch",
+            cpus_per_worker=0.5,
+            warm_start=report["warmup"]["model"],
+        ),
+    )
+    baseline_s = time.time() - clock
+    systems = {
+        "warm-up": report["warmup"]["model"],
+        "in-batch, same steps": storage.join(baseline.checkpoint.path, "model"),
+        "scoder": report["dual_encoder"],
+    }
+    results = {
+        name: {
+            "cosqa_mrr@100": mrr(model, cosqa, "test"),
+            "stdlib_mrr@100": mrr(model, test, "test"),
+        }
+        for name, model in systems.items()
+    }
+    steps = {
+        "warm-up": args.warmup_steps,
+        "in-batch, same steps": args.warmup_steps + extra,
+        "scoder": args.warmup_steps + extra,
+    }
+    print(f"\n| {args.recipe} | dual-encoder steps | CoSQA dev MRR@100 | stdlib test MRR@100 |")
+    print("|---|---:|---:|---:|")
+    for name, row in results.items():
+        print(
+            f"| {name} | {steps[name]} | {row['cosqa_mrr@100']:.4f} | {row['stdlib_mrr@100']:.4f} |"
+        )
+    print("\nper iteration:\n" + format_table(report["iterations"]))
+    print("\nseconds per iteration: " + ", ".join(PHASES))
+    for metrics in report["iterations"]:
+        print(f"  {metrics['iteration']}: " + ", ".join(f"{metrics[p]:.0f}" for p in PHASES))
+    payload = {
+        "recipe": args.recipe,
+        "batch": args.batch,
+        "warmup_steps": args.warmup_steps,
+        "steps_per_stage": args.steps,
+        "iterations": args.iterations,
+        "soft_labels": args.soft_labels,
+        "corpus": sizes,
+        "results": results,
+        "per_iteration": report["iterations"],
+        "seconds": {
+            "corpus": corpus_s,
+            "warmup": report["warmup"]["seconds"],
+            "scoder_total": scoder_s,
+            "in_batch_baseline": baseline_s,
+        },
+        "date": time.ctime(),
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

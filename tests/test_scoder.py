@@ -1,0 +1,265 @@
+"""SCodeR's Algorithm 2 (``ray_jobs.scoder``) and its parts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from santa import storage
+from santa.data.asst_pairs import asst_row
+from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
+from santa.scoder.examples import build_listwise_rows, is_heldout, read_listwise, write_listwise
+from santa.scoder.soft_labels import summarize_scores
+from tests.training import stdlib_pair_rows, write_beir, write_pairs
+
+
+def scoder_pairs(root: Path) -> str:
+    """Docstring–code pairs of real stdlib functions plus their ASST code–code pairs."""
+    rows = stdlib_pair_rows()[:-32]
+    asst = [row for row in (asst_row(r, seed=0) for r in rows) if not isinstance(row, str)]
+    asst = [dict(row, drop_reason="", row_key="", dedup_key="") for row in asst]
+    assert len(asst) > 20
+    return write_pairs(root, rows + asst)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> str:
+    return scoder_pairs(tmp_path_factory.mktemp("scoder-pairs"))
+
+
+# ----------------------------------------------------------------------- without Ray
+
+
+def test_listwise_rows_put_the_positive_first_and_sample_mined_negatives(pairs, tmp_path):
+    corpus = load_mining_corpus(pairs)
+    doc_ids = sorted(corpus.documents)
+    rng = random.Random(0)
+    pool = {q: rng.sample(doc_ids, 6) for q in corpus.queries}
+    pool = {q: [d for d in docs if d not in corpus.positives[q]] for q, docs in pool.items()}
+    table = NegativesTable(negatives=pool)
+    rows = build_listwise_rows(pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2)
+    assert len(rows) == len(corpus.queries)
+    kinds = {row["kind"] for row in rows}
+    assert kinds == {"text_code", "code_code"}
+    texts = {doc: text for doc, text in corpus.documents.items()}
+    for row in rows:
+        assert len(row["candidates"]) == 4
+        negatives = row["candidates"][1:]
+        assert negatives and all(
+            text in {texts[d] for d in pool[row["query_id"]]} for text in negatives
+        )
+        assert row["heldout"] == is_heldout(row["query_id"], 0.2)
+    assert 0 < sum(row["heldout"] for row in rows) < len(rows)
+    train = build_listwise_rows(
+        pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2, include="train"
+    )
+    assert len(train) == sum(not row["heldout"] for row in rows) and not any(
+        row["heldout"] for row in train
+    )
+    # Seeded: the same rows again; another seed draws other negatives somewhere.
+    assert build_listwise_rows(pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2) == rows
+    other = build_listwise_rows(pairs, corpus, table, n=3, seed=2, heldout_fraction=0.2)
+    assert other != rows
+    # An empty pool is topped up with random documents that are not positives.
+    topped = build_listwise_rows(
+        pairs, corpus, NegativesTable(negatives={}), n=3, seed=1, heldout_fraction=0.0
+    )
+    assert all(len(row["candidates"]) == 4 for row in topped)
+    write_listwise(rows, str(tmp_path / "examples"))
+    assert read_listwise(str(tmp_path / "examples")).num_rows == len(rows)
+
+
+def test_score_summary_is_heldout_accuracy_and_entropy():
+    table = pa.table(
+        {
+            "kind": ["text_code", "text_code", "text_code", "code_code"],
+            "heldout": [True, True, False, True],
+            "scores": [[5.0, 0.0], [0.0, 5.0], [0.0, 0.0], [1.0, 1.0]],
+        }
+    )
+    summary = summarize_scores(table)
+    assert summary["heldout_accuracy_text_code"] == 0.5  # the third row is not held out
+    assert summary["heldout_accuracy_code_code"] == 1.0  # a tie ranks the positive first
+    assert math.isclose(summary["soft_label_entropy_code_code"], math.log(2))
+    assert summary["soft_label_entropy"] < math.log(2)
+
+
+def test_dual_encoder_scores_each_query_against_its_own_candidates():
+    import torch
+
+    from santa.losses import similarity_scores
+    from santa.scoder.loops import own_candidate_scores
+
+    queries = torch.randn(3, 5)
+    candidates = torch.randn(3, 4, 5)  # 3 queries × (positive + 3 negatives)
+    every = similarity_scores(queries, candidates.reshape(12, 5))  # (3, 12)
+    own = own_candidate_scores(every, 4)
+    expected = torch.einsum("bd,bcd->bc", queries, candidates)
+    assert own.shape == (3, 4) and torch.allclose(own, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="expected 3 × 5"):
+        own_candidate_scores(every, 5)
+
+
+# ----------------------------------------------------------------------- on Ray
+
+
+def test_offline_soft_labels_are_the_discriminators_scores(ray_cluster, tmp_path):
+    """The Ray Data actor pool writes, per example, what D_φ / D_ψ score in-process."""
+    import torch
+
+    from santa.model import DualEncoder
+    from santa.recipes import get_recipe
+    from santa.scoder.discriminator import Discriminator, DiscriminatorPair
+    from santa.scoder.soft_labels import write_soft_labels
+    from santa.tokenizer import train_tokenizer
+
+    texts = [row["query"] for row in stdlib_pair_rows()[:20]]
+    codes = [row["document"] for row in stdlib_pair_rows()[:20]]
+    tokenizer = train_tokenizer(texts + codes, vocab_size=600)
+    backbone = str(tmp_path / "backbone")
+    DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer).save_pretrained(backbone)
+    pair = DiscriminatorPair(
+        {
+            "text_code": Discriminator.from_backbone(backbone, seed=1),
+            "code_code": Discriminator.from_backbone(backbone, seed=2),
+        }
+    )
+    pair.save_pretrained(str(tmp_path / "discriminators"))
+    rows = [
+        {
+            "query_id": f"q{i}",
+            "kind": "code_code" if i % 3 == 0 else "text_code",
+            "query": codes[i][:80] if i % 3 == 0 else texts[i],
+            "candidates": [codes[i], codes[(i + 1) % 20], codes[(i + 2) % 20]],
+            "heldout": i % 4 == 0,
+        }
+        for i in range(20)
+    ]
+    write_listwise(rows, str(tmp_path / "examples"))
+    write_soft_labels(
+        str(tmp_path / "examples"),
+        str(tmp_path / "discriminators"),
+        str(tmp_path / "soft"),
+        max_first=16,
+        max_length=64,
+    )
+    scored = read_listwise(str(tmp_path / "soft")).to_pylist()
+    assert sorted(row["query_id"] for row in scored) == sorted(row["query_id"] for row in rows)
+    pair.eval()
+    for row in scored:
+        with torch.no_grad():
+            expected = pair.by_kind[row["kind"]].score_lists(
+                [row["query"]], [row["candidates"]], max_first=16, max_length=64
+            )[0]
+        assert torch.allclose(torch.tensor(row["scores"]), expected, atol=1e-4)
+
+
+def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
+    sets = [
+        "train.global_batch_size=8",
+        "train.max_query_length=24",
+        "train.max_document_length=96",
+        "model.tiny_vocab_size=2000",
+        "train.log_every=3",
+        "scoder.max_pair_length=112",
+    ]
+    return [
+        "--recipe",
+        "tiny-scoder",
+        "--data",
+        data,
+        "--eval-data",
+        dev,
+        "--storage",
+        str(runs),
+        "--name",
+        "tiny",
+        "--max-steps",
+        "4",
+        "--num-workers",
+        "2",
+        "--cpus-per-worker",
+        "0.5",
+        *[item for key in sets for item in ("--set", key)],
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs, tmp_path, capsys):
+    """Two iterations of Algorithm 2 with the tiny recipe (offline soft labels); a rerun
+    with a third iteration skips the warm-up and the two done iterations and adds the third,
+    with online soft labels (the discriminators run in the training workers)."""
+    from ray_jobs import scoder
+    from santa.model import DualEncoder
+    from santa.scoder.discriminator import DiscriminatorPair
+
+    dev = write_beir(tmp_path / "dev", stdlib_pair_rows()[-32:], "test")
+    runs = tmp_path / "runs"
+    assert scoder.main(job_args(pairs, dev, runs)) == 0
+    out = capsys.readouterr().out
+    run = runs / "tiny"
+    manifests = [json.loads((run / f"iter-{i}" / "manifest.json").read_text()) for i in (1, 2)]
+    # Negatives refreshed between the iterations, with iteration 1's dual encoder.
+    tables = [read_negatives_table(m["negatives"]).negatives for m in manifests]
+    assert tables[0].keys() == tables[1].keys() and tables[0] != tables[1]
+    assert "[iter 1] mining" in out and "[iter 2] mining" in out
+    history = [json.loads(line) for line in (run / "scoder_metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in history] == [1, 2]
+    for metrics in history:
+        for key in ("heldout_accuracy_text_code", "heldout_accuracy_code_code"):
+            assert 0.0 <= metrics[key] <= 1.0
+        assert 0.0 < metrics["soft_label_entropy"] <= math.log(metrics["candidates"]) + 1e-6
+        for key in ("discriminator_loss", "dual_encoder_loss", "loss_adv", "loss_distill"):
+            assert math.isfinite(metrics[key])
+        assert metrics["dual_encoder_step"] == 4 and 0.0 <= metrics["dev_mrr"] <= 1.0
+        assert all(metrics[k] > 0 for k in ("mine_s", "discriminators_s", "dual_encoder_s"))
+    assert "D_φ acc" in out and "L_distill" in out  # the table at the end
+    # Checkpoints of G_θ, D_φ and D_ψ load back.
+    DualEncoder.from_pretrained(manifests[1]["dual_encoder"])
+    loaded = DiscriminatorPair.from_pretrained(manifests[1]["discriminators"])
+    assert set(loaded.by_kind) == {"text_code", "code_code"}
+    soft = read_listwise(str(run / "iter-2" / "soft_labels"))
+    assert soft.column("scores").type == pa.list_(pa.float32())
+
+    args = job_args(pairs, dev, runs, "--iterations", "3", "--soft-labels", "online")
+    assert scoder.main(args) == 0
+    out = capsys.readouterr().out
+    assert "[warmup] done in an earlier run: skipped" in out
+    assert "[iter 1] done in an earlier run: skipped" in out
+    assert "[iter 2] done in an earlier run: skipped" in out
+    assert "[iter 3] mining" in out and "[iter 1] mining" not in out
+    third = json.loads((run / "iter-3" / "manifest.json").read_text())
+    assert third["metrics"]["iteration"] == 3 and third["soft_labels"] == "online"
+    assert not (run / "iter-3" / "soft_labels").exists()  # nothing precomputed
+    assert 0.0 <= third["metrics"]["heldout_accuracy_text_code"] <= 1.0
+    assert math.isfinite(third["metrics"]["loss_distill"])
+    assert storage.exists(third["dual_encoder"])
+    report = json.loads((run / "report.json").read_text())
+    assert [m["iteration"] for m in report["iterations"]] == [1, 2, 3]
+
+
+def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
+    from ray_jobs import scoder
+
+    base = ["--storage", str(tmp_path / "runs"), "--name", "bad"]
+    assert scoder.main(["--data", str(tmp_path / "missing"), *base]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: ") and str(tmp_path / "missing" / "data") in line
+    (tmp_path / "empty" / "data").mkdir(parents=True)
+    assert scoder.main(["--data", str(tmp_path / "empty"), *base]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"santa: error: no Parquet pairs under {tmp_path / 'empty' / 'data'} "
+        "(ray_jobs.preprocess output)"
+    ]
+    bad_lambda = ["--data", str(tmp_path), *base, "--set", "scoder.adversarial_weight=1.5"]
+    assert scoder.main(bad_lambda) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["santa: error: ScoderConfig.adversarial_weight must be in [0, 1], got 1.5"]
+    assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
