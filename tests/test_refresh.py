@@ -253,7 +253,9 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
     finally:
         ray.kill(miner)
     assert steps_during >= 5  # the trainer kept stepping while the table was built
-    assert max(polls) < 0.5 and float(np.median(polls)) < 0.05  # polls never wait
+    # Polls never wait for the refresh: only the first (actor lookup) and the one that
+    # fetches the finished table do more than a zero-timeout check.
+    assert float(np.median(polls)) < 0.05 and sorted(polls)[-3] < 0.5
     # The refresh starts with the first actor up; the second joins once it has started.
     assert info["encoder_actors"] == 2 and info["encoder_actors_used"] >= 1
     table = client.tables[0]

@@ -134,8 +134,8 @@ def refresh_table(
         version=version,
         build_s=time.perf_counter() - started,
         documents=documents,
+        encode_s=encoded_s,
     )
-    logger.debug("refresh: encoded in %.2fs, table in %.2fs", encoded_s, table.build_s)
     return table
 
 

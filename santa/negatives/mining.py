@@ -96,6 +96,8 @@ class NegativesTable:
     built_at: float = field(default_factory=time.time)
     build_s: float = 0.0
     documents: dict[str, str] = field(default_factory=dict)
+    encode_s: float = 0.0
+    """The part of ``build_s`` spent encoding the corpus and the queries."""
 
     def referenced_ids(self) -> set[str]:
         """Every document id some query's negatives name."""
@@ -112,6 +114,7 @@ class NegativesTable:
             "santa.version": str(self.version),
             "santa.built_at": str(self.built_at),
             "santa.build_s": str(self.build_s),
+            "santa.encode_s": str(self.encode_s),
         }
 
     def to_arrow(self) -> pa.Table:
@@ -157,6 +160,7 @@ def read_negatives_table(uri: str) -> NegativesTable:
         built_at=float(meta.get("santa.built_at", 0.0)),
         build_s=float(meta.get("santa.build_s", 0.0)),
         documents=documents,
+        encode_s=float(meta.get("santa.encode_s", 0.0)),
     )
 
 
