@@ -233,7 +233,8 @@ class TrainConfig:
     """``async``: wait once, before the first step, for the first table."""
 
     negatives_index: str = "flat"
-    """faiss index the miner builds: ``flat`` (exact), ``ivf`` or ``hnsw``."""
+    """faiss index the miner builds: ``flat`` (exact), ``ivf``, ``hnsw`` or ``auto`` (flat,
+    IVF from 500,000 documents on: exact search grows as queries × documents)."""
 
     negatives_encoder_actors: int = 1
     """Encoder actors a refresh shards the corpus over (``--miner-actors``): the pool asks for
@@ -310,9 +311,9 @@ class TrainConfig:
             _fail("TrainConfig.hard_negatives='table:' needs a URI after 'table:'")
         if source != "none" and self.hard_negatives_per_query < 1:
             _fail(f"TrainConfig.hard_negatives={source!r} needs hard_negatives_per_query >= 1")
-        if self.negatives_index not in ("flat", "ivf", "hnsw"):
+        if self.negatives_index not in ("flat", "ivf", "hnsw", "auto"):
             _fail(
-                "TrainConfig.negatives_index must be flat, ivf or hnsw, "
+                "TrainConfig.negatives_index must be flat, ivf, hnsw or auto, "
                 f"got {self.negatives_index!r}"
             )
         _check_positive(

@@ -265,3 +265,13 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
     assert client.negatives_for(table, [query_id], ["own"], step=1) == [
         table.documents[table.negatives[query_id][0]]
     ]
+
+
+def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
+    from santa.negatives.miner import AUTO_IVF_MIN_DOCUMENTS, index_kind
+
+    assert index_kind("auto", 2000) == "flat"
+    assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS - 1) == "flat"
+    assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS) == "ivf"
+    assert index_kind("hnsw", 10) == "hnsw" and index_kind("flat", 10**7) == "flat"
+    assert tiny_config(negatives_index="auto").train.negatives_index == "auto"

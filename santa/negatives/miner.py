@@ -2,11 +2,13 @@
 
 Rank 0 sends a weights snapshot every ``negatives_refresh_every`` steps
 (:meth:`NegativesClient.maybe_send_weights`, fire and forget). The miner keeps only the
-newest snapshot; a background thread loads it, re-encodes the corpus and the training
-queries, rebuilds the faiss index, mines, and publishes a versioned
-:class:`~santa.negatives.mining.NegativesTable`. Trainers poll with a zero-timeout
-``ray.wait`` between steps and swap a newer table in; they never block on the miner
-(except, optionally, once for the first table).
+newest snapshot; a background thread hands it to a pool of encoder actors
+(:mod:`santa.negatives.encoders`, GPU or CPU) that re-encode the corpus and the training
+queries in shards, then rebuilds the faiss index from the gathered embeddings, mines, and
+publishes a versioned :class:`~santa.negatives.mining.NegativesTable` that carries the
+texts of its negatives. Trainers poll with a zero-timeout ``ray.wait`` between steps and
+swap a newer table in; they never block on the miner (except, optionally, once for the
+first table), and never load the corpus: negatives are looked up in the table.
 
 All workers must agree, at every step, on whether hard negatives are in the batch (the
 all-gather of their embeddings is a collective): each rank offers the newest table step it
@@ -47,7 +49,14 @@ from santa.negatives.mining import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HardNegativeMiner", "MinerSettings", "NegativesClient", "refresh_table", "start_miner"]
+__all__ = [
+    "HardNegativeMiner",
+    "MinerSettings",
+    "NegativesClient",
+    "index_kind",
+    "refresh_table",
+    "start_miner",
+]
 
 # Tables a trainer keeps, so the all-reduced step is (practically always) one it holds.
 KEPT_TABLES = 4
@@ -65,7 +74,7 @@ class MinerSettings:
     """Top hits skipped after the positives (likely unlabelled positives)."""
     seed: int = 42
     negatives_index: str = "flat"
-    """The faiss index kind: flat, ivf or hnsw."""
+    """The faiss index kind: flat, ivf, hnsw or auto (:func:`index_kind`)."""
     max_query_length: int = 50
     max_document_length: int = 240
     batch_size: int = 64
@@ -84,6 +93,18 @@ class MinerSettings:
         """Settings from a :class:`~santa.config.SantaConfig` (its same-named fields)."""
         shared = {f.name for f in fields(cls)} & {f.name for f in fields(config.train)}
         return cls(**{name: getattr(config.train, name) for name in shared})
+
+
+# ``negatives_index="auto"``: exact search up to this many documents, IVF from here on.
+AUTO_IVF_MIN_DOCUMENTS = 500_000
+
+
+def index_kind(setting: str, documents: int) -> str:
+    """The faiss index kind for ``setting``; ``auto`` is flat below
+    :data:`AUTO_IVF_MIN_DOCUMENTS` documents and IVF from there on."""
+    if setting != "auto":
+        return setting
+    return "ivf" if documents >= AUTO_IVF_MIN_DOCUMENTS else "flat"
 
 
 def refresh_table(
@@ -112,7 +133,8 @@ def refresh_table(
         ]
     )
     encoded_s = time.perf_counter() - started
-    index = NegativeIndex.build(doc_vectors, doc_ids, kind=settings.negatives_index)
+    kind = index_kind(settings.negatives_index, len(doc_ids))
+    index = NegativeIndex.build(doc_vectors, doc_ids, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
     extra = settings.negatives_skip_top + max(
         (len(p) for p in corpus.positives.values()), default=1
