@@ -10,6 +10,11 @@
    never waiting.
 
     python bench/refresh.py [--pairs 2000] [--docs 50000] [--queries 5000] [--actors 1,2]
+    python bench/refresh.py --encoder-only --gpus 1 --docs 50000   # no Ray, no faiss
+
+``--encoder-only`` times one :class:`~santa.negatives.encoders.ShardEncoder` (what each
+encoder actor runs; on CUDA under bf16 autocast with ``--gpus`` > 0) on the synthetic
+documents in this process: documents/s, no Ray or faiss needed.
 
 Prints tables and writes bench/results/refresh.json (with the machine's load average
 before and after: on a shared machine the figures are only as good as the load allows).
@@ -207,6 +212,33 @@ def step_times_during_refresh(
     }
 
 
+def encoder_only(args: argparse.Namespace) -> dict:
+    """Documents/s of one ShardEncoder in this process (the per-actor work, no Ray)."""
+    from santa.negatives.encoders import ShardEncoder
+
+    corpus = synthetic_corpus(args.docs, args.queries)
+    work = Path(tempfile.mkdtemp(prefix="santa-bench-encoder-"))
+    encoder = ShardEncoder(tiny_model(work, corpus), None, num_gpus=args.gpus, threads=1)
+    texts = list(corpus.documents.values())
+    encoder.encode(texts[: args.batch], args.doc_length, args.batch)  # warm-up
+    started = time.perf_counter()
+    embeddings = encoder.encode(texts, args.doc_length, args.batch)
+    seconds = time.perf_counter() - started
+    result = {
+        "device": encoder.device,
+        "autocast": str(encoder.dtype),
+        "documents": len(texts),
+        "doc_length": args.doc_length,
+        "batch": args.batch,
+        "seconds": seconds,
+        "documents_per_s": len(texts) / seconds,
+        "dim": int(embeddings.shape[1]),
+        "load": load_average(),
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=2000, help="stdlib corpus size (pairs)")
@@ -221,7 +253,16 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=20, help="idle steps timed")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--encoder-only", action="store_true", help="one ShardEncoder, no Ray")
+    parser.add_argument("--gpus", type=float, default=0.0, help="--encoder-only: GPU (> 0)")
     args = parser.parse_args()
+    if args.encoder_only:
+        result = encoder_only(args)
+        output = args.output.with_name(f"refresh-encoder-{result['device']}.json")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {output}")
+        return 0
     import ray
 
     actor_counts = [int(a) for a in args.actors.split(",")]

@@ -84,6 +84,22 @@ def test_shard_encoder_equals_encode_texts_on_cpu(model_dir, pairs) -> None:
     assert lengths == sorted(lengths, reverse=True)  # longest first
 
 
+def test_shard_encoder_runs_without_ray_or_faiss(model_dir) -> None:
+    """What the encoder actors run is plain PyTorch: usable where Ray and faiss are not."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['ray'] = None; sys.modules['faiss'] = None\n"
+        "from santa.negatives.encoders import ShardEncoder\n"
+        f"encoder = ShardEncoder({model_dir!r}, None, num_gpus=1, threads=1)\n"
+        "print(encoder.device, encoder.encode(['def f(): pass', 'x'], 16).shape)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[0] == "cpu"  # no CUDA here: falls back to CPU
+    assert done.stdout.strip().endswith(", 128)")
+
+
 def test_refresh_ships_the_negatives_texts_and_parquet_keeps_them(model_dir, pairs, tmp_path):
     corpus = load_mining_corpus(pairs)
     table = refresh_table(DualEncoder.from_pretrained(model_dir), corpus, SETTINGS, step=7)
