@@ -313,7 +313,9 @@ def main() -> int:
             "queries": len(corpus.queries),
             "same_table": all(t == tables[0] for t in tables),
             "by_actors": {str(a): r for a, r in rows.items()},
+            "load_after": load_average(),
         }
+        write_results(args.output, results)  # what is done so far survives an interrupted run
     if not args.skip_training:
         corpus = next(iter(corpora.values()))
         print("\n| actors | step s idle | step s during refresh | steps during | refresh s |")
@@ -332,10 +334,15 @@ def main() -> int:
     ray.shutdown()
     results["load_after"] = load_average()
     print(f"\nload average before {load_before}, after {results['load_after']}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.output, results)
     print(f"wrote {args.output}")
     return 0
+
+
+def write_results(output: Path, results: dict) -> None:
+    """Write the JSON results."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
