@@ -296,3 +296,25 @@ def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
     assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS) == "ivf"
     assert index_kind("hnsw", 10) == "hnsw" and index_kind("flat", 10**7) == "flat"
     assert tiny_config(negatives_index="auto").train.negatives_index == "auto"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tmp_path) -> None:
+    from ray_jobs.pipeline import mine_negatives
+
+    torch.set_num_threads(1)  # the actors' thread count: same arithmetic
+
+    def mined(actors: int) -> NegativesTable:
+        config = tiny_config(
+            stage="finetune",
+            hard_negatives_per_query=1,
+            negatives_top_k=20,
+            negatives_encoder_actors=actors,
+        )
+        return read_negatives_table(
+            mine_negatives(model_dir, pairs, str(tmp_path / f"{actors}"), config)
+        )
+
+    pooled, local = mined(2), mined(1)  # 2: an EncoderPool; 1: in this process
+    assert pooled.negatives == local.negatives and pooled.documents == local.documents
+    assert pooled.documents and set(pooled.documents) == pooled.referenced_ids()
