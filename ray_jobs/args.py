@@ -27,6 +27,20 @@ def run_parser(
     parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
     parser.add_argument("--max-steps", type=int, default=None, help=max_steps_help)
     parser.add_argument("--address", default=None, help=address_help)
+    parser.add_argument(
+        "--miner-actors",
+        type=int,
+        default=None,
+        help="async hard negatives: encoder actors per refresh "
+        "(train.negatives_encoder_actors, default 1)",
+    )
+    parser.add_argument(
+        "--miner-gpus",
+        type=float,
+        default=None,
+        help="async hard negatives: GPUs per encoder actor, fractions allowed "
+        "(train.negatives_encoder_gpus, default 0: CPU)",
+    )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     parser.add_argument(
         "--set",
@@ -39,12 +53,20 @@ def run_parser(
     return parser
 
 
+def cluster_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides of the cluster flags: ``--gpu``, ``--miner-actors``, ``--miner-gpus``."""
+    overrides = ["train.use_gpu=true"] if args.gpu else []
+    if getattr(args, "miner_actors", None) is not None:
+        overrides.append(f"train.negatives_encoder_actors={args.miner_actors}")
+    if getattr(args, "miner_gpus", None) is not None:
+        overrides.append(f"train.negatives_encoder_gpus={args.miner_gpus}")
+    return overrides
+
+
 def recipe_config(
     args: argparse.Namespace, overrides: Sequence[str] = (), *, then: Sequence[str] = ()
 ) -> SantaConfig:
     """``args.recipe`` with the workers/GPU flags and ``overrides``, then the user's --set,
     then ``then`` (which wins over --set)."""
-    cluster = [f"train.num_workers={args.num_workers}"]
-    if args.gpu:
-        cluster.append("train.use_gpu=true")
+    cluster = [f"train.num_workers={args.num_workers}", *cluster_overrides(args)]
     return get_recipe(args.recipe).with_overrides([*cluster, *overrides, *args.overrides, *then])

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from ray_jobs.args import run_parser
+from ray_jobs.args import cluster_overrides, run_parser
 from ray_jobs.pipeline_report import format_report, is_number, plot_history, read_history
 from santa import storage
 from santa.config import SantaConfig
@@ -108,9 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def stage_config(args: argparse.Namespace, stage: str, negatives: str = "none") -> SantaConfig:
     """The stage's recipe with the cluster flags, its step budget and the user's --set."""
     config = stage_recipe(args.recipe, stage)
-    overrides = [f"train.num_workers={args.num_workers}"]
-    if args.gpu:
-        overrides.append("train.use_gpu=true")
+    overrides = [f"train.num_workers={args.num_workers}", *cluster_overrides(args)]
     steps = args.max_steps or DEFAULT_STEPS.get(args.recipe, {}).get(stage)
     if steps:
         overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
@@ -305,7 +303,24 @@ def mine_negatives(
         f"(top {settings.negatives_top_k}) with {model_uri}",
         flush=True,
     )
-    return refresh_table(model, corpus, settings).write_parquet(output)
+    encoder = None
+    if settings.negatives_encoder_actors > 1 or settings.negatives_encoder_gpus > 0:
+        from santa.negatives.encoders import EncoderPool
+
+        encoder = EncoderPool(
+            model_uri,
+            None,
+            actors=settings.negatives_encoder_actors,
+            num_cpus=settings.negatives_encoder_cpus,
+            num_gpus=settings.negatives_encoder_gpus,
+            batch_size=settings.batch_size,
+        )
+    try:
+        table = refresh_table(model, corpus, settings, encoder=encoder)
+    finally:
+        if encoder is not None:
+            encoder.shutdown()
+    return table.write_parquet(output)
 
 
 def evaluate_systems(

@@ -236,7 +236,20 @@ class TrainConfig:
     """``async``: wait once, before the first step, for the first table."""
 
     negatives_index: str = "flat"
-    """faiss index the miner builds: ``flat`` (exact), ``ivf`` or ``hnsw``."""
+    """faiss index the miner builds: ``flat`` (exact), ``ivf``, ``hnsw`` or ``auto`` (flat,
+    IVF from 500,000 documents on: exact search grows as queries × documents)."""
+
+    negatives_encoder_actors: int = 1
+    """Encoder actors a refresh shards the corpus over (``--miner-actors``): the pool asks for
+    this many and starts encoding as soon as one is up, so an autoscaler can add the rest."""
+
+    negatives_encoder_gpus: float = 0.0
+    """GPUs per encoder actor (``--miner-gpus``; fractions such as 0.25 share a GPU); 0:
+    encode on CPU. On a GPU the encoder runs under bf16 (fp16 without bf16) autocast."""
+
+    negatives_encoder_cpus: float = 0.0
+    """CPUs reserved per encoder actor; a CPU encoder runs that many torch threads (at least
+    1). 0 fits beside trainers that hold every CPU but Ray Data's (they share cores)."""
 
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this; ``None`` turns clipping off."""
@@ -311,12 +324,19 @@ class TrainConfig:
             _fail("TrainConfig.hard_negatives='table:' needs a URI after 'table:'")
         if source != "none" and self.hard_negatives_per_query < 1:
             _fail(f"TrainConfig.hard_negatives={source!r} needs hard_negatives_per_query >= 1")
-        if self.negatives_index not in ("flat", "ivf", "hnsw"):
+        if self.negatives_index not in ("flat", "ivf", "hnsw", "auto"):
             _fail(
-                "TrainConfig.negatives_index must be flat, ivf or hnsw, "
+                "TrainConfig.negatives_index must be flat, ivf, hnsw or auto, "
                 f"got {self.negatives_index!r}"
             )
-        _check_positive(self, "negatives_refresh_every", "negatives_top_k")
+        _check_positive(
+            self, "negatives_refresh_every", "negatives_top_k", "negatives_encoder_actors"
+        )
+        if self.negatives_encoder_gpus < 0 or self.negatives_encoder_cpus < 0:
+            _fail(
+                "TrainConfig.negatives_encoder_gpus and negatives_encoder_cpus must be >= 0, got "
+                f"{self.negatives_encoder_gpus} and {self.negatives_encoder_cpus}"
+            )
         if self.negatives_skip_top < 0:
             _fail(f"TrainConfig.negatives_skip_top must be >= 0, got {self.negatives_skip_top}")
         if self.global_batch_size % self.num_workers:

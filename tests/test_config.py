@@ -75,7 +75,7 @@ def test_model_config_validation(kwargs: dict, message: str) -> None:
         ({"hard_negatives": "sometimes"}, "must be 'none', 'async' or 'table:URI'"),
         ({"hard_negatives": "table:"}, "needs a URI after 'table:'"),
         ({"hard_negatives": "async"}, "needs hard_negatives_per_query >= 1"),
-        ({"negatives_index": "lsh"}, "negatives_index must be flat, ivf or hnsw"),
+        ({"negatives_index": "lsh"}, "negatives_index must be flat, ivf, hnsw or auto"),
         ({"negatives_refresh_every": 0}, "negatives_refresh_every must be positive"),
         ({"negatives_skip_top": -1}, "negatives_skip_top must be >= 0"),
     ],

@@ -2,11 +2,13 @@
 
 Rank 0 sends a weights snapshot every ``negatives_refresh_every`` steps
 (:meth:`NegativesClient.maybe_send_weights`, fire and forget). The miner keeps only the
-newest snapshot; a background thread loads it, re-encodes the corpus and the training
-queries, rebuilds the faiss index, mines, and publishes a versioned
-:class:`~santa.negatives.mining.NegativesTable`. Trainers poll with a zero-timeout
-``ray.wait`` between steps and swap a newer table in; they never block on the miner
-(except, optionally, once for the first table).
+newest snapshot; a background thread hands it to a pool of encoder actors
+(:mod:`santa.negatives.encoders`, GPU or CPU) that re-encode the corpus and the training
+queries in shards, then rebuilds the faiss index from the gathered embeddings, mines, and
+publishes a versioned :class:`~santa.negatives.mining.NegativesTable` that carries the
+texts of its negatives. Trainers poll with a zero-timeout ``ray.wait`` between steps and
+swap a newer table in; they never block on the miner (except, optionally, once for the
+first table), and never load the corpus: negatives are looked up in the table.
 
 All workers must agree, at every step, on whether hard negatives are in the batch (the
 all-gather of their embeddings is a collective): each rank offers the newest table step it
@@ -32,14 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from santa.config import ModelConfig, SantaConfig
+from santa.config import SantaConfig
 from santa.distributed import all_reduce_min
-from santa.encoding import encode_texts
 from santa.index import NegativeIndex
-from santa.model import DualEncoder
+from santa.negatives.encoders import EncoderPool, LocalEncoder, ShardEncoder
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
+    load_documents,
     load_mining_corpus,
     mine_hard_negatives,
     read_negatives_table,
@@ -47,7 +49,14 @@ from santa.negatives.mining import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HardNegativeMiner", "MinerSettings", "NegativesClient", "refresh_table", "start_miner"]
+__all__ = [
+    "HardNegativeMiner",
+    "MinerSettings",
+    "NegativesClient",
+    "index_kind",
+    "refresh_table",
+    "start_miner",
+]
 
 # Tables a trainer keeps, so the all-reduced step is (practically always) one it holds.
 KEPT_TABLES = 4
@@ -65,12 +74,19 @@ class MinerSettings:
     """Top hits skipped after the positives (likely unlabelled positives)."""
     seed: int = 42
     negatives_index: str = "flat"
-    """The faiss index kind: flat, ivf or hnsw."""
+    """The faiss index kind: flat, ivf, hnsw or auto (:func:`index_kind`)."""
     max_query_length: int = 50
     max_document_length: int = 240
     batch_size: int = 64
     """Texts per encoder batch."""
     torch_threads: int = 1
+    """torch threads of an in-process refresh (the pool's actors: ``negatives_encoder_cpus``)."""
+    negatives_encoder_actors: int = 1
+    """Encoder actors a refresh shards the corpus over."""
+    negatives_encoder_gpus: float = 0.0
+    """GPUs per encoder actor (fractions share a GPU); 0: CPU."""
+    negatives_encoder_cpus: float = 0.0
+    """CPUs reserved per encoder actor."""
 
     @classmethod
     def from_config(cls, config: SantaConfig) -> MinerSettings:
@@ -79,30 +95,46 @@ class MinerSettings:
         return cls(**{name: getattr(config.train, name) for name in shared})
 
 
+# ``negatives_index="auto"``: exact search up to this many documents, IVF from here on.
+AUTO_IVF_MIN_DOCUMENTS = 500_000
+
+
+def index_kind(setting: str, documents: int) -> str:
+    """The faiss index kind for ``setting``; ``auto`` is flat below
+    :data:`AUTO_IVF_MIN_DOCUMENTS` documents and IVF from there on."""
+    if setting != "auto":
+        return setting
+    return "ivf" if documents >= AUTO_IVF_MIN_DOCUMENTS else "flat"
+
+
 def refresh_table(
-    model, corpus: MiningCorpus, settings: MinerSettings, *, step: int = 0, version: int = 0
+    model,
+    corpus: MiningCorpus,
+    settings: MinerSettings,
+    *,
+    step: int = 0,
+    version: int = 0,
+    encoder=None,
 ) -> NegativesTable:
-    """Encode corpus and queries with ``model``, search top-K, mine: one table."""
+    """Encode corpus and queries, search top-K, mine: one table carrying its negatives' texts.
+
+    ``encoder`` is an :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh)
+    or anything with its ``encode(jobs)``; without one, ``model`` encodes in this process.
+    """
     started = time.perf_counter()
+    if encoder is None:
+        encoder = LocalEncoder(ShardEncoder(model, num_gpus=None, threads=0), settings.batch_size)
     doc_ids = list(corpus.documents)
     query_ids = list(corpus.queries)
-    doc_vectors = encode_texts(
-        model,
-        [corpus.documents[d] for d in doc_ids],
-        max_length=settings.max_document_length,
-        batch_size=settings.batch_size,
-        desc="miner: documents",
-        progress=False,
+    doc_vectors, query_vectors = encoder.encode(
+        [
+            ([corpus.documents[d] for d in doc_ids], settings.max_document_length),
+            ([corpus.queries[q] for q in query_ids], settings.max_query_length),
+        ]
     )
-    query_vectors = encode_texts(
-        model,
-        [corpus.queries[q] for q in query_ids],
-        max_length=settings.max_query_length,
-        batch_size=settings.batch_size,
-        desc="miner: queries",
-        progress=False,
-    )
-    index = NegativeIndex.build(doc_vectors, doc_ids, kind=settings.negatives_index)
+    encoded_s = time.perf_counter() - started
+    kind = index_kind(settings.negatives_index, len(doc_ids))
+    index = NegativeIndex.build(doc_vectors, doc_ids, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
     extra = settings.negatives_skip_top + max(
         (len(p) for p in corpus.positives.values()), default=1
@@ -117,26 +149,42 @@ def refresh_table(
         skip_top=settings.negatives_skip_top,
         duplicate_of=corpus.duplicate_of,
     )
-    return NegativesTable(
+    documents = {doc: corpus.documents[doc] for ids in negatives.values() for doc in ids}
+    table = NegativesTable(
         negatives=negatives,
         step=step,
         version=version,
         build_s=time.perf_counter() - started,
+        documents=documents,
+        encode_s=encoded_s,
     )
+    return table
 
 
 class HardNegativeMiner:
     """The actor body (run with ``max_concurrency`` > 1: polls answer during a refresh)."""
 
-    def __init__(self, data_uri: str, model_uri: str, model_config: dict, settings: dict) -> None:
-        import torch
-
+    def __init__(
+        self,
+        data_uri: str,
+        model_uri: str,
+        model_config: dict,
+        settings: dict,
+        encoder_resources: dict[str, float] | None = None,
+    ) -> None:
         self.incarnation = uuid.uuid4().hex[:12]
         self.settings = MinerSettings(**settings)
-        torch.set_num_threads(max(1, self.settings.torch_threads))
         self.corpus = load_mining_corpus(data_uri)
-        self.model = DualEncoder.from_pretrained(model_uri, ModelConfig.from_dict(model_config))
-        self.model.eval()
+        # The encoders are this actor's children: they die and come back with it.
+        self.pool = EncoderPool(
+            model_uri,
+            model_config,
+            actors=self.settings.negatives_encoder_actors,
+            num_cpus=self.settings.negatives_encoder_cpus,
+            num_gpus=self.settings.negatives_encoder_gpus,
+            batch_size=self.settings.batch_size,
+            resources=encoder_resources,
+        )
         self._lock = threading.Condition()
         self._pending: tuple[int, Any] | None = None
         self._latest: dict[str, Any] | None = None
@@ -146,10 +194,11 @@ class HardNegativeMiner:
         self._thread = threading.Thread(target=self._run, name="santa-miner", daemon=True)
         self._thread.start()
         logger.info(
-            "miner %s up: %d documents, %d queries",
+            "miner %s up: %d documents, %d queries, %d encoder actor(s)",
             self.incarnation,
             len(self.corpus.documents),
             len(self.corpus.queries),
+            len(self.pool.actors),
         )
 
     # ------------------------------------------------------------ called by trainers
@@ -177,13 +226,16 @@ class HardNegativeMiner:
                 "step": None if self._latest is None else self._latest["step"],
                 "errors": list(self._errors),
                 "busy": self._pending is not None,
+                "encoder_actors": len(self.pool.actors),
+                "encoder_actors_used": self.pool.stats["actors_used"],
             }
 
     def stop(self) -> None:
-        """End the background thread (the actor itself is killed by its owner)."""
+        """End the background thread and the encoder actors (the miner is killed by its owner)."""
         with self._lock:
             self._stopped = True
             self._lock.notify_all()
+        self.pool.shutdown()
 
     # ------------------------------------------------------------ background thread
 
@@ -198,10 +250,16 @@ class HardNegativeMiner:
                     return
                 step, weights_ref = self._pending
             try:
-                state = ray.get(weights_ref)
-                self.model.load_state_dict(state)
+                # The snapshot travels once through the object store: each encoder actor
+                # fetches rank 0's copy itself (the miner never holds the weights).
+                self.pool.set_weights(weights_ref, step)
                 table = refresh_table(
-                    self.model, self.corpus, self.settings, step=step, version=self._version + 1
+                    None,
+                    self.corpus,
+                    self.settings,
+                    step=step,
+                    version=self._version + 1,
+                    encoder=self.pool,
                 )
                 table_ref = ray.put(table)
             except Exception:  # a failed refresh must not kill the miner: log and go on
@@ -239,8 +297,14 @@ def start_miner(
     num_gpus: float = 0.0,
     max_restarts: int = 3,
     resources: dict[str, float] | None = None,
+    encoder_resources: dict[str, float] | None = None,
 ):
-    """Start (or replace) the named miner actor; returns its handle."""
+    """Start (or replace) the named miner actor; returns its handle.
+
+    ``num_gpus``/``resources`` are the miner's own (index build and search: faiss uses a GPU
+    when it has one); its encoder actors take ``config.train.negatives_encoder_*`` and
+    ``encoder_resources``.
+    """
     import ray
 
     with contextlib.suppress(ValueError):
@@ -254,13 +318,18 @@ def start_miner(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         resources=resources or None,
-    ).remote(data_uri, model_uri, config.model.to_dict(), asdict(settings))
+    ).remote(
+        data_uri, model_uri, config.model.to_dict(), asdict(settings), encoder_resources or None
+    )
 
 
 class NegativesClient:
     """A training worker's side: polls tables, keeps the newest few, fills batches.
 
     ``source`` is ``"table:URI"`` (one static table) or ``"async"`` (the named miner).
+    Negatives are looked up by id in the table's own ``documents`` (shipped with every
+    table): the worker never loads the corpus. A static table written without texts (older
+    santa) gets the texts of the ids it references, and only those, from ``data_uri``.
     """
 
     def __init__(
@@ -281,8 +350,8 @@ class NegativesClient:
         self.rank = rank
         self.world_size = world_size
         self.refresh_every = refresh_every
-        self.documents = load_mining_corpus(data_uri).documents
-        self.doc_ids = list(self.documents)
+        self.data_uri = data_uri
+        self._fill_ids: dict[int, list[str]] = {}  # table step → ids random fills come from
         self.tables: dict[int, NegativesTable] = {}
         self.stats = {
             "swaps": 0,
@@ -300,6 +369,14 @@ class NegativesClient:
         self._miner_name = miner_name
         if source.startswith("table:"):
             table = read_negatives_table(source.removeprefix("table:"))
+            missing = table.missing_texts()
+            if missing:  # a table written without texts: read those documents only
+                table.documents.update(load_documents(data_uri, missing))
+                if table.missing_texts():
+                    example = sorted(table.missing_texts())[0]
+                    raise ValueError(
+                        f"the negatives table names documents not in {data_uri}: {example!r}"
+                    )
             self.tables[table.step] = table
         elif source != "async":
             raise ValueError(f"unknown hard-negatives source {source!r}")
@@ -389,6 +466,7 @@ class NegativesClient:
         self.tables[table.step] = table
         for old in sorted(self.tables)[:-KEPT_TABLES]:
             del self.tables[old]
+            self._fill_ids.pop(old, None)
         self.stats["swaps"] += 1
         self.stats["refresh_s"] = table.build_s
         return True
@@ -409,19 +487,24 @@ class NegativesClient:
         """``n`` negative texts per query, in query order (``len(query_ids) * n`` texts).
 
         Missing ones (a query the table does not know, or with fewer than ``n``) are filled
-        with random documents other than the query's own (seeded by step and rank), and
-        counted in ``stats["filled"]``.
+        with random documents of the table (other negatives) other than the query's own
+        (seeded by step and rank), and counted in ``stats["filled"]``.
         """
         rng = np.random.default_rng([self.seed, step, self.rank])
+        fill_ids = self._fill_ids.get(table.step)
+        if fill_ids is None:
+            fill_ids = self._fill_ids[table.step] = sorted(table.documents)
         texts: list[str] = []
         for query_id, own in zip(query_ids, doc_ids, strict=True):
             chosen = list(table.negatives.get(str(query_id), []))[: self.n]
             while len(chosen) < self.n:
-                candidate = self.doc_ids[int(rng.integers(len(self.doc_ids)))]
-                if candidate != own or len(self.doc_ids) == 1:
+                if not fill_ids:
+                    raise ValueError("the negatives table has no documents to fill a batch with")
+                candidate = fill_ids[int(rng.integers(len(fill_ids)))]
+                if candidate != own or len(fill_ids) == 1:
                     chosen.append(candidate)
                     self.stats["filled"] += 1
-            texts.extend(self.documents[doc] for doc in chosen)
+            texts.extend(table.documents[doc] for doc in chosen)
         return texts
 
     def metrics(self, step: int, table: NegativesTable | None) -> dict[str, float]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from santa import storage
@@ -20,6 +21,7 @@ from santa.data.kinds import embedded_document, is_training_row, row_kind
 __all__ = [
     "MiningCorpus",
     "NegativesTable",
+    "load_documents",
     "load_mining_corpus",
     "mine_hard_negatives",
     "read_negatives_table",
@@ -29,6 +31,8 @@ __all__ = [
 # are 3/2/1: Substitutes and Complements are too close to the query to be safe negatives).
 POSITIVE_MIN_LABEL = 1
 NEGATIVES_SCHEMA = pa.schema([("query_id", pa.string()), ("negative_ids", pa.list_(pa.string()))])
+# Written when the table carries its documents: the text of each negative, aligned with ids.
+TEXTS_FIELD = pa.field("negative_texts", pa.list_(pa.string()))
 
 
 def mine_hard_negatives(
@@ -81,7 +85,9 @@ class NegativesTable:
 
     ``step`` is the training step of the weights the table was mined with (tables are
     ordered by it, across miner restarts too); ``version`` counts the tables one miner
-    built; ``build_s`` is the refresh's wall time.
+    built; ``build_s`` is the refresh's wall time. ``documents`` maps every negative id to
+    its text (as embedded), so trainers look negatives up without the corpus; it is empty
+    for a table written without texts.
     """
 
     negatives: dict[str, list[str]]
@@ -89,6 +95,17 @@ class NegativesTable:
     version: int = 0
     built_at: float = field(default_factory=time.time)
     build_s: float = 0.0
+    documents: dict[str, str] = field(default_factory=dict)
+    encode_s: float = 0.0
+    """The part of ``build_s`` spent encoding the corpus and the queries."""
+
+    def referenced_ids(self) -> set[str]:
+        """Every document id some query's negatives name."""
+        return {doc for negatives in self.negatives.values() for doc in negatives}
+
+    def missing_texts(self) -> set[str]:
+        """Referenced ids whose text the table does not carry."""
+        return self.referenced_ids() - self.documents.keys()
 
     def metadata(self) -> dict[str, str]:
         """What goes into the Parquet file's key-value metadata."""
@@ -97,17 +114,19 @@ class NegativesTable:
             "santa.version": str(self.version),
             "santa.built_at": str(self.built_at),
             "santa.build_s": str(self.build_s),
+            "santa.encode_s": str(self.encode_s),
         }
 
     def to_arrow(self) -> pa.Table:
         """The table as Arrow, with its provenance in the schema metadata."""
-        table = pa.table(
-            {
-                "query_id": list(self.negatives),
-                "negative_ids": list(self.negatives.values()),
-            },
-            schema=NEGATIVES_SCHEMA,
-        )
+        columns = {"query_id": list(self.negatives), "negative_ids": list(self.negatives.values())}
+        schema = NEGATIVES_SCHEMA
+        if self.documents and not self.missing_texts():
+            columns["negative_texts"] = [
+                [self.documents[doc] for doc in ids] for ids in self.negatives.values()
+            ]
+            schema = schema.append(TEXTS_FIELD)
+        table = pa.table(columns, schema=schema)
         return table.replace_schema_metadata(self.metadata())
 
     def write_parquet(self, uri: str) -> str:
@@ -131,12 +150,17 @@ def read_negatives_table(uri: str) -> NegativesTable:
         raise ValueError(f"{target} is not a hard-negatives table: no column(s) {sorted(missing)}")
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     columns = table.to_pydict()
+    documents: dict[str, str] = {}
+    for ids, texts in zip(columns["negative_ids"], columns.get("negative_texts", []), strict=False):
+        documents.update(zip(ids, texts, strict=True))
     return NegativesTable(
         negatives=dict(zip(columns["query_id"], columns["negative_ids"], strict=True)),
         step=int(meta.get("santa.step", 0)),
         version=int(meta.get("santa.version", 0)),
         built_at=float(meta.get("santa.built_at", 0.0)),
         build_s=float(meta.get("santa.build_s", 0.0)),
+        documents=documents,
+        encode_s=float(meta.get("santa.encode_s", 0.0)),
     )
 
 
@@ -155,43 +179,56 @@ class MiningCorpus:
     duplicate_of: dict[str, str]
 
 
-def load_mining_corpus(data_uri: str) -> MiningCorpus:
-    """Read the pairs under ``data_uri/data`` (the preprocess job's output)."""
+CORPUS_COLUMNS = ["dataset", "query_id", "query", "doc_id", "title", "document", "label"]
+
+
+def _corpus_rows(data_uri: str, doc_ids: set[str] | None = None):
+    """Yield ``(kind, query_id, query, doc_id, embedded document, label)`` per pair row,
+    only the rows of ``doc_ids`` when given (filtered while reading)."""
     files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
     if not files:
         raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
-    columns = [
-        "dataset",
-        "query_id",
-        "query",
-        "doc_id",
-        "title",
-        "document",
-        "label",
-        "mep_target",
-    ]
+    for uri in files:
+        filesystem, path = storage.resolve(uri)
+        schema = pq.read_schema(path, filesystem=filesystem)
+        columns = [*CORPUS_COLUMNS, "mep_target"]
+        if "kind" in schema.names:
+            columns.append("kind")
+        wanted = None if doc_ids is None else pc.field("doc_id").isin(sorted(doc_ids))
+        rows = pq.read_table(path, filesystem=filesystem, columns=columns, filters=wanted)
+        rows = rows.to_pydict()
+        kinds = rows.pop("kind", [None] * len(rows["query_id"]))
+        targets = rows.pop("mep_target")
+        for kind, target, dataset, query_id, query, doc_id, title, document, label in zip(
+            kinds, targets, *rows.values(), strict=True
+        ):
+            kind = row_kind(kind, dataset, target)
+            # Mined against what training embeds (title + text for ESCI judgments).
+            yield kind, query_id, query, doc_id, embedded_document(kind, title, document), label
+
+
+def load_documents(data_uri: str, doc_ids: set[str]) -> dict[str, str]:
+    """The embedded texts of ``doc_ids`` only (for a table written without its texts)."""
+    documents: dict[str, str] = {}
+    if doc_ids:
+        for _, _, _, doc_id, document, _ in _corpus_rows(data_uri, set(doc_ids)):
+            documents.setdefault(doc_id, document)
+    return documents
+
+
+def load_mining_corpus(data_uri: str) -> MiningCorpus:
+    """Read the pairs under ``data_uri/data`` (the preprocess job's output)."""
     documents: dict[str, str] = {}
     queries: dict[str, str] = {}
     positives: dict[str, set[str]] = {}
     first_with_text: dict[str, str] = {}
     duplicate_of: dict[str, str] = {}
-    for uri in files:
-        filesystem, path = storage.resolve(uri)
-        schema = pq.read_schema(path, filesystem=filesystem)
-        with_kind = [*columns, "kind"] if "kind" in schema.names else columns
-        rows = pq.read_table(path, filesystem=filesystem, columns=with_kind).to_pydict()
-        kinds = rows.pop("kind", [None] * len(rows["query_id"]))
-        for kind, dataset, query_id, query, doc_id, title, document, label, target in zip(
-            kinds, *rows.values(), strict=True
-        ):
-            kind = row_kind(kind, dataset, target)
-            # Mined against what training embeds (title + text for ESCI judgments).
-            document = embedded_document(kind, title, document)
-            if doc_id not in documents:
-                documents[doc_id] = document
-                duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)
-            if label is None or label >= POSITIVE_MIN_LABEL:
-                positives.setdefault(query_id, set()).add(doc_id)
-            if is_training_row(kind, label):
-                queries.setdefault(query_id, query)
+    for kind, query_id, query, doc_id, document, label in _corpus_rows(data_uri):
+        if doc_id not in documents:
+            documents[doc_id] = document
+            duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)
+        if label is None or label >= POSITIVE_MIN_LABEL:
+            positives.setdefault(query_id, set()).add(doc_id)
+        if is_training_row(kind, label):
+            queries.setdefault(query_id, query)
     return MiningCorpus(documents, queries, positives, duplicate_of)

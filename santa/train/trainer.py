@@ -53,7 +53,9 @@ class RunSpec:
     eval_split: str = "test"
     """Which qrels split of ``eval_data`` to evaluate."""
     miner_gpu: bool = False
-    """``async`` hard negatives: give the miner actor a GPU of its own (with ``train.use_gpu``)."""
+    """``async`` hard negatives: give the miner actor (index build and search, faiss GPU when
+    installed) a GPU of its own (with ``train.use_gpu``). Its encoder actors' GPUs are the
+    config's ``train.negatives_encoder_gpus`` (``--miner-gpus``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
 

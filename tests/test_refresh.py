@@ -1,0 +1,320 @@
+"""The sharded hard-negative refresh: encoder actors, tables that carry their texts, GPU flags."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from santa.encoding import encode_texts
+from santa.model import DualEncoder
+from santa.negatives.encoders import (
+    ShardEncoder,
+    autocast_dtype,
+    encoder_actor_options,
+    plan_batches,
+    select_device,
+)
+from santa.negatives.miner import MinerSettings, NegativesClient, refresh_table
+from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
+from santa.tokenizer import train_tokenizer
+from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+
+SETTINGS = MinerSettings(
+    hard_negatives_per_query=2, negatives_top_k=20, max_query_length=24, max_document_length=64
+)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> str:
+    return write_pairs(tmp_path_factory.mktemp("refresh-pairs"), stdlib_pair_rows())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, pairs) -> str:
+    """A tiny T5 saved to a folder (what the miner's encoder actors load)."""
+    corpus = load_mining_corpus(pairs)
+    tokenizer = train_tokenizer(
+        [*corpus.documents.values(), *corpus.queries.values()], vocab_size=1000
+    )
+    config = tiny_config()
+    folder = str(tmp_path_factory.mktemp("refresh-model") / "model")
+    DualEncoder.build_tiny(config.model, tokenizer, seed=0).save_pretrained(folder, config)
+    return folder
+
+
+def _trained_state(model_dir: str) -> dict[str, torch.Tensor]:
+    """Weights other than the saved ones (a 'snapshot' from training)."""
+    model = DualEncoder.from_pretrained(model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------- no Ray
+
+
+def test_device_selection_and_autocast_dtype() -> None:
+    assert select_device(0) == "cpu"
+    assert select_device(0.25, cuda_available=False) == "cpu"  # asked, none visible: CPU
+    assert select_device(0.25, cuda_available=True) == "cuda"
+    assert select_device(0, cuda_available=True) == "cpu"  # no GPU given to the actor
+    assert autocast_dtype("cpu") is None
+    assert autocast_dtype("cuda", bf16_supported=True) == torch.bfloat16
+    assert autocast_dtype("cuda", bf16_supported=False) == torch.float16
+
+
+def test_shard_encoder_equals_encode_texts_on_cpu(model_dir, pairs) -> None:
+    torch.set_num_threads(1)
+    texts = list(load_mining_corpus(pairs).documents.values())[:70]
+    # Asked for a quarter GPU on a machine without one: CPU, fp32 (what the actor does).
+    encoder = ShardEncoder(model_dir, None, num_gpus=0.25, threads=1)
+    assert (encoder.device, encoder.dtype) == ("cpu", None)
+    expected = encode_texts(encoder.model, texts, max_length=64, batch_size=16, progress=False)
+    np.testing.assert_array_equal(encoder.encode(texts, 64, batch_size=16), expected)
+    batches = plan_batches(texts, 16)
+    assert [len(b) for b in batches] == [16, 16, 16, 16, 6]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(70))
+    lengths = [len(texts[i]) for i in np.concatenate(batches)]
+    assert lengths == sorted(lengths, reverse=True)  # longest first
+
+
+def test_shard_encoder_runs_without_ray_or_faiss(model_dir) -> None:
+    """What the encoder actors run is plain PyTorch: usable where Ray and faiss are not."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['ray'] = None; sys.modules['faiss'] = None\n"
+        "from santa.negatives.encoders import ShardEncoder\n"
+        f"encoder = ShardEncoder({model_dir!r}, None, num_gpus=1, threads=1)\n"
+        "print(encoder.device, encoder.encode(['def f(): pass', 'x'], 16).shape)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[0] == "cpu"  # no CUDA here: falls back to CPU
+    assert done.stdout.strip().endswith(", 128)")
+
+
+def test_refresh_ships_the_negatives_texts_and_parquet_keeps_them(model_dir, pairs, tmp_path):
+    corpus = load_mining_corpus(pairs)
+    table = refresh_table(DualEncoder.from_pretrained(model_dir), corpus, SETTINGS, step=7)
+    referenced = table.referenced_ids()
+    assert referenced and set(table.documents) == referenced
+    assert all(table.documents[doc] == corpus.documents[doc] for doc in referenced)
+    back = read_negatives_table(table.write_parquet(str(tmp_path / "t")))
+    assert back.negatives == table.negatives and back.documents == table.documents
+    assert back.step == 7
+
+
+def test_trainers_never_load_the_corpus(pairs, tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    corpus = load_mining_corpus(pairs)
+    queries = sorted(corpus.queries)[:3]
+    docs = [doc for doc in sorted(corpus.documents) if doc not in corpus.positives[queries[0]]]
+    negatives = {queries[0]: docs[:2], queries[1]: docs[2:4], queries[2]: []}
+    copied = tmp_path / "data"
+    shutil.copytree(pairs, copied)
+
+    # A table written without texts (older santa): only its referenced ids are read.
+    old = NegativesTable(negatives, step=3).write_parquet(str(tmp_path / "old"))
+    assert "negative_texts" not in pq.read_schema(old).names
+    client = NegativesClient(
+        f"table:{old}", data_uri=str(copied), n=2, seed=0, rank=0, world_size=1
+    )
+    held = client.tables[3]
+    assert set(held.documents) == set(docs[:4])  # 4 documents, not the corpus
+    assert not hasattr(client, "documents")
+
+    # A table with its texts needs no data at all: the data folder is gone.
+    with_texts = NegativesTable(negatives, step=5, documents=dict(held.documents))
+    uri = with_texts.write_parquet(str(tmp_path / "new"))
+    shutil.rmtree(copied)
+    client = NegativesClient(
+        f"table:{uri}", data_uri=str(copied), n=2, seed=0, rank=0, world_size=1
+    )
+    texts = client.negatives_for(client.tables[5], queries, ["own0", "own1", "own2"], step=1)
+    assert texts[:4] == [corpus.documents[doc] for doc in docs[:4]]
+    assert all(text in held.documents.values() for text in texts[4:])  # filled from the table
+    assert client.stats["filled"] == 2
+
+    # An old table whose documents are not in the data: one clear error.
+    shutil.copytree(pairs, copied)
+    ghost = NegativesTable({queries[0]: ["no-such-doc"]}).write_parquet(str(tmp_path / "ghost"))
+    with pytest.raises(ValueError, match="names documents not in"):
+        NegativesClient(f"table:{ghost}", data_uri=str(copied), n=1, seed=0, rank=0, world_size=1)
+
+
+def test_miner_flags_reach_the_encoder_actor_options() -> None:
+    from ray_jobs.train_cli import build_parser, recipe_config
+
+    parser = build_parser("finetune", "test")
+    args = parser.parse_args(
+        ["--data", "d", "--storage", "s", "--name", "n", "--miner-gpus", "0.25"]
+        + ["--miner-actors", "3"]
+    )
+    config = recipe_config(args)
+    settings = MinerSettings.from_config(config)
+    assert (settings.negatives_encoder_gpus, settings.negatives_encoder_actors) == (0.25, 3)
+    options = encoder_actor_options(
+        num_cpus=settings.negatives_encoder_cpus, num_gpus=settings.negatives_encoder_gpus
+    )
+    assert options["num_gpus"] == 0.25 and options["num_cpus"] == 0.0
+    default = MinerSettings.from_config(recipe_config(parser.parse_args(args_without_miner())))
+    assert (default.negatives_encoder_gpus, default.negatives_encoder_actors) == (0.0, 1)
+    with pytest.raises(ValueError, match="negatives_encoder_gpus"):
+        tiny_config(negatives_encoder_gpus=-1)
+
+
+def args_without_miner() -> list[str]:
+    return ["--data", "d", "--storage", "s", "--name", "n"]
+
+
+# --------------------------------------------------------------------- on Ray
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_one_and_two_encoder_actors_give_the_same_table(model_dir, pairs) -> None:
+    import ray
+
+    import santa.negatives.encoders
+    from santa.negatives.encoders import EncoderPool
+
+    @ray.remote(num_cpus=0)
+    def imported_from() -> str:
+        return santa.negatives.encoders.__file__
+
+    # Ray's processes run this checkout's code (not another install of santa).
+    assert ray.get(imported_from.remote()) == santa.negatives.encoders.__file__
+    corpus = load_mining_corpus(pairs)
+    state = _trained_state(model_dir)
+    weights = ray.put(state)  # once: every actor fetches this one copy
+    expected_model = DualEncoder.from_pretrained(model_dir)
+    expected_model.load_state_dict(state)
+    torch.set_num_threads(1)  # the actors' thread count: same arithmetic
+    expected = refresh_table(expected_model, corpus, SETTINGS, step=10)
+    tables = {}
+    for actors in (1, 2):
+        pool = EncoderPool(model_dir, None, actors=actors, num_cpus=0, batch_size=16)
+        try:
+            assert pool.wait_ready(timeout=300) == actors
+            pool.set_weights(weights, step=10)
+            tables[actors] = refresh_table(None, corpus, SETTINGS, step=10, encoder=pool)
+            assert pool.stats["actors_used"] == actors
+            assert pool.stats["chunks"] > actors  # work was shared out in chunks
+        finally:
+            pool.shutdown()
+    assert tables[1].negatives == tables[2].negatives == expected.negatives
+    assert tables[1].documents == tables[2].documents == expected.documents
+    # The snapshot was used: the saved (untrained) weights mine another table.
+    untrained = refresh_table(DualEncoder.from_pretrained(model_dir), corpus, SETTINGS, step=10)
+    assert untrained.negatives != expected.negatives
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_gpu_request_reaches_ray_and_waits_for_a_gpu(model_dir) -> None:
+    import ray
+
+    from santa.negatives.encoders import EncoderPool
+
+    pool = EncoderPool(model_dir, None, actors=2, num_gpus=0.25, batch_size=16)
+    try:
+        assert pool.options["num_gpus"] == 0.25
+        # No GPU in this cluster: the actors stay pending (an autoscaler would add a node).
+        ready, pending = ray.wait(list(pool._probes), num_returns=2, timeout=3)
+        assert not ready and len(pending) == 2
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> None:
+    import ray
+
+    from santa.negatives.miner import start_miner
+
+    # Enough documents that a refresh takes seconds on the test cluster.
+    rows = stdlib_pair_rows()
+    bigger = [dict(row, doc_id=f"{row['doc_id']}-{i}") for i in range(2) for row in rows]
+    data = write_pairs(tmp_path / "pairs", bigger)
+    config = tiny_config(
+        stage="finetune",
+        hard_negatives="async",
+        hard_negatives_per_query=1,
+        max_document_length=64,
+    )
+    name = "santa-miner-test-refresh"
+    miner = start_miner(name, data_uri=data, model_uri=model_dir, config=config)
+    client = NegativesClient(
+        "async", data_uri=str(tmp_path / "gone"), n=1, seed=0, rank=0, world_size=1, miner_name=name
+    )
+    model = DualEncoder.from_pretrained(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = model.tokenize(["def f(x): return x"] * 8, 32)
+    steps_during, polls = 0, []
+    try:
+        client.maybe_send_weights(0, model, force=True)
+        deadline = time.time() + 240
+        while client.newest_step() < 0:
+            assert time.time() < deadline, "no table within 240s"
+            started = time.perf_counter()
+            client.poll()
+            polls.append(time.perf_counter() - started)
+            # One real training step of the "trainer" while the miner refreshes.
+            loss = model.encode(batch["input_ids"], batch["attention_mask"]).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps_during += 1
+        info = ray.get(miner.info.remote())
+    finally:
+        ray.kill(miner)
+    assert steps_during >= 5  # the trainer kept stepping while the table was built
+    # Polls never wait for the refresh: only the first (actor lookup) and the one that
+    # fetches the finished table do more than a zero-timeout check.
+    assert float(np.median(polls)) < 0.05 and sorted(polls)[-3] < 0.5
+    assert info["encoder_actors"] == 1 and info["encoder_actors_used"] == 1
+    table = client.tables[0]
+    assert table.documents and set(table.documents) == table.referenced_ids()
+    # The worker holds the negatives' texts only (the data path it was given never existed).
+    query_id = next(q for q, ids in table.negatives.items() if ids)
+    assert client.negatives_for(table, [query_id], ["own"], step=1) == [
+        table.documents[table.negatives[query_id][0]]
+    ]
+
+
+def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
+    from santa.negatives.miner import AUTO_IVF_MIN_DOCUMENTS, index_kind
+
+    assert index_kind("auto", 2000) == "flat"
+    assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS - 1) == "flat"
+    assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS) == "ivf"
+    assert index_kind("hnsw", 10) == "hnsw" and index_kind("flat", 10**7) == "flat"
+    assert tiny_config(negatives_index="auto").train.negatives_index == "auto"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tmp_path) -> None:
+    from ray_jobs.pipeline import mine_negatives
+
+    torch.set_num_threads(1)  # the actors' thread count: same arithmetic
+
+    def mined(actors: int) -> NegativesTable:
+        config = tiny_config(
+            stage="finetune",
+            hard_negatives_per_query=1,
+            negatives_top_k=20,
+            negatives_encoder_actors=actors,
+        )
+        return read_negatives_table(
+            mine_negatives(model_dir, pairs, str(tmp_path / f"{actors}"), config)
+        )
+
+    pooled, local = mined(2), mined(1)  # 2: an EncoderPool; 1: in this process
+    assert pooled.negatives == local.negatives and pooled.documents == local.documents
+    assert pooled.documents and set(pooled.documents) == pooled.referenced_ids()
