@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
 
 
@@ -107,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.outputs import published_root
 
 __all__ = [
     "MiningCorpus",
@@ -157,9 +158,10 @@ class MiningCorpus:
 
 def load_mining_corpus(data_uri: str) -> MiningCorpus:
     """Read the pairs under ``data_uri/data`` (the preprocess job's output)."""
-    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    root = storage.join(published_root(data_uri), "data")
+    files = storage.list_files(root, suffixes=(".parquet",))
     if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
+        raise FileNotFoundError(f"no Parquet pairs under {root}")
     columns = [
         "dataset",
         "query_id",

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from santa import storage
 from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
+from santa.data.outputs import published_root
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
 from santa.ray_utils import cluster_cpus, ray_log_level
@@ -71,7 +72,9 @@ class RunSpec:
 
 def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
     """Query and document texts of the first ``limit`` pairs (to train a tokenizer)."""
-    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    files = storage.list_files(
+        storage.join(published_root(data_uri), "data"), suffixes=(".parquet",)
+    )
     texts: list[str] = []
     for uri in files:
         fs, path = storage.resolve(uri)
