@@ -19,6 +19,7 @@ from santa.ray_utils import cluster_cpus, ray_log_level
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
 from santa.train.loop import LoopConfig, train_loop_per_worker
+from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         if not storage.is_s3(spec.storage)
         else os.path.join(os.path.expanduser("~/santa-runs"), spec.name, "tensorboard")
     )
+    # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
+    remove_unregistered_checkpoints(spec.run_uri)
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if train.hard_negatives == "async":
@@ -182,6 +185,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             miner_name=miner_name,
             eval_data=spec.eval_data,
             eval_split=spec.eval_split,
+            registered_checkpoints=tuple(registered_checkpoints(spec.run_uri)),
         ).to_dict(),
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
