@@ -20,6 +20,7 @@ import logging
 
 from santa.errors import exit_with, run_job
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
+from santa.preflight import check_input, check_writable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def evaluate_and_print() -> int:
+        check_input(args.data, "--data")
+        if args.output:
+            check_writable(args.output, "--output")
         results = evaluate(args.checkpoint, args.data, config)
         print(format_markdown(results), end="")
         if args.output:

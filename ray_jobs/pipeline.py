@@ -176,8 +176,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             setattr(args, name, storage.absolute(getattr(args, name)))
     run_uri = storage.join(args.storage, args.name)
     configs = {stage: stage_config(args, stage) for stage in args.stages}  # fail fast
+    preflight(args)
     with RunLock(run_uri, force=args.force, description="ray_jobs.pipeline"):
         return _run_locked(args, run_uri, configs)
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Inputs present, eval data loadable, storage writable: before any Ray work."""
+    from santa.preflight import check_beir, check_input, check_pairs, check_writable
+
+    if args.input:
+        check_input(args.input, "--input")
+    for name in ("data", "finetune_data"):
+        if getattr(args, name, None):
+            check_pairs(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.data and args.eval_data:
+        check_beir(args.eval_data, args.eval_split)
+    check_writable(args.storage, "--storage")
 
 
 def _run_locked(args: argparse.Namespace, run_uri: str, configs: dict) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preproce
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.errors import exit_with, run_job
+from santa.preflight import check_input, check_writable
 from santa.ray_utils import init_ray
 
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(config, address: str | None) -> int:
+    check_input(config.input, "--input")  # before any work: one line naming the URI
+    check_writable(config.output, "--output")
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
         split = config.split or "test"
         with staged_output(config.output) as staged:

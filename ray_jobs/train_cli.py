@@ -7,6 +7,7 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
+from santa.preflight import check_beir, check_pairs, check_writable
 from santa.ray_utils import init_ray
 from santa.runlock import RunLock
 from santa.train.trainer import RunSpec, fit
@@ -61,6 +62,11 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         eval_data=args.eval_data,
         eval_split=args.eval_split,
     )
+    # Cheap checks before any Ray work (each failure is one line naming the URI).
+    check_pairs(spec.data)
+    check_writable(spec.storage, "--storage")
+    if spec.eval_data:
+        check_beir(spec.eval_data, spec.eval_split)
     with RunLock(spec.run_uri, force=args.force, description=f"ray_jobs.{stage}"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)
         result = fit(config, spec)

@@ -57,6 +57,10 @@ def describe(error: BaseException) -> tuple[str, int]:
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
+    from santa.storage import StorageError
+
+    if isinstance(error, StorageError) and message:  # its message names the URI and why
+        return f"santa: error: {message}", RUNTIME_FAULT
     name = type(error).__name__
     return f"santa: error: {name}: {message}" if message else f"santa: error: {name}", (
         RUNTIME_FAULT
