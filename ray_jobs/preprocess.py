@@ -14,7 +14,7 @@ import logging
 
 from santa.data.cosqa import write_cosqa_beir
 from santa.data.outputs import staged_output
-from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preprocess
+from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.errors import exit_with, run_job
@@ -113,6 +113,7 @@ def _run(config, address: str | None) -> int:
         print(json.dumps(report))
         print(f"output: {config.output}")
         return 0
+    check_inputs(config)
     print(init_ray(address), flush=True)
     report = run_preprocess(config)
     print(format_report(report))

@@ -36,6 +36,7 @@ from santa.data.outputs import staged_output
 from santa.data.readers import (
     JsonLinesDatasource,
     language_from_path,
+    reject_json_arrays,
     relative_path,
     split_from_path,
 )
@@ -205,16 +206,28 @@ def _actor_pool(
 
 
 def _code_files(config: PreprocessConfig) -> list[str]:
-    files = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
-    if config.languages:
-        files = [
-            f
-            for f in files
-            if language_from_path(relative_path(f, config.input)) in ("", *config.languages)
-        ]
-    if not files:
+    found = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+    if not found:
         raise FileNotFoundError(f"no .jsonl/.jsonl.gz files under {config.input}")
+    files = [
+        f
+        for f in found
+        if not config.languages
+        or language_from_path(relative_path(f, config.input)) in ("", *config.languages)
+    ]
+    if not files:
+        raise _no_language_files(config, [relative_path(f, config.input) for f in found])
+    reject_json_arrays(files)
     return files
+
+
+def _no_language_files(config: PreprocessConfig, relative: list[str]) -> FileNotFoundError:
+    """The error for inputs that hold files, none of the requested languages."""
+    languages = sorted({language_from_path(path) or "unknown" for path in relative})
+    return FileNotFoundError(
+        f"no {'/'.join(config.languages)} files under {config.input} "
+        f"(languages found: {', '.join(languages)})"
+    )
 
 
 def _source_files(config: PreprocessConfig) -> list[str]:
@@ -222,11 +235,31 @@ def _source_files(config: PreprocessConfig) -> list[str]:
         files = storage.list_files(config.input, suffixes=tuple(EXTENSIONS))
     else:
         files = list(iter_source_files(config.input, skip_tests=config.skip_tests))
-    if config.languages:
-        files = [f for f in files if EXTENSIONS["." + f.rsplit(".", 1)[-1]] in config.languages]
     if not files:
         raise FileNotFoundError(f"no source files under {config.input}")
+    if config.languages:
+        found = files
+        files = [f for f in found if EXTENSIONS["." + f.rsplit(".", 1)[-1]] in config.languages]
+        if not files:
+            languages = sorted({EXTENSIONS["." + f.rsplit(".", 1)[-1]] for f in found})
+            raise FileNotFoundError(
+                f"no {'/'.join(config.languages)} source files under {config.input} "
+                f"(languages found: {', '.join(languages)})"
+            )
     return files
+
+
+def check_inputs(config: PreprocessConfig) -> None:
+    """The input files are there, of the requested languages, and JSON lines (no Ray)."""
+    if config.dataset == "source":
+        _source_files(config)
+    elif config.dataset == "esci":
+        for name in ("examples", "products"):
+            uri = storage.join(config.input, f"shopping_queries_dataset_{name}.parquet")
+            if not storage.exists(uri):
+                raise FileNotFoundError(f"no ESCI {name} file: {uri}")
+    else:
+        _code_files(config)
 
 
 @contextlib.contextmanager
