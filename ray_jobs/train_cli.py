@@ -7,6 +7,7 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
+from santa.checkpoints import resolve_model
 from santa.preflight import check_beir, check_pairs, check_writable
 from santa.ray_utils import init_ray
 from santa.runlock import RunLock
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     check_writable(spec.storage, "--storage")
     if spec.eval_data:
         check_beir(spec.eval_data, spec.eval_split)
+    if warm_start:
+        resolve_model(warm_start)  # a mistyped folder is named here, not sent to the hub
     with RunLock(spec.run_uri, force=args.force, description=f"ray_jobs.{stage}"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)
         result = fit(config, spec)

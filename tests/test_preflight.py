@@ -213,3 +213,24 @@ def test_train_cli_missing_data_and_unwritable_storage(tmp_path):
         "--name", "x",
     )  # fmt: skip
     _one_line(proc, 2, "santa: error: cannot write the --storage ")
+
+
+def test_bad_timeout_setting_is_named(monkeypatch):
+    monkeypatch.setenv("SANTA_S3_READ_TIMEOUT", "soon")
+    with pytest.raises(StorageError, match="SANTA_S3_READ_TIMEOUT must be a number of seconds"):
+        storage.resolve("s3://santa-settings/x")
+
+
+def test_mine_negatives_and_finetune_warm_start_fail_before_work(tmp_path):
+    proc = _job(
+        "ray_jobs.mine_negatives", "--checkpoint", str(tmp_path / "model"), "--data",
+        str(tmp_path / "none"), "--output", str(tmp_path / "neg"),
+    )  # fmt: skip
+    _one_line(proc, 2, f"santa: error: no --data at {tmp_path / 'none'}")
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    proc = _job(
+        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name",
+        "x", "--init-checkpoint", str(tmp_path / "typo" / "model"),
+    )  # fmt: skip
+    line = _one_line(proc, 2, "santa: error: ")
+    assert str(tmp_path / "typo" / "model") in line
