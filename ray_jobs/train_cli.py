@@ -61,21 +61,22 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     if warm_start:
         resolve_model(warm_start)  # a mistyped folder is named here, not sent to the hub
 
-    from santa.ray_utils import init_ray
-    from santa.train.trainer import RunSpec, fit
+    run_uri = storage.join(storage.absolute(args.storage), args.name)
+    with RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+        from santa.ray_utils import init_ray
+        from santa.train.trainer import RunSpec, fit
 
-    spec = RunSpec(
-        data=args.data,
-        storage=args.storage,
-        name=args.name,
-        cpus_per_worker=args.cpus_per_worker,
-        max_failures=args.max_failures,
-        num_to_keep=args.num_to_keep,
-        warm_start=warm_start,
-        eval_data=args.eval_data,
-        eval_split=args.eval_split,
-    )
-    with RunLock(spec.run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+        spec = RunSpec(
+            data=args.data,
+            storage=args.storage,
+            name=args.name,
+            cpus_per_worker=args.cpus_per_worker,
+            max_failures=args.max_failures,
+            num_to_keep=args.num_to_keep,
+            warm_start=warm_start,
+            eval_data=args.eval_data,
+            eval_split=args.eval_split,
+        )
         print(init_ray(args.address, verbose=args.verbose), flush=True)
         result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
