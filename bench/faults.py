@@ -206,6 +206,8 @@ def main() -> int:
                 row = run_fault(fault)
             rows.append(row)
             status = "ok" if row["ok"] and row["data_safe"] else "FAIL"
+            if status == "FAIL" and row["stderr_tail"]:
+                print(row["stderr_tail"], flush=True)
             print(f"{status:4} {row['fault']}: exit {row['exit']} in {row['seconds']}s: "
                   f"{row['message'][:140]}", flush=True)  # fmt: skip
     finally:

@@ -234,3 +234,16 @@ def test_mine_negatives_and_finetune_warm_start_fail_before_work(tmp_path):
     )  # fmt: skip
     line = _one_line(proc, 2, "santa: error: ")
     assert str(tmp_path / "typo" / "model") in line
+
+
+def test_unreachable_s3_stays_a_runtime_fault_through_checkpoint_errors(
+    silent_endpoint, monkeypatch
+):
+    from santa import checkpoints
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", silent_endpoint.endpoint)
+    monkeypatch.setenv("SANTA_S3_READ_TIMEOUT", "1")
+    with pytest.raises(checkpoints.CheckpointError) as caught:
+        checkpoints.latest_checkpoint("s3://santa-silent/runs/r")
+    line, code = describe(caught.value)
+    assert code == 1 and line.startswith("santa: error: cannot reach the S3 endpoint"), line
