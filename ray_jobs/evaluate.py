@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
+from santa.preflight import check_input, check_writable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def evaluate_and_print() -> int:
+        check_input(args.data, "--data")
+        if args.output:
+            check_writable(args.output, "--output")
         results = evaluate(args.checkpoint, args.data, config)
         print(format_markdown(results), end="")
         if args.output:
@@ -107,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -10,13 +10,15 @@ sweep writes at its root. The folder at ``--to`` (config.json, model.safetensors
 files, santa_config.json) loads with ``santa.load`` and with plain transformers; it is
 written beside ``--to`` first and renamed into place, so it is never left half-written.
 S3 credentials come from the standard AWS chain; the endpoint from ``AWS_ENDPOINT_URL``.
-Exit status 2 with a one-line message when nothing complete is found or S3 fails.
+Errors are one line on stderr (``santa: error: ...``): exit status 2 when nothing complete
+is found, the bucket is missing or the credentials are refused, 1 when S3 cannot be reached.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+
+from santa.errors import exit_with, run_job
 
 PROG = "python -m ray_jobs.export"
 
@@ -48,20 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse → resolve → download → report."""
     args = build_parser().parse_args(argv)
-    from santa import checkpoints
-    from santa.storage import StorageError
+    return run_job(lambda: export(args), argv)
 
-    try:
-        if args.checkpoint:
-            resolved = checkpoints.resolve_checkpoint(args.checkpoint)
-        elif args.latest:
-            resolved = checkpoints.latest_checkpoint(args.latest)
-        else:
-            resolved = checkpoints.best_checkpoint(args.best)
-        target = checkpoints.download(resolved, args.to, overwrite=args.overwrite)
-    except StorageError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+
+def export(args: argparse.Namespace) -> int:
+    """Resolve → download → report."""
+    from santa import checkpoints
+    from santa.preflight import check_writable
+
+    check_writable(args.to, "--to")
+    if args.checkpoint:
+        resolved = checkpoints.resolve_checkpoint(args.checkpoint)
+    elif args.latest:
+        resolved = checkpoints.latest_checkpoint(args.latest)
+    else:
+        resolved = checkpoints.best_checkpoint(args.best)
+    target = checkpoints.download(resolved, args.to, overwrite=args.overwrite)
     step = "unknown" if resolved.step is None else resolved.step
     print(f"wrote {target} (step {step}) from {resolved.model_uri}")
     if args.best:
@@ -76,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

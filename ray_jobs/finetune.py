@@ -6,10 +6,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from ray_jobs.train_cli import build_parser, run
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,4 +23,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 
-from santa import storage
 from santa.checkpoints import load_model
 from santa.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
+from santa.errors import exit_with, run_job
 from santa.negatives.miner import MinerSettings, refresh_table
 from santa.negatives.mining import load_mining_corpus
+from santa.preflight import check_pairs, check_writable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,14 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-query-length", type=int, default=None)
     parser.add_argument("--max-document-length", type=int, default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    return run_job(lambda: mine(args), argv)
 
-    try:
-        model, train = load_model(args.checkpoint)
-        corpus = load_mining_corpus(args.data)
-    except (OSError, ValueError, storage.StorageError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+
+def mine(args: argparse.Namespace) -> int:
+    """Check → load → mine → write; errors reach ``run_job`` (one line, exit 2/1)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    check_pairs(args.data)
+    check_writable(args.output, "--output")
+    model, train = load_model(args.checkpoint)
+    corpus = load_mining_corpus(args.data)
     settings = MinerSettings(
         hard_negatives_per_query=args.sample,
         negatives_top_k=args.top_k,
@@ -78,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

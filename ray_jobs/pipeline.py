@@ -36,7 +36,7 @@ from ray_jobs.pipeline_report import format_report, is_number, plot_history, rea
 from santa import storage
 from santa.config import SantaConfig
 from santa.data.source import default_source_root
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
 from santa.recipes import PIPELINE_STAGES, stage_recipe
 from santa.runlock import RunLock
 
@@ -121,6 +121,7 @@ def stage_config(args: argparse.Namespace, stage: str, negatives: str = "none") 
 
 def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str, dict]:
     """Preprocess the source tree: training pairs, dev (valid) and test BEIR sets."""
+    from santa.data.outputs import matching_manifest
     from santa.data.pipeline import PreprocessConfig, run_preprocess
 
     source = args.input or default_source_root()
@@ -131,12 +132,6 @@ def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str,
     }
     reports = {}
     for key, (output, stage, split) in outputs.items():
-        report_uri = storage.join(output, "report.json")
-        if storage.exists(report_uri):
-            print(f"[corpus] {key}: reusing {output}", flush=True)
-            reports[key] = storage.read_json(report_uri)
-            continue
-        print(f"[corpus] {key}: {source} → {output} ({stage}, {split})", flush=True)
         config = PreprocessConfig(
             dataset="source",
             input=source,
@@ -147,6 +142,14 @@ def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str,
             # The stdlib's own test suite is a third of its files and few docstrings.
             skip_tests=not args.input,
         )
+        # Reused only when published whole and made with these options (not when an
+        # interrupted run left parts, or the corpus came from other settings).
+        manifest = matching_manifest(output, _corpus_options(config))
+        if manifest is not None:
+            print(f"[corpus] {key}: reusing {output}", flush=True)
+            reports[key] = manifest
+            continue
+        print(f"[corpus] {key}: {source} → {output} ({stage}, {split})", flush=True)
         reports[key] = run_preprocess(config)
         print(
             f"[corpus] {key}: {reports[key]['rows_written']:,} rows in "
@@ -156,6 +159,14 @@ def build_corpus(args: argparse.Namespace, run_uri: str) -> tuple[str, str, str,
     return outputs["pretrain"][0], outputs["dev"][0], outputs["test"][0], reports
 
 
+def _corpus_options(config) -> dict[str, Any]:
+    """The options that decide a corpus's rows (not how fast it was made)."""
+    keys = ("dataset", "input", "stage", "split", "languages", "mask", "seed", "skip_tests")
+    keys += ("max_query_chars", "max_document_chars", "esci_version", "locale")
+    payload = config.to_dict()
+    return {key: payload[key] for key in keys}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the pipeline; returns the report dict (also written as report.json / .md)."""
     for name in ("storage", "data", "finetune_data", "eval_data", "input"):
@@ -163,8 +174,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             setattr(args, name, storage.absolute(getattr(args, name)))
     run_uri = storage.join(args.storage, args.name)
     configs = {stage: stage_config(args, stage) for stage in args.stages}  # fail fast
+    preflight(args)
     with RunLock(run_uri, force=args.force, description="ray_jobs.pipeline"):
         return _run_locked(args, run_uri, configs)
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Inputs present, eval data loadable, storage writable: before any Ray work."""
+    from santa.preflight import check_beir, check_input, check_pairs, check_writable
+
+    if args.input:
+        check_input(args.input, "--input")
+    for name in ("data", "finetune_data"):
+        if getattr(args, name, None):
+            check_pairs(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.data and args.eval_data:
+        check_beir(args.eval_data, args.eval_split)
+    check_writable(args.storage, "--storage")
 
 
 def _run_locked(args: argparse.Namespace, run_uri: str, configs: dict) -> dict[str, Any]:
@@ -392,4 +418,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

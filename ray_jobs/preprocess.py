@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 
 from santa.data.cosqa import write_cosqa_beir
-from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, run_preprocess
+from santa.data.outputs import staged_output
+from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
+from santa.preflight import check_input, check_writable
 from santa.ray_utils import init_ray
 
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
@@ -109,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(config, address: str | None) -> int:
+    check_input(config.input, "--input")  # before any work: one line naming the URI
+    check_writable(config.output, "--output")
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
-        report = write_cosqa_beir(config.input, config.output, split=config.split or "test")
+        split = config.split or "test"
+        with staged_output(config.output) as staged:
+            report = write_cosqa_beir(config.input, staged.staging, split=split)
+            options = {"dataset": COSQA, "input": config.input, "split": split}
+            staged.publish({**report, "config": options})
         print(json.dumps(report))
         print(f"output: {config.output}")
         return 0
+    check_inputs(config)
     print(init_ray(address), flush=True)
     report = run_preprocess(config)
     print(format_report(report))
@@ -144,4 +152,4 @@ def format_report(report: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -5,10 +5,8 @@ python -m ray_jobs.pretrain --recipe tiny --data runs/stdlib --storage runs/ckpt
 
 from __future__ import annotations
 
-import sys
-
 from ray_jobs.train_cli import build_parser, run
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,4 +17,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

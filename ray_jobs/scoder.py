@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,8 @@ from ray_jobs.args import recipe_config, run_parser
 from ray_jobs.pipeline import _checkpoint_uri, mine_negatives
 from santa import storage
 from santa.config import SantaConfig
-from santa.errors import run_job
+from santa.errors import exit_with, run_job
+from santa.preflight import check_beir, check_pairs, check_writable
 from santa.runlock import RunLock
 
 logger = logging.getLogger("santa.scoder")
@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name):
             setattr(args, name, storage.absolute(getattr(args, name)))
     config = scoder_config(args)  # fail fast, before Ray
-    pairs = storage.join(args.data, "data")
-    if not storage.list_files(pairs, suffixes=(".parquet",)):
-        raise FileNotFoundError(f"no Parquet pairs under {pairs} (ray_jobs.preprocess output)")
+    check_pairs(args.data)  # cheap checks before any Ray work (one line each)
+    if args.eval_data:
+        check_beir(args.eval_data, args.eval_split)
+    check_writable(args.storage, "--storage")
     run_uri = storage.join(args.storage, args.name)
     with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)
@@ -444,4 +445,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -7,9 +7,10 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
-from santa.ray_utils import init_ray
+from santa import storage
+from santa.checkpoints import resolve_model
+from santa.preflight import check_beir, check_pairs, check_writable
 from santa.runlock import RunLock
-from santa.train.trainer import RunSpec, fit
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -50,18 +51,32 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             f"train.hard_negatives_per_query={args.negatives_per_query}",
         ]
     config = recipe_config(args, overrides)  # a bad value is one line, exit 2 (run_job)
-    spec = RunSpec(
-        data=args.data,
-        storage=args.storage,
-        name=args.name,
-        cpus_per_worker=args.cpus_per_worker,
-        max_failures=args.max_failures,
-        num_to_keep=args.num_to_keep,
-        warm_start=warm_start,
-        eval_data=args.eval_data,
-        eval_split=args.eval_split,
-    )
-    with RunLock(spec.run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+    # Cheap checks before any Ray work, and before importing torch and Ray (seconds): each
+    # failure is one line naming the URI.
+    eval_data = storage.absolute(args.eval_data)
+    check_pairs(storage.absolute(args.data))
+    check_writable(storage.absolute(args.storage), "--storage")
+    if eval_data:
+        check_beir(eval_data, args.eval_split)
+    if warm_start:
+        resolve_model(warm_start)  # a mistyped folder is named here, not sent to the hub
+
+    run_uri = storage.join(storage.absolute(args.storage), args.name)
+    with RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+        from santa.ray_utils import init_ray
+        from santa.train.trainer import RunSpec, fit
+
+        spec = RunSpec(
+            data=args.data,
+            storage=args.storage,
+            name=args.name,
+            cpus_per_worker=args.cpus_per_worker,
+            max_failures=args.max_failures,
+            num_to_keep=args.num_to_keep,
+            warm_start=warm_start,
+            eval_data=args.eval_data,
+            eval_split=args.eval_split,
+        )
         print(init_ray(args.address, verbose=args.verbose), flush=True)
         result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))

@@ -94,7 +94,7 @@ def _checkpoint_errors(function: Callable[P, R]) -> Callable[P, R]:
         except CheckpointError:
             raise
         except StorageError as error:
-            raise CheckpointError(str(error)) from None
+            raise CheckpointError(str(error), transient=error.transient) from None
 
     return wrapper
 

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-__all__ = ["BAD_INPUT", "RUNTIME_FAULT", "debug_enabled", "describe", "run_job"]
+__all__ = ["BAD_INPUT", "RUNTIME_FAULT", "debug_enabled", "describe", "exit_with", "run_job"]
 
 BAD_INPUT = 2
 RUNTIME_FAULT = 1
@@ -57,10 +57,34 @@ def describe(error: BaseException) -> tuple[str, int]:
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
+    from santa.storage import StorageError
+
+    if isinstance(error, StorageError) and message:  # its message names the URI and why
+        return f"santa: error: {message}", RUNTIME_FAULT
     name = type(error).__name__
     return f"santa: error: {name}: {message}" if message else f"santa: error: {name}", (
         RUNTIME_FAULT
     )
+
+
+def exit_with(code: int) -> None:
+    """End a job's process with ``code`` (its ``__main__``: ``exit_with(main())``).
+
+    After Ctrl-C, Ray is stopped here and the process ends at once: left to the exit
+    hooks, Ray's shutdown after an interrupted execution sometimes ended the process with
+    status 1 instead of 130.
+    """
+    if code == INTERRUPTED:
+        ray = sys.modules.get("ray")
+        try:
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()
+        except BaseException:  # noqa: BLE001, S110 - already exiting on an interrupt
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    sys.exit(code)
 
 
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:

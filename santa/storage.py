@@ -6,12 +6,16 @@ storage, such as :mod:`santa.checkpoints`.
 
 S3 endpoints and credentials come from the standard AWS chain (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, instance profiles, ...); nothing here reads, prints or logs them.
-:func:`open_location` uses short connect timeouts and few retries, so an unreachable
-endpoint fails within seconds, and :func:`classify_error` turns S3 errors into one line.
+:func:`resolve` and :func:`open_location` share one S3 filesystem per bucket with
+connect and read timeouts and a bounded number of attempts, so an unreachable endpoint, or
+one that accepts connections and never answers, fails within seconds (the settings:
+``SANTA_S3_CONNECT_TIMEOUT``, ``SANTA_S3_READ_TIMEOUT`` in seconds, ``SANTA_S3_MAX_ATTEMPTS``);
+:func:`classify_error` turns S3 errors into one line naming the URI.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -23,9 +27,9 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-S3_CONNECT_TIMEOUT_S = 3.0
-S3_REQUEST_TIMEOUT_S = 30.0
-S3_MAX_ATTEMPTS = 3  # a closed port fails in ~2 s; a dropped connection in ~3 x connect
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_REQUEST_TIMEOUT_S = 10.0  # no byte for this long: the request failed (not a size limit)
+S3_MAX_ATTEMPTS = 2  # a silent endpoint fails in ~2 x read timeout, a closed port at once
 _CREDENTIAL_ERRORS = (
     "ACCESS_DENIED",
     "AccessDenied",
@@ -43,7 +47,23 @@ T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
-    """A storage URI could not be read or written; the message says which and why."""
+    """A storage URI could not be read or written; the message says which and why.
+
+    ``transient``: the storage could not be reached (a fault at run time, exit 1), rather
+    than something wrong with the URI, bucket or credentials (bad input, exit 2).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _setting(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise StorageError(f"{name} must be a number of seconds, not {value!r}") from None
 
 
 def is_s3(uri: str) -> bool:
@@ -69,18 +89,19 @@ def absolute(uri: str) -> str:
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """Return ``(filesystem, path)`` for a local path or ``s3://`` URI."""
     if is_s3(uri):
-        try:
-            fs, path = pafs.FileSystem.from_uri(uri)
-        except Exception as error:  # pyarrow raises OSError/ArrowInvalid with AWS details
-            raise StorageError(f"cannot open {uri}: {error}") from error
-        return fs, path
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        if not bucket:
+            raise StorageError(f"no bucket in {uri!r}")
+        key = key.strip("/")
+        return s3_filesystem(bucket), f"{bucket}/{key}" if key else bucket
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
 
 
 def exists(uri: str) -> bool:
     """Whether a file or directory exists at ``uri``."""
     fs, path = resolve(uri)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    info = classified(lambda: fs.get_file_info(path), uri, "read")
+    return info.type != pafs.FileType.NotFound
 
 
 def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
@@ -90,16 +111,19 @@ def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
     the URI's form (``s3://...`` stays ``s3://...``).
     """
     fs, path = resolve(uri)
-    info = fs.get_file_info(path)
+    info = classified(lambda: fs.get_file_info(path), uri, "list")
     if info.type == pafs.FileType.NotFound:
         raise StorageError(f"no such file or directory: {uri}")
     suffixes = tuple(suffixes)
     if info.type == pafs.FileType.File:
         found = [path]
     else:
+        entries = classified(
+            lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), uri, "list"
+        )
         found = [
             entry.path
-            for entry in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            for entry in entries
             if entry.type == pafs.FileType.File
             and not any(part.startswith((".", "_")) for part in _relative_parts(entry.path, path))
         ]
@@ -142,7 +166,7 @@ def write_bytes(uri: str, data: bytes) -> None:
         with fs.open_output_stream(path, compression=None) as stream:
             stream.write(data)
     except OSError as error:
-        raise StorageError(f"cannot write {uri}: {error}") from error
+        raise classify_error(error, uri, "write") from None
 
 
 def read_bytes(uri: str) -> bytes:
@@ -154,7 +178,7 @@ def read_bytes(uri: str) -> bytes:
     except FileNotFoundError as error:
         raise StorageError(f"no such file: {uri}") from error
     except OSError as error:
-        raise StorageError(f"cannot read {uri}: {error}") from error
+        raise classify_error(error, uri, "read") from None
 
 
 def write_json(uri: str, payload: Any) -> None:
@@ -210,13 +234,26 @@ class Location:
 
 
 def s3_filesystem(bucket: str) -> pafs.S3FileSystem:
-    """An S3 filesystem for ``bucket`` that fails fast; credentials from the AWS chain."""
+    """An S3 filesystem for ``bucket`` that fails fast; credentials from the AWS chain.
+
+    One per bucket and settings (finding a bucket's region is a request of its own).
+    """
+    names = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+    names += ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "SANTA_S3_CONNECT_TIMEOUT")
+    names += ("SANTA_S3_READ_TIMEOUT", "SANTA_S3_MAX_ATTEMPTS")
+    return _s3_filesystem(bucket, tuple(os.environ.get(name, "") for name in names))
+
+
+@functools.lru_cache(maxsize=64)
+def _s3_filesystem(bucket: str, _settings: tuple[str, ...]) -> pafs.S3FileSystem:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     options: dict[str, Any] = {
-        "connect_timeout": S3_CONNECT_TIMEOUT_S,
-        "request_timeout": S3_REQUEST_TIMEOUT_S,
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
+        "connect_timeout": _setting("SANTA_S3_CONNECT_TIMEOUT", S3_CONNECT_TIMEOUT_S),
+        "request_timeout": _setting("SANTA_S3_READ_TIMEOUT", S3_REQUEST_TIMEOUT_S),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+            max_attempts=int(_setting("SANTA_S3_MAX_ATTEMPTS", S3_MAX_ATTEMPTS))
+        ),
     }
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -288,7 +325,12 @@ def classify_error(error: OSError, uri: str, action: str) -> StorageError:
     if isinstance(error, FileNotFoundError):
         return StorageError(f"not found: {uri}")
     if "NETWORK_CONNECTION" in text or "curlCode" in text:
-        return StorageError(f"cannot reach the S3 endpoint {_endpoint_name()} to {action} {uri}")
+        why = "no answer in time" if "Timeout" in text or "curlCode: 28" in text else ""
+        return StorageError(
+            f"cannot reach the S3 endpoint {_endpoint_name()} to {action} {uri}"
+            + (f" ({why})" if why else ""),
+            transient=True,
+        )
     if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
         return StorageError(f"no such bucket: {uri}")
     if any(marker in text for marker in _CREDENTIAL_ERRORS):

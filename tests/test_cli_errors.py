@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from santa.runlock import RunLock
+from tests.training import stdlib_pair_rows, write_pairs
 
 
 def _job(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -31,9 +32,10 @@ def test_zero_steps_is_an_error_not_unset(tmp_path: Path) -> None:
 
 
 def test_a_locked_run_fails_at_once_naming_the_holder(tmp_path: Path) -> None:
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
     with RunLock(str(tmp_path / "runs" / "busy"), description="pipeline"):
         proc = _job(
-            "ray_jobs.pretrain", "--data", str(tmp_path), "--storage", str(tmp_path / "runs"),
+            "ray_jobs.pretrain", "--data", data, "--storage", str(tmp_path / "runs"),
             "--name", "busy", cwd=tmp_path,
         )  # fmt: skip
     assert proc.returncode == 2

@@ -417,7 +417,7 @@ def test_cli(store, moto_s3, auth_s3, tmp_path) -> None:
     for failed, message in ((missing, "no checkpoint at"), (denied, "access denied to")):
         assert failed.returncode == 2
         assert failed.stdout == ""
-        assert failed.stderr.startswith(f"python -m ray_jobs.export: error: {message}")
+        assert failed.stderr.startswith(f"santa: error: {message}")
         assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
     for output in (done, missing, denied):
         assert SECRET_ID not in output.stdout + output.stderr

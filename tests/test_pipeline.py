@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from santa import storage
+from santa.data.outputs import published_root
 from santa.data.pipeline import PreprocessConfig, run_preprocess
 from santa.data.schema import PAIR_SCHEMA
 from santa.masking import fill_sentinels
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def read_pairs(output: str):
-    fs, path = storage.resolve(storage.join(output, "data"))
+    fs, path = storage.resolve(storage.join(published_root(output), "data"))
     return pq.read_table(path, filesystem=fs)
 
 
@@ -41,8 +42,14 @@ def assert_accounted(report: dict) -> None:
 
 
 def read_beir(output):
-    corpus = [json.loads(x) for x in storage.read_bytes(f"{output}/corpus.jsonl").splitlines()]
-    queries = [json.loads(x) for x in storage.read_bytes(f"{output}/queries.jsonl").splitlines()]
+    corpus = [
+        json.loads(x)
+        for x in storage.read_bytes(f"{published_root(output)}/corpus.jsonl").splitlines()
+    ]
+    queries = [
+        json.loads(x)
+        for x in storage.read_bytes(f"{published_root(output)}/queries.jsonl").splitlines()
+    ]
     return corpus, queries
 
 

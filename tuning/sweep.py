@@ -38,6 +38,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray_jobs.args import recipe_config, run_parser
 from santa import storage
 from santa.config import SantaConfig
+from santa.errors import exit_with, run_job
+from santa.preflight import check_beir, check_pairs, check_writable
 from santa.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
 
 logger = logging.getLogger(__name__)
@@ -371,13 +373,19 @@ def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse → check → sweep; errors as one line (``santa.errors.run_job``)."""
     args = build_parser().parse_args(argv)
+    return run_job(lambda: run_sweep(args), argv)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Run (or resume) the sweep of ``args``; the exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        config = base_config(args)
-    except ValueError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+    config = base_config(args)
+    # Before Ray: a missing --eval-data would otherwise fail every trial, each retried.
+    check_pairs(args.data)
+    check_beir(args.eval_data, args.eval_split)
+    check_writable(args.storage, "--storage")
 
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -431,11 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 "eval_split": args.eval_split,
             },
         }
-        try:
-            space = search_space(args, config, sweep)
-        except ValueError as error:
-            print(f"{PROG}: error: {error}", file=sys.stderr)
-            return 2
+        space = search_space(args, config, sweep)
         max_steps = config.train.max_steps
         grace = args.grace_period or config.train.eval_every
         if sweep["objective"] == "scoder":  # a SCodeR trial reports once per iteration
@@ -468,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         best = best_record(result_grid, sweep_root, storage_root)
     except RuntimeError as error:  # no trial reported the metric
-        print(f"{PROG}: error: no best trial: {error}", file=sys.stderr)
+        print(f"santa: error: no best trial: {error}", file=sys.stderr)
         return 1
     storage.write_json(storage.join(sweep_root, BEST_FILE), best)
     print(
@@ -481,4 +485,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from santa import storage
 from santa.data.kinds import document_text, row_kind
+from santa.data.outputs import published_root
 
 if TYPE_CHECKING:
     import ray.data
@@ -67,7 +68,11 @@ class BeirData:
 
 
 def load_beir(uri: str, split: str = "test") -> BeirData:
-    """Read a BEIR folder (local path or ``s3://``); keep the queries judged in ``split``."""
+    """Read a BEIR folder (local path or ``s3://``); keep the queries judged in ``split``.
+
+    A preprocess output is read where its manifest says (:func:`published_root`).
+    """
+    uri = published_root(uri)
     corpus: dict[str, dict[str, str]] = {}
     for line_no, row in _read_jsonl(uri, "corpus.jsonl"):
         doc_id = _row_id(row, "corpus.jsonl", line_no)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -32,13 +32,16 @@ from santa.data.operators import (
     extract_source_records,
     select_output_rows,
 )
+from santa.data.outputs import staged_output
 from santa.data.readers import (
     JsonLinesDatasource,
     language_from_path,
+    reject_json_arrays,
     relative_path,
     split_from_path,
 )
 from santa.data.records import PairOptions, Reason
+from santa.data.report import build_report, summarize
 from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
 from santa.ray_utils import capacity_of, cluster_cpus
@@ -66,7 +69,6 @@ ESCI_EXAMPLE_COLUMNS = [
     "large_version",
     "split",
 ]
-MISSING_PRODUCT = "missing_product"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,16 +213,28 @@ def _actor_pool(
 
 
 def _code_files(config: PreprocessConfig) -> list[str]:
-    files = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
-    if config.languages:
-        files = [
-            f
-            for f in files
-            if language_from_path(relative_path(f, config.input)) in ("", *config.languages)
-        ]
-    if not files:
+    found = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+    if not found:
         raise FileNotFoundError(f"no .jsonl/.jsonl.gz files under {config.input}")
+    files = [
+        f
+        for f in found
+        if not config.languages
+        or language_from_path(relative_path(f, config.input)) in ("", *config.languages)
+    ]
+    if not files:
+        raise _no_language_files(config, [relative_path(f, config.input) for f in found])
+    reject_json_arrays(files)
     return files
+
+
+def _no_language_files(config: PreprocessConfig, relative: list[str]) -> FileNotFoundError:
+    """The error for inputs that hold files, none of the requested languages."""
+    languages = sorted({language_from_path(path) or "unknown" for path in relative})
+    return FileNotFoundError(
+        f"no {'/'.join(config.languages)} files under {config.input} "
+        f"(languages found: {', '.join(languages)})"
+    )
 
 
 def _source_files(config: PreprocessConfig) -> list[str]:
@@ -228,11 +242,31 @@ def _source_files(config: PreprocessConfig) -> list[str]:
         files = storage.list_files(config.input, suffixes=tuple(EXTENSIONS))
     else:
         files = list(iter_source_files(config.input, skip_tests=config.skip_tests))
-    if config.languages:
-        files = [f for f in files if EXTENSIONS["." + f.rsplit(".", 1)[-1]] in config.languages]
     if not files:
         raise FileNotFoundError(f"no source files under {config.input}")
+    if config.languages:
+        found = files
+        files = [f for f in found if EXTENSIONS["." + f.rsplit(".", 1)[-1]] in config.languages]
+        if not files:
+            languages = sorted({EXTENSIONS["." + f.rsplit(".", 1)[-1]] for f in found})
+            raise FileNotFoundError(
+                f"no {'/'.join(config.languages)} source files under {config.input} "
+                f"(languages found: {', '.join(languages)})"
+            )
     return files
+
+
+def check_inputs(config: PreprocessConfig) -> None:
+    """The input files are there, of the requested languages, and JSON lines (no Ray)."""
+    if config.dataset == "source":
+        _source_files(config)
+    elif config.dataset == "esci":
+        for name in ("examples", "products"):
+            uri = storage.join(config.input, f"shopping_queries_dataset_{name}.parquet")
+            if not storage.exists(uri):
+                raise FileNotFoundError(f"no ESCI {name} file: {uri}")
+    else:
+        _code_files(config)
 
 
 @contextlib.contextmanager
@@ -348,7 +382,18 @@ def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
 
 
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
-    """Run the pipeline on the current Ray cluster; return (and write) its report."""
+    """Run the pipeline on the current Ray cluster; return (and publish) its report.
+
+    The output is staged and published whole (:mod:`santa.data.outputs`): an interrupted
+    or failed run leaves the previous output as it was.
+    """
+    with staged_output(config.output) as staged:
+        report = _run_into(config, staged.staging)
+        return staged.publish(report)
+
+
+def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
+    """Process ``config`` and write its files (not the report) into the folder ``output``."""
     started = time.time()
     options = config.pair_options()
     filtered: Counter = Counter()
@@ -374,8 +419,51 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     work = work.materialize()
     phases = {"process_s": time.time() - started}
 
-    summary = _summary(work)
+    summary = summarize(work)
     phases["summary_s"] = time.time() - started - sum(phases.values())
+    report_rows, kept, removed = _settle_rows(config, summary)
+    final = work.map_batches(
+        select_output_rows,
+        fn_kwargs={"removed": pa.array(sorted(removed), pa.string())},
+        batch_format="pyarrow",
+        batch_size=None,  # whole blocks: the rows only need filtering
+    )
+    written = None
+    if config.stage == "eval":
+        written = write_beir(final, output, config.wanted_split)
+    else:
+        data_uri = storage.join(output, "data")
+        if kept.any():
+            final.write_parquet(
+                data_uri,
+                mode="overwrite",
+                min_rows_per_file=_rows_per_file(config, int(kept.sum())),
+            )
+        else:
+            # Ray writes no file for an empty dataset; readers still need the schema.
+            fs, path = storage.resolve(storage.join(data_uri, "empty.parquet"))
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
+
+    asst = None
+    if config.asst and config.stage != "eval":
+        from santa.data.asst_pairs import write_asst_pairs
+
+        asst = write_asst_pairs(storage.join(output, "data"), seed=config.seed)
+    phases["write_s"] = time.time() - started - sum(phases.values())
+    report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)
+    report["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
+    if written is not None:
+        report["beir"] = written
+    if asst is not None:
+        report["asst"] = asst  # derived pairs: not in rows_read / rows_written
+        report["by_kind"]["asst"] = asst["written"]
+    return report
+
+
+def _settle_rows(config: PreprocessConfig, summary: pd.DataFrame):
+    """Each row's final drop reason (held-out leaks, duplicates), what is kept, and the
+    row keys to remove from the written output."""
     heldout_rows = summary["drop_reason"] == HELDOUT_MARK
     heldout_ids = set(summary.loc[heldout_rows, "doc_id"]) - {""}
     heldout_dedup = set(summary.loc[heldout_rows, "dedup_key"]) - {""}
@@ -398,126 +486,10 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
         )
         kept = report_rows["drop_reason"] == ""
     removed = set(report_rows.loc[~kept & (summary["drop_reason"] == ""), "row_key"])
-
-    final = work.map_batches(
-        select_output_rows,
-        fn_kwargs={"removed": pa.array(sorted(removed), pa.string())},
-        batch_format="pyarrow",
-        batch_size=None,  # whole blocks: the rows only need filtering
-    )
-    if config.stage == "eval":
-        written = write_beir(final, config.output, config.wanted_split)
-    else:
-        data_uri = storage.join(config.output, "data")
-        if kept.any():
-            final.write_parquet(
-                data_uri,
-                mode="overwrite",
-                min_rows_per_file=_rows_per_file(config, int(kept.sum())),
-            )
-        else:
-            # Ray writes no file for an empty dataset; readers still need the schema.
-            storage.delete_dir(data_uri)
-            fs, path = storage.resolve(storage.join(data_uri, "empty.parquet"))
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
-        written = None
-
-    asst = None
-    if config.asst and config.stage != "eval":
-        from santa.data.asst_pairs import write_asst_pairs
-
-        asst = write_asst_pairs(storage.join(config.output, "data"), seed=config.seed)
-    phases["write_s"] = time.time() - started - sum(phases.values())
-    report = build_report(config, report_rows, filtered, expected_rows, time.time() - started)
-    report["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
-    if written is not None:
-        report["beir"] = written
-    if asst is not None:
-        report["asst"] = asst  # derived pairs: not in rows_read / rows_written
-        report["by_kind"]["asst"] = asst["written"]
-    storage.write_json(storage.join(config.output, "report.json"), report)
-    return report
+    return report_rows, kept, removed
 
 
 def _rows_per_file(config: PreprocessConfig, rows: int) -> int:
     """``config.rows_per_file``, or fewer so that every CPU of the cluster writes a share
     of a small output in parallel (one file per write task)."""
     return max(1, min(config.rows_per_file, math.ceil(rows / _cluster_cpus())))
-
-
-_SUMMARY_COLUMNS = [
-    "language",
-    "kind",
-    "drop_reason",
-    "row_key",
-    "dedup_key",
-    "doc_id",
-    "num_tokens",
-    "num_masked_tokens",
-]
-
-
-def _summary(work: ray.data.Dataset) -> pd.DataFrame:
-    """The accounting columns of a materialized dataset, block by block from the object
-    store (zero-copy), without another Ray Data execution."""
-    tables = [ray.get(ref) for ref in work.to_arrow_refs()]
-    # Empty blocks (read tasks that found no lines) may come without columns.
-    tables = [table.select(_SUMMARY_COLUMNS) for table in tables if table.num_rows]
-    if not tables:
-        return pd.DataFrame(columns=_SUMMARY_COLUMNS)
-    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
-
-
-def build_report(
-    config: PreprocessConfig,
-    rows: pd.DataFrame,
-    filtered: Counter,
-    expected_rows: int | None,
-    wall_time_s: float,
-) -> dict[str, Any]:
-    """Counts by reason and language, entity ratio per language, and wall time."""
-    dropped: Counter = Counter()
-    filtered = Counter(filtered)  # selected away by the driver before any row was built
-    by_language: dict[str, Counter] = defaultdict(Counter)
-    for (language, reason), count in rows.groupby(["language", "drop_reason"]).size().items():
-        by_language[language or "unknown"][reason or "written"] += int(count)
-        if reason in Reason.FILTERS:
-            filtered[reason] += int(count)
-        elif reason:
-            dropped[reason] += int(count)
-    rows_read = (
-        len(rows) + sum(filtered.values()) - int(rows["drop_reason"].isin(Reason.FILTERS).sum())
-    )
-    if expected_rows is not None and expected_rows > len(rows):
-        # Judgments whose product is absent from the products file never reach a builder.
-        dropped[MISSING_PRODUCT] += expected_rows - len(rows)
-        rows_read += expected_rows - len(rows)
-    kept = rows[rows["drop_reason"] == ""]
-    entity_ratio = {}
-    if config.stage == "pretrain":
-        sums = kept.groupby("language")[["num_tokens", "num_masked_tokens"]].sum()
-        for language, row in sums.iterrows():
-            tokens = int(row["num_tokens"])
-            entity_ratio[language] = (
-                round(int(row["num_masked_tokens"]) / tokens, 4) if tokens else 0.0
-            )
-    # Pretraining pairs with nothing to mask train SDA only: counted, never dropped.
-    without_entities = (
-        kept[kept["num_masked_tokens"] == 0].groupby("kind").size()
-        if config.stage == "pretrain"
-        else pd.Series(dtype=int)
-    )
-    return {
-        "config": config.to_dict(),
-        "rows_read": int(rows_read),
-        "rows_written": int(len(kept)),
-        "by_kind": {str(k): int(v) for k, v in kept.groupby("kind").size().items()},
-        "without_entities": {str(k): int(v) for k, v in without_entities.items()},
-        "dropped": dict(sorted(dropped.items())),
-        "filtered": dict(sorted(filtered.items())),
-        "by_language": {k: dict(sorted(v.items())) for k, v in sorted(by_language.items())},
-        "entity_ratio": entity_ratio,
-        "mask": config.mask,
-        "wall_time_s": round(wall_time_s, 2),
-    }

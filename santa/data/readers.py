@@ -213,3 +213,34 @@ def relative_path(path: str, root: str) -> str:
     if os.sep != "/":
         path, root = path.replace(os.sep, "/"), root.replace(os.sep, "/")
     return posixpath.relpath(path, root)
+
+
+_PEEK_BYTES = 4096
+
+
+def first_text_byte(uri: str) -> bytes:
+    """The first byte of a file's (decompressed) content past whitespace and a BOM."""
+    fs, path = storage.resolve(uri)
+    with fs.open_input_stream(path, compression=None) as stream:
+        head = stream.read(_PEEK_BYTES * 4)
+    if uri.endswith(".gz"):
+        try:
+            head = zlib.decompressobj(wbits=47).decompress(head, _PEEK_BYTES)
+        except zlib.error:
+            return b""  # a corrupt file: the reader counts it (corrupt_file)
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head[:1]
+
+
+def reject_json_arrays(files: list[str]) -> None:
+    """Fail fast on a file holding one JSON array instead of JSON lines.
+
+    Each of its lines would be dropped as invalid JSON and the job would end with nothing
+    written; converting is one command, so the message says which.
+    """
+    for uri in files:
+        if first_text_byte(uri) == b"[":
+            raise ValueError(
+                f"{uri} is a JSON array, not JSON lines (one object per line): convert it, "
+                "e.g. jq -c '.[]' FILE > FILE.jsonl"
+            )

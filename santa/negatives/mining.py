@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.outputs import published_root
 
 __all__ = [
     "MiningCorpus",
@@ -185,9 +186,10 @@ CORPUS_COLUMNS = ["dataset", "query_id", "query", "doc_id", "title", "document",
 def _corpus_rows(data_uri: str, doc_ids: set[str] | None = None):
     """Yield ``(kind, query_id, query, doc_id, embedded document, label)`` per pair row,
     only the rows of ``doc_ids`` when given (filtered while reading)."""
-    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    root = storage.join(published_root(data_uri), "data")
+    files = storage.list_files(root, suffixes=(".parquet",))
     if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
+        raise FileNotFoundError(f"no Parquet pairs under {root}")
     for uri in files:
         filesystem, path = storage.resolve(uri)
         schema = pq.read_schema(path, filesystem=filesystem)

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.outputs import published_root
 from santa.negatives.mining import MiningCorpus, NegativesTable
 from santa.scoder.discriminator import discriminator_kind
 
@@ -51,9 +52,10 @@ def is_heldout(query_id: str, fraction: float) -> bool:
 
 def _pair_rows(data_uri: str):
     """The training pairs under ``data_uri/data``: (query id, query, doc id, kind) rows."""
-    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    root = storage.join(published_root(data_uri), "data")
+    files = storage.list_files(root, suffixes=(".parquet",))
     if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {storage.join(data_uri, 'data')}")
+        raise FileNotFoundError(f"no Parquet pairs under {root}")
     for uri in files:
         filesystem, path = storage.resolve(uri)
         names = pq.read_schema(path, filesystem=filesystem).names

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.outputs import published_root
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
@@ -144,7 +145,7 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
         "masked_document",
         "mep_target",
     ]
-    root = storage.join(data_uri, "data")
+    root = storage.join(published_root(data_uri), "data")
     files = storage.list_files(root, suffixes=(".parquet",))
     if not files:
         raise FileNotFoundError(f"no Parquet pairs under {root}")

@@ -30,6 +30,7 @@ from santa.losses import contrastive_loss, total_loss
 from santa.model import DualEncoder
 from santa.negatives.miner import NegativesClient
 from santa.negatives.mining import NegativesTable
+from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
     load_training_state,
@@ -168,6 +169,9 @@ class LoopConfig:
     """A BEIR folder for dev metrics; empty: none."""
     eval_split: str = "test"
     """The qrels split of ``eval_data``."""
+    registered_checkpoints: tuple[str, ...] = ()
+    """The run's registered checkpoints, newest first: resume falls back along them when
+    the latest does not load (``santa.train.resume``)."""
 
     def __post_init__(self) -> None:
         if self.torch_threads < 1:
@@ -279,8 +283,16 @@ class WorkerTrainer:
         state: dict[str, Any] = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "resumed_at": []}
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is not None:
-            with local_checkpoint(checkpoint) as directory:
-                state = load_training_state(directory, self.model, self.optimizer, self.scheduler)
+
+            def load(candidate) -> dict[str, Any]:
+                with local_checkpoint(candidate) as directory:
+                    return load_training_state(
+                        directory, self.model, self.optimizer, self.scheduler
+                    )
+
+            state, _ = load_newest_loadable(
+                checkpoint, list(self.loop.registered_checkpoints), load, announce=self.rank == 0
+            )
             state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
             logger.info("rank %d resumed at step %d", self.rank, state["step"])
         return state

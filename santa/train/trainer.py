@@ -12,12 +12,14 @@ import pyarrow.parquet as pq
 from santa import storage
 from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
+from santa.data.outputs import published_root
 from santa.model import DualEncoder
 from santa.negatives.miner import start_miner
 from santa.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
 from santa.train.loop import LoopConfig, train_loop_per_worker
+from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,9 @@ class RunSpec:
 
 def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
     """Query and document texts of the first ``limit`` pairs (to train a tokenizer)."""
-    files = storage.list_files(storage.join(data_uri, "data"), suffixes=(".parquet",))
+    files = storage.list_files(
+        storage.join(published_root(data_uri), "data"), suffixes=(".parquet",)
+    )
     texts: list[str] = []
     for uri in files:
         fs, path = storage.resolve(uri)
@@ -156,6 +160,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         if not storage.is_s3(spec.storage)
         else os.path.join(os.path.expanduser("~/santa-runs"), spec.name, "tensorboard")
     )
+    # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
+    remove_unregistered_checkpoints(spec.run_uri)
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if train.hard_negatives == "async":
@@ -189,6 +195,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             miner_name=miner_name,
             eval_data=spec.eval_data,
             eval_split=spec.eval_split,
+            registered_checkpoints=tuple(registered_checkpoints(spec.run_uri)),
         ).to_dict(),
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,

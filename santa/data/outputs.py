@@ -1,0 +1,204 @@
+"""Preprocess outputs published whole or not at all, one run's files per output folder.
+
+A job writes into a staging place of its own and publishes at the end:
+
+- **local**: a sibling folder ``OUT.tmp-<run id>``, renamed onto ``OUT`` when complete
+  (the previous ``OUT`` is moved aside first and deleted after; SIGINT is held back
+  during the two renames). An interrupted run deletes its staging folder; ``OUT`` is
+  never touched before the end.
+- **S3** (no rename there): a run-unique prefix ``OUT/runs/<run id>/``, and the manifest
+  ``OUT/report.json``, written LAST, names it. Readers trust only the manifest
+  (:func:`published_root`), so a half-written prefix is never read; after publishing,
+  everything else under ``OUT`` (earlier runs, files of an older layout) is deleted.
+
+The manifest is the job's report with a ``manifest`` entry: ``complete``, ``run_id``,
+``prefix`` (empty for local outputs) and ``published_at``; the report's ``config`` records
+the options the output was made with (:func:`matching_manifest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import shutil
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from santa import storage
+
+__all__ = [
+    "MANIFEST_FILE",
+    "StagedOutput",
+    "matching_manifest",
+    "published_root",
+    "read_manifest",
+    "staged_output",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "report.json"
+RUNS_PREFIX = "runs"
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    """Where one run writes (``staging``) before it is published at ``uri``."""
+
+    uri: str
+    run_id: str
+    staging: str
+
+    @property
+    def prefix(self) -> str:
+        """The staging folder relative to ``uri`` (S3), or empty (local: renamed in)."""
+        return f"{RUNS_PREFIX}/{self.run_id}" if storage.is_s3(self.uri) else ""
+
+    def publish(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Write the manifest (the report, marked complete) and make this run the output."""
+        manifest = dict(report)
+        manifest["manifest"] = {
+            "complete": True,
+            "run_id": self.run_id,
+            "prefix": self.prefix,
+            "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        if storage.is_s3(self.uri):
+            storage.write_json(storage.join(self.staging, MANIFEST_FILE), manifest)
+            storage.write_json(storage.join(self.uri, MANIFEST_FILE), manifest)  # the commit
+            _delete_other_s3_entries(self.uri, keep={MANIFEST_FILE, RUNS_PREFIX}, run=self.run_id)
+        else:
+            storage.write_json(storage.join(self.staging, MANIFEST_FILE), manifest)
+            _rename_into_place(self.staging, self.uri, self.run_id)
+        return manifest
+
+    def abandon(self) -> None:
+        """Delete what this run staged (best effort: an interrupted run must not fail here)."""
+        try:
+            storage.delete_dir(self.staging)
+        except Exception as error:  # noqa: BLE001 - cleanup after another error
+            logger.warning("could not delete the staging folder %s: %s", self.staging, error)
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC time and a random suffix."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{now}-{uuid.uuid4().hex[:8]}"
+
+
+def stage(uri: str) -> StagedOutput:
+    """A staging place for one run's output at ``uri`` (nothing is written yet)."""
+    run_id = new_run_id()
+    if storage.is_s3(uri):
+        return StagedOutput(uri, run_id, storage.join(uri.rstrip("/"), RUNS_PREFIX, run_id))
+    final = storage.absolute(uri).rstrip(os.sep)
+    return StagedOutput(final, run_id, f"{final}.tmp-{run_id}")
+
+
+@contextlib.contextmanager
+def staged_output(uri: str) -> Iterator[StagedOutput]:
+    """Stage an output; anything raised inside (Ctrl-C too) deletes the staging folder."""
+    staged = stage(uri)
+    try:
+        yield staged
+    except BaseException:
+        staged.abandon()
+        raise
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT delivered after the block (renames of a publish are not interrupted)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _rename_into_place(staging: str, final: str, run_id: str) -> None:
+    """Replace ``final`` with ``staging`` (local folders), keeping one of them whole."""
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    aside = f"{final}.old-{run_id}"
+    with _sigint_held():
+        if os.path.lexists(final):
+            if not os.path.isdir(final) or os.path.islink(final):
+                raise storage.StorageError(f"output {final} exists and is not a folder")
+            os.rename(final, aside)
+        os.rename(staging, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _delete_other_s3_entries(uri: str, keep: set[str], run: str) -> None:
+    """Delete every entry under ``uri`` but ``keep`` and ``runs/<run>`` (best effort)."""
+    try:
+        location = storage.open_location(uri)
+        for entry in storage.list_dir(location):
+            name = entry.path.rstrip("/").rsplit("/", 1)[-1]
+            if name == RUNS_PREFIX and entry.type == pafs.FileType.Directory:
+                for old in storage.list_dir(location.child(RUNS_PREFIX)):
+                    if old.path.rstrip("/").rsplit("/", 1)[-1] != run:
+                        _delete_entry(location.fs, old)
+            elif name not in keep:
+                _delete_entry(location.fs, entry)
+    except (OSError, storage.StorageError) as error:
+        logger.warning("published %s, but could not delete earlier files: %s", uri, error)
+
+
+def _delete_entry(fs: pafs.FileSystem, entry: pafs.FileInfo) -> None:
+    if entry.type == pafs.FileType.Directory:
+        fs.delete_dir(entry.path)
+    else:
+        fs.delete_file(entry.path)
+
+
+def read_manifest(uri: str) -> dict[str, Any] | None:
+    """The complete manifest of a published output, or None (nothing published there)."""
+    manifest_uri = storage.join(uri, MANIFEST_FILE)
+    try:
+        if not storage.exists(manifest_uri):
+            return None
+        manifest = storage.read_json(manifest_uri)
+    except ValueError:
+        return None  # half-written or foreign: not a publish
+    if not isinstance(manifest, dict):
+        return None
+    if not (manifest.get("manifest") or {}).get("complete"):
+        return None
+    return manifest
+
+
+def published_root(uri: str) -> str:
+    """The folder holding the published files of the output at ``uri``.
+
+    An S3 output's manifest names its run prefix; a local output (renamed into place) and
+    a folder written by other means (a BEIR folder, hand-made pairs) are read as they are.
+    """
+    manifest = read_manifest(uri)
+    prefix = (manifest or {}).get("manifest", {}).get("prefix") or ""
+    if prefix:
+        if ".." in prefix.split("/") or prefix.startswith("/"):
+            raise storage.StorageError(f"bad prefix {prefix!r} in {uri}/{MANIFEST_FILE}")
+        return storage.join(uri, prefix)
+    return uri
+
+
+def matching_manifest(uri: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest at ``uri`` when it is complete and was made with ``options``."""
+    manifest = read_manifest(uri)
+    if manifest is None:
+        return None
+    recorded = manifest.get("config") or {}
+    same = all(recorded.get(key) == value for key, value in options.items())
+    return manifest if same else None

@@ -1,0 +1,95 @@
+"""Checks a job makes before any Ray work: cheap, and each failure one line naming the URI.
+
+An output is checked by writing and deleting a probe object where the job will write (a
+missing bucket, bad credentials, a read-only folder or a silent S3 endpoint show up here,
+not after the processing); inputs must exist; evaluation data must load.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+
+import pyarrow.fs as pafs
+
+from santa import storage
+from santa.storage import StorageError
+
+__all__ = ["check_beir", "check_input", "check_pairs", "check_writable"]
+
+PROBE_PREFIX = ".santa-probe-"
+
+
+def check_writable(uri: str, what: str = "output") -> None:
+    """Write and delete a probe object at ``uri`` (a folder, made or not yet)."""
+    name = PROBE_PREFIX + uuid.uuid4().hex
+    if storage.is_s3(uri):
+        try:
+            location = storage.open_location(uri)
+        except StorageError as error:
+            if error.transient:
+                raise  # it names the endpoint and the URI already
+            raise StorageError(f"cannot write the {what} {uri}: {error}") from None
+        probe = location.child(name)
+
+        def write_and_delete() -> None:
+            with probe.fs.open_output_stream(probe.path) as stream:
+                stream.write(b"santa write check\n")
+            probe.fs.delete_file(probe.path)
+
+        storage.classified(write_and_delete, uri, f"write the {what}")
+        return
+    if "://" in uri and not uri.startswith("file://"):
+        raise StorageError(f"unsupported {what} URI {uri!r}: use a local path or s3://bucket/key")
+    path = os.path.abspath(os.path.expanduser(uri.removeprefix("file://")))
+    folder = path
+    while not os.path.exists(folder):  # the nearest folder that exists gets the probe
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise StorageError(f"cannot write the {what} {uri}: {folder} is a file, not a folder")
+    try:
+        probe = os.path.join(folder, name)
+        with open(probe, "wb") as handle:
+            handle.write(b"santa write check\n")
+        os.remove(probe)
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            reason = f"{reason.lower()} in {folder}"
+        raise StorageError(f"cannot write the {what} {uri}: {reason}") from None
+
+
+def check_input(uri: str, what: str = "input") -> None:
+    """The file or folder ``uri`` exists (S3: bucket and credentials are checked too)."""
+    if storage.is_s3(uri):
+        location = storage.open_location(uri)
+        if storage.file_info(location).type == pafs.FileType.NotFound:
+            raise StorageError(f"no {what} at {uri}")
+        return
+    if not os.path.exists(os.path.expanduser(uri)):
+        raise StorageError(f"no {what} at {uri}")
+
+
+def check_pairs(uri: str, what: str = "--data") -> None:
+    """``uri`` is preprocessed pairs: Parquet files under its (published) ``data/``."""
+    from santa.data.outputs import published_root
+
+    check_input(uri, what)
+    root = storage.join(published_root(uri), "data")
+    if not storage.exists(root) or not storage.list_files(root, suffixes=(".parquet",)):
+        raise StorageError(
+            f"{what} {uri} holds no preprocessed pairs (expected data/*.parquet, as "
+            "ray_jobs.preprocess writes them)"
+        )
+
+
+def check_beir(uri: str, split: str, what: str = "--eval-data") -> None:
+    """``uri`` is a BEIR folder whose ``split`` loads."""
+    from santa.data.beir import load_beir
+
+    check_input(uri, what)
+    try:
+        load_beir(uri, split)
+    except (StorageError, ValueError) as error:
+        raise StorageError(f"{what}: {error}") from None
