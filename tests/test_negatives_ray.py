@@ -110,6 +110,7 @@ def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, t
     assert result.metrics["negatives_step"] > killed[0]["step"]
 
 
+@pytest.mark.slow
 def test_offline_mining_then_finetuning_on_the_table(
     train_data, dev_data, tmp_path, ray_cluster, capsys
 ):

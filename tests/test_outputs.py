@@ -118,6 +118,7 @@ def _preprocess_cli(source: Path, output: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
     """SIGINT after Ray started (reading and parsing under way): exit 130, the previous
     complete output untouched, no staging folder left; a re-run then publishes."""
@@ -153,3 +154,32 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
 def test_stage_ids_are_unique_and_sortable():
     first, second = outputs.new_run_id(), outputs.new_run_id()
     assert first != second and len(first) == len(second)
+
+
+def test_staging_left_by_a_killed_run_is_deleted_by_the_next_run(tmp_path):
+    import socket
+
+    from santa.data.outputs import OWNER_FILE
+
+    out = str(tmp_path / "out")
+    _publish(out, {"data/a.parquet": b"a"})
+    host = socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs: a run killed with -9
+    for run, pid in (("dead", gone.pid), ("live", os.getpid())):
+        folder = tmp_path / f"out.tmp-{run}"
+        (folder / "data").mkdir(parents=True)
+        (folder / OWNER_FILE).write_text(f"{host} {pid}\n")
+    (tmp_path / "out.tmp-foreign").mkdir()  # no owner file: not known to be dead
+    (tmp_path / "out.tmp-elsewhere").mkdir()
+    (tmp_path / "out.tmp-elsewhere" / OWNER_FILE).write_text(f"not-{host} {gone.pid}\n")
+    (tmp_path / "out.old-finished").mkdir()  # its publish renamed the staging in
+
+    _publish(out, {"data/b.parquet": b"b"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "out",
+        "out.tmp-elsewhere",
+        "out.tmp-foreign",
+        "out.tmp-live",
+    ]
+    assert not (tmp_path / "out" / OWNER_FILE).exists()

@@ -442,6 +442,7 @@ def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
     assert sum(count < 40 for count in counts) <= 1  # only the last file may be short
 
 
+@pytest.mark.slow
 def test_asst_option_writes_code_code_pairs_beside_the_pairs(csn_root, tmp_path):
     """``asst=True``: one ASST pair (kind ``asst``) per code pair with a selectable sub-tree,
     in the same data folder; the span put back into its context is the function again."""

@@ -150,6 +150,7 @@ def test_default_timeouts_are_bounded():
     assert 1 <= storage.S3_MAX_ATTEMPTS <= 3
 
 
+@pytest.mark.slow
 def test_preprocess_cli_silent_endpoint_with_default_timeouts(silent_endpoint, tmp_path):
     (tmp_path / "mod.py").write_text('def f():\n    """Doc."""\n    return 1\n')
     started = time.monotonic()

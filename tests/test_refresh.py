@@ -298,6 +298,7 @@ def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
     assert tiny_config(negatives_index="auto").train.negatives_index == "auto"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tmp_path) -> None:
     from ray_jobs.pipeline import mine_negatives

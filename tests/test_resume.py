@@ -25,6 +25,7 @@ def _checkpoint_folders(run: Path) -> list[Path]:
     return sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):
     from santa.train.trainer import RunSpec, fit

@@ -251,12 +251,12 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     base = ["--storage", str(tmp_path / "runs"), "--name", "bad"]
     assert scoder.main(["--data", str(tmp_path / "missing"), *base]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("santa: error: ") and str(tmp_path / "missing" / "data") in line
+    assert line.startswith("santa: error: ") and str(tmp_path / "missing") in line
     (tmp_path / "empty" / "data").mkdir(parents=True)
     assert scoder.main(["--data", str(tmp_path / "empty"), *base]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"santa: error: no Parquet pairs under {tmp_path / 'empty' / 'data'} "
-        "(ray_jobs.preprocess output)"
+        f"santa: error: --data {tmp_path / 'empty'} holds no preprocessed pairs "
+        "(expected data/*.parquet, as ray_jobs.preprocess writes them)"
     ]
     bad_lambda = ["--data", str(tmp_path), *base, "--set", "scoder.adversarial_weight=1.5"]
     assert scoder.main(bad_lambda) == 2

@@ -124,6 +124,7 @@ def test_results_table_is_sorted_by_the_metric():
 # ----------------------------------------------------------------------- on the cluster
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_path, capsys):
     args = sweep_args(

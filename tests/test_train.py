@@ -125,6 +125,7 @@ def step_losses(result) -> dict[int, float]:
     return {metrics["step"]: metrics["loss"] for _, metrics in result.best_checkpoints}
 
 
+@pytest.mark.slow
 def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
     config = tiny_config(max_steps=6, log_every=1, checkpoint_every=1)
     common = {
@@ -230,6 +231,7 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
     assert ray.is_initialized()
 
 
+@pytest.mark.slow
 def test_checkpoints_on_s3_load_back(pairs, moto_s3):
     bucket = moto_s3.create_bucket("santa-train")
     config = tiny_config(max_steps=4, log_every=2, checkpoint_every=4, num_workers=2)

@@ -5,7 +5,9 @@ A job writes into a staging place of its own and publishes at the end:
 - **local**: a sibling folder ``OUT.tmp-<run id>``, renamed onto ``OUT`` when complete
   (the previous ``OUT`` is moved aside first and deleted after; SIGINT is held back
   during the two renames). An interrupted run deletes its staging folder; ``OUT`` is
-  never touched before the end.
+  never touched before the end. A folder left by a run that was killed outright
+  (``kill -9``, a lost node) names its owner (host, pid) and is deleted by the next run
+  once that process is gone.
 - **S3** (no rename there): a run-unique prefix ``OUT/runs/<run id>/``, and the manifest
   ``OUT/report.json``, written LAST, names it. Readers trust only the manifest
   (:func:`published_root`), so a half-written prefix is never read; after publishing,
@@ -24,6 +26,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -77,6 +80,8 @@ class StagedOutput:
             _delete_other_s3_entries(self.uri, keep={MANIFEST_FILE, RUNS_PREFIX}, run=self.run_id)
         else:
             storage.write_json(storage.join(self.staging, MANIFEST_FILE), manifest)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.staging, OWNER_FILE))
             _rename_into_place(self.staging, self.uri, self.run_id)
         return manifest
 
@@ -94,13 +99,69 @@ def new_run_id() -> str:
     return f"{now}-{uuid.uuid4().hex[:8]}"
 
 
+OWNER_FILE = ".santa-owner"
+
+
 def stage(uri: str) -> StagedOutput:
-    """A staging place for one run's output at ``uri`` (nothing is written yet)."""
+    """A staging place for one run's output at ``uri``.
+
+    Locally the staging folder is created with an owner file (host and pid), and staging
+    folders of earlier runs whose process is gone are deleted first.
+    """
     run_id = new_run_id()
     if storage.is_s3(uri):
         return StagedOutput(uri, run_id, storage.join(uri.rstrip("/"), RUNS_PREFIX, run_id))
     final = storage.absolute(uri).rstrip(os.sep)
-    return StagedOutput(final, run_id, f"{final}.tmp-{run_id}")
+    remove_abandoned_staging(final)
+    staging = f"{final}.tmp-{run_id}"
+    os.makedirs(staging)
+    with open(os.path.join(staging, OWNER_FILE), "w") as handle:
+        handle.write(f"{socket.gethostname()} {os.getpid()}\n")
+    return StagedOutput(final, run_id, staging)
+
+
+def _owner_alive(folder: str) -> bool:
+    """Whether the run that owns ``folder`` may still be writing it."""
+    try:
+        with open(os.path.join(folder, OWNER_FILE)) as handle:
+            host, pid = handle.read().split()
+    except (OSError, ValueError):
+        return True  # no owner file (an older santa, or not written yet): leave it
+    if host != socket.gethostname():
+        return True  # another machine's process: cannot tell
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def remove_abandoned_staging(final: str) -> list[str]:
+    """Delete ``final.tmp-*`` / ``final.old-*`` folders of runs that died; return them."""
+    parent, name = os.path.split(final)
+    removed = []
+    try:
+        siblings = os.listdir(parent or ".")
+    except OSError:
+        return removed
+    for sibling in sorted(siblings):
+        if sibling.startswith(f"{name}.tmp-"):
+            dead = not _owner_alive(os.path.join(parent, sibling))
+        elif sibling.startswith(f"{name}.old-"):
+            # The previous output moved aside by a publish: garbage once the new output is
+            # in place (its staging folder renamed), kept if the publish died in between.
+            run_id = sibling[len(f"{name}.old-") :]
+            dead = os.path.isdir(final) and f"{name}.tmp-{run_id}" not in siblings
+        else:
+            continue
+        folder = os.path.join(parent, sibling)
+        if os.path.isdir(folder) and dead:
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.warning("deleted %s, left by a run that died", folder)
+            removed.append(folder)
+    return removed
 
 
 @contextlib.contextmanager
