@@ -215,6 +215,10 @@ class TrainConfig:
     mep_weight: float = 1.0
     """λ in ``L = L_SDA + λ·L_MEP``; MEP runs in the pretrain stage only and needs a T5."""
 
+    sda_weight: float = 1.0
+    """Weight of L_SDA (the DR loss in fine-tuning). 0 trains MEP alone: the paper's
+    "w/ MEP" ablation (Table 3), pretraining only."""
+
     hard_negatives_per_query: int = 0
     """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
 
@@ -310,6 +314,14 @@ class TrainConfig:
             _fail(f"TrainConfig.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.mep_weight < 0:
             _fail(f"TrainConfig.mep_weight must be >= 0, got {self.mep_weight}")
+        if self.sda_weight < 0:
+            _fail(f"TrainConfig.sda_weight must be >= 0, got {self.sda_weight}")
+        if self.sda_weight == 0 and not self.uses_mep:
+            _fail(
+                "TrainConfig.sda_weight=0 leaves no loss to train: it needs MEP "
+                f"(stage='pretrain' and mep_weight > 0; got stage={self.stage!r}, "
+                f"mep_weight={self.mep_weight})"
+            )
         if self.hard_negatives_per_query < 0:
             _fail(
                 "TrainConfig.hard_negatives_per_query must be >= 0, "
@@ -412,6 +424,11 @@ class ScoderConfig:
 
     heldout_fraction: float = 0.1
     """Share of the examples the discriminators never train on (their held-out accuracy)."""
+
+    discriminator_gradient_checkpointing: bool = False
+    """Recompute the discriminators' activations in backward (also on with
+    ``model.gradient_checkpointing``): a cross-encoder sees every query with each of its
+    1 + n candidates at ``max_pair_length`` tokens, the stage's memory peak."""
 
     def __post_init__(self) -> None:
         _check_positive(

@@ -153,11 +153,19 @@ def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -10
     return summed / (labels != ignore_index).sum().clamp(min=1)
 
 
-def total_loss(sda: torch.Tensor, mep: torch.Tensor | None, mep_weight: float) -> torch.Tensor:
-    """SANTA's pretraining loss ``L = L_SDA + λ · L_MEP`` (λ = ``mep_weight``)."""
+def total_loss(
+    sda: torch.Tensor, mep: torch.Tensor | None, mep_weight: float, sda_weight: float = 1.0
+) -> torch.Tensor:
+    """SANTA's pretraining loss ``L = L_SDA + λ · L_MEP`` (λ = ``mep_weight``).
+
+    ``sda_weight`` scales L_SDA (0: MEP alone, the paper's "w/ MEP" ablation). The SDA
+    term stays in the graph even at 0 (its gradients are zeros), so DDP sees every
+    parameter used in every step.
+    """
+    loss = sda if sda_weight == 1 else sda_weight * sda
     if mep is None or mep_weight == 0:
-        return sda
-    return sda + mep_weight * mep
+        return loss
+    return loss + mep_weight * mep
 
 
 # --------------------------------------------------------------------------------------

@@ -226,6 +226,9 @@ def _minilm_scoder() -> SantaConfig:
             negatives_top_k=100,
             discriminator_learning_rate=2e-5,
             max_pair_length=256,
+            # 2 workers × 8 queries × 8 candidates × 256 tokens held 9.2 GB of activations
+            # per worker: more than a 24 GB machine has for two.
+            discriminator_gradient_checkpointing=True,
         ),
         learning_rate=1e-5,
         global_batch_size=32,

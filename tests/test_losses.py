@@ -138,6 +138,16 @@ def test_total_loss() -> None:
     assert total_loss(sda, mep, 0.0) is sda
 
 
+def test_total_loss_without_sda_trains_mep_alone() -> None:
+    sda, mep = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
+    loss = total_loss(sda, mep, mep_weight=1.0, sda_weight=0.0)
+    loss.backward()
+    assert loss.item() == 3.0
+    # SDA stays in the graph with a zero gradient (DDP sees every parameter used).
+    assert (sda.grad.item(), mep.grad.item()) == (0.0, 1.0)
+    assert total_loss(sda, mep, 0.5, sda_weight=2.0).item() == 5.5
+
+
 def test_identity_gather_and_no_process_group() -> None:
     tensor = torch.randn(3, DIM)
     assert identity_gather(tensor) == (tensor, 0)

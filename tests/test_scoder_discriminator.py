@@ -136,3 +136,36 @@ def test_pair_saves_and_loads_back(tiny_folder, tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="no discriminators"):
         DiscriminatorPair.from_pretrained(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("backbone", ["tiny", "minilm"])
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_folder, backbone):
+    """Recomputing activations in backward (the minilm-scoder recipe's default) changes
+    memory, not the gradients; it is on in the encoder's layers after enabling."""
+    from santa.losses import discriminator_loss
+
+    location = tiny_folder if backbone == "tiny" else minilm_path()
+    queries, codes = TEXTS[0::2], TEXTS[1::2]
+    candidates = [codes[i:] + codes[:i] for i in range(4)]
+    gradients = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        pair = DiscriminatorPair({TEXT_CODE: Discriminator.from_backbone(location, seed=3)})
+        if checkpointing:
+            pair.gradient_checkpointing_enable()
+        pair.train()
+        flags = [getattr(m, "gradient_checkpointing", False) for m in pair.modules()]
+        assert any(flags) == checkpointing
+        model = pair.by_kind[TEXT_CODE]
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        loss = discriminator_loss(
+            model.score_lists(queries, candidates, max_first=8, max_length=32)
+        )
+        loss.backward()
+        gradients.append(
+            {n: p.grad.clone() for n, p in pair.named_parameters() if p.grad is not None}
+        )
+    plain, checkpointed = gradients
+    assert plain.keys() == checkpointed.keys() and len(plain) > 10
+    for name, grad in plain.items():
+        assert torch.allclose(grad, checkpointed[name], atol=1e-5, rtol=1e-4), name

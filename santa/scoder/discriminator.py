@@ -122,6 +122,16 @@ class Discriminator(nn.Module):
         scores = self(encoded["input_ids"].to(device), encoded["attention_mask"].to(device))
         return scores.reshape(len(queries), width)  # (queries, 1 + n)
 
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute the encoder's activations in backward (non-reentrant: DDP-safe)."""
+        kwargs = {"use_reentrant": False}
+        # transformers 5.x renamed it (the old name warns); 4.x only has the old one.
+        enable = getattr(self.encoder, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
     # ----------------------------------------------------------------- saving and loading
 
     @classmethod
@@ -174,6 +184,11 @@ class DiscriminatorPair(nn.Module):
             for kind, model in self.by_kind.items()
             if f"{kind}_input_ids" in inputs
         }
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute every discriminator's activations in backward."""
+        for model in self.by_kind.values():
+            model.gradient_checkpointing_enable()
 
     def save_pretrained(self, uri: str) -> None:
         """One folder per discriminator: ``uri/text_code``, ``uri/code_code``."""

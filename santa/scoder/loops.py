@@ -251,7 +251,14 @@ class _DiscriminatorWorker(_Worker):
         return self.config.scoder.discriminator_learning_rate
 
     def build_model(self) -> DiscriminatorPair:
-        return DiscriminatorPair.from_pretrained(self.spec.init)
+        pair = DiscriminatorPair.from_pretrained(self.spec.init)
+        config = self.config
+        if (
+            config.scoder.discriminator_gradient_checkpointing
+            or config.model.gradient_checkpointing
+        ):
+            pair.gradient_checkpointing_enable()
+        return pair
 
     def step(self, rows: dict[str, list]) -> dict[str, float]:
         pair = self.model

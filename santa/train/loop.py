@@ -135,7 +135,7 @@ def compute_losses(
         similarity=config.model.similarity,
         temperature=config.model.temperature,
     )
-    loss = total_loss(sda, output.mep_loss, config.train.mep_weight)
+    loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
     mep = output.mep_loss if output.mep_loss is not None else torch.zeros(())
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
 
