@@ -148,3 +148,45 @@ def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert 0 <= iteration["heldout_accuracy_text_code"] <= 1
     assert all(iteration[key] > 0 for key in ("mine_s", "discriminators_s", "dual_encoder_s"))
     assert "seconds per iteration" in stdout
+
+
+def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
+    output = tmp_path / "versus.json"
+    stdout = run_bench(
+        "versus_st.py",
+        *("--steps", "3", "--window", "1", "--batch", "4", "--repeats", "1"),
+        *("--query-length", "16", "--doc-length", "32", "--mini-batch", "2"),
+        *("--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    summary = result["summary"]
+    assert list(summary) == ["santa-ray", "santa-local", "st-mnrl", "st-cached"]
+    assert [r["system"] for r in result["runs"]] == list(summary)
+    for row in summary.values():
+        assert row["loop_pairs_per_s"] > 0 and row["end_to_end_s"] > 0
+    assert summary["st-mnrl"]["loop_vs_reference"] == 1.0
+    assert "| santa, Ray Train 2 workers x 1 thread | 1 |" in stdout
+    assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
+    output = tmp_path / "quality.json"
+    stdout = run_bench(
+        "versus_st_quality.py",
+        *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
+        *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
+        *("--bootstrap", "200", "--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    (cosqa,) = result["results"].values()
+    assert cosqa["queries"] == 313
+    assert list(cosqa["systems"]) == ["zero-shot", "santa", "sentence-transformers"]
+    for row in cosqa["systems"].values():
+        assert 0 < row["ci_low"] <= row["mean"] <= row["ci_high"] <= 1
+    assert set(cosqa["differences"]) == {
+        "santa - sentence-transformers",
+        "santa - zero-shot",
+        "sentence-transformers - zero-shot",
+    }
+    assert "| santa - zero-shot |" in stdout
+    assert output.with_suffix(".png").stat().st_size > 0

@@ -1,0 +1,438 @@
+"""Training speed side by side: santa against sentence-transformers and a plain loop.
+
+Four ways to fine-tune all-MiniLM-L6-v2 (the ``minilm-finetune`` recipe: mean pooling,
+cosine similarity, temperature 0.05 = sentence-transformers' scale 20) on the same
+standard-library docstring → code pairs, at the same global batch, learning rate and
+number of steps, with two CPU threads each:
+
+- ``santa-ray``: ``python -m ray_jobs.finetune`` on a local Ray, 2 Ray Train workers of
+  one thread (DDP, global in-batch negatives), final checkpoint included;
+- ``santa-local``: santa's step (tokenizer, model, DR loss) in one process without Ray;
+- ``st-mnrl``: sentence-transformers' ``SentenceTransformerTrainer`` with
+  ``MultipleNegativesRankingLoss``;
+- ``st-cached``: the same with ``CachedMultipleNegativesRankingLoss`` (mini-batches of
+  ``--mini-batch``), its answer to large batches on small memory.
+
+Every run is its own subprocess, started in turn (A B C D A B C D …) so that slow drift of
+a shared machine hits every system alike; the 1-minute load average before each run is
+recorded. Two figures per run:
+
+- **loop pairs/s**: pairs per second of the training steps after the first ``--window``
+  (tokenization and data loading included, start-up and saving excluded);
+- **end to end**: wall seconds of the whole subprocess (interpreter and library imports,
+  Ray start, data loading, model loading, training, writing the final model).
+
+santa pads every batch to the full lengths (``--query-length``/``--doc-length``);
+sentence-transformers pads each batch to its longest text (one ``max_seq_length`` =
+``--doc-length`` for both sides).
+
+    python bench/versus_st.py [--steps 20] [--batch 32] [--repeats 2]
+    python bench/versus_st.py --systems santa-local,st-mnrl --steps 4 --batch 8 --repeats 1
+
+Prints a table and writes ``bench/results/versus_st.json`` and ``versus_st.png`` (medians
+and every run). Needs the ``bench`` extra (``pip install -e ".[bench]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SYSTEMS = ("santa-ray", "santa-local", "st-mnrl", "st-cached")
+LABELS = {
+    "santa-ray": "santa, Ray Train 2 workers x 1 thread",
+    "santa-local": "santa's loop, 1 process x 2 threads, no Ray",
+    "st-mnrl": "sentence-transformers, MNRL, 2 threads",
+    "st-cached": "sentence-transformers, CachedMNRL, 2 threads",
+}
+RECIPE = "minilm-finetune"
+RESULTS = ROOT / "bench" / "results" / "versus_st.json"
+
+
+def recipe_overrides(args: argparse.Namespace) -> list[str]:
+    """The recipe changes every santa system runs with."""
+    return [
+        f"train.global_batch_size={args.batch}",
+        f"train.max_query_length={args.query_length}",
+        f"train.max_document_length={args.doc_length}",
+        f"train.seed={args.seed}",
+    ]
+
+
+def loop_pairs_per_s(step_ends: list[float], started: float, batch: int, window: int) -> float:
+    """Pairs/s over the steps after the first ``window``, from each step's end time."""
+    if len(step_ends) <= window:
+        raise ValueError(f"need more than {window} steps to time, got {len(step_ends)}")
+    first = step_ends[window - 1] if window else started
+    seconds = step_ends[-1] - first
+    return batch * (len(step_ends) - window) / seconds
+
+
+# --- children: one system, one run ------------------------------------------------------
+
+
+def child_santa_local(args: argparse.Namespace) -> dict:
+    """santa's own step in this process: tokenize, forward, DR loss, backward, AdamW."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from santa.distributed import identity_gather
+    from santa.model import DualEncoder
+    from santa.recipes import get_recipe
+    from santa.train.data import tokenize_pairs
+    from santa.train.loop import compute_losses, to_tensors
+    from santa.train.trainer import tokenization_settings
+
+    torch.set_num_threads(args.threads)
+    config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))
+    torch.manual_seed(config.train.seed)
+    backbone = config.model.backbone
+    model = DualEncoder.from_pretrained(backbone, config.model)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
+    table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
+    settings = tokenization_settings(config)
+    batch = args.batch
+    started, ends = time.perf_counter(), []
+    for step in range(args.steps):
+        start = (step * batch) % (table.num_rows - batch)
+        arrays = tokenize_pairs(table.slice(start, batch), tokenizer_path=backbone, **settings)
+        losses = compute_losses(model, to_tensors(arrays, "cpu"), config, identity_gather)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip or 1.0)
+        optimizer.step()
+        ends.append(time.perf_counter())
+    model.save_pretrained(str(Path(args.work) / "model"), config)
+    return {"loop_pairs_per_s": loop_pairs_per_s(ends, started, batch, args.window)}
+
+
+def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
+    """``SentenceTransformerTrainer`` with (Cached)MultipleNegativesRankingLoss."""
+    import pyarrow.parquet as pq
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.sentence_transformer import losses
+    from transformers import TrainerCallback
+
+    from santa.recipes import get_recipe
+
+    torch.set_num_threads(args.threads)
+    config = get_recipe(RECIPE)
+    model = SentenceTransformer(config.model.backbone, device="cpu")
+    model.max_seq_length = args.doc_length
+    table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
+    dataset = Dataset.from_dict(
+        {"anchor": table["query"].to_pylist(), "positive": table["document"].to_pylist()}
+    )
+    scale = 1.0 / config.model.temperature
+    if cached:
+        loss = losses.CachedMultipleNegativesRankingLoss(
+            model, scale=scale, mini_batch_size=args.mini_batch
+        )
+    else:
+        loss = losses.MultipleNegativesRankingLoss(model, scale=scale)
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, *_args, **_kwargs):
+            ends.append(time.perf_counter())
+
+    training = SentenceTransformerTrainingArguments(
+        output_dir=str(Path(args.work) / "trainer"),
+        per_device_train_batch_size=args.batch,
+        max_steps=args.steps,
+        learning_rate=config.train.learning_rate,
+        warmup_ratio=config.train.warmup_ratio,
+        lr_scheduler_type="linear",
+        max_grad_norm=config.train.grad_clip or 1.0,
+        seed=args.seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=max(1, args.steps),
+        dataloader_drop_last=True,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model, args=training, train_dataset=dataset, loss=loss, callbacks=[StepClock()]
+    )
+    started = time.perf_counter()
+    trainer.train()
+    model.save(str(Path(args.work) / "model"))
+    return {"loop_pairs_per_s": loop_pairs_per_s(ends, started, args.batch, args.window)}
+
+
+def child_santa_ray(args: argparse.Namespace) -> dict:
+    """The finetune job's CLI in this process; loop pairs/s from its metrics.jsonl."""
+    from ray_jobs import finetune
+
+    storage = str(Path(args.work) / "runs")
+    argv = [
+        "--recipe",
+        RECIPE,
+        "--data",
+        args.data,
+        "--storage",
+        storage,
+        "--name",
+        "run",
+        "--num-workers",
+        "2",
+        "--cpus-per-worker",
+        "0.5",
+        "--max-steps",
+        str(args.steps),
+        "--set",
+        f"train.log_every={args.window}",
+        "--set",
+        f"train.checkpoint_every={args.steps}",
+    ]
+    for override in recipe_overrides(args):
+        argv += ["--set", override]
+    os.environ.setdefault("RAY_ADDRESS", "local")
+    code = finetune.main(argv)
+    if code:
+        raise RuntimeError(f"ray_jobs.finetune exited with {code}")
+    lines = (Path(storage) / "run" / "metrics.jsonl").read_text().splitlines()
+    return {"loop_pairs_per_s": windows_pairs_per_s(lines, args.batch, args.window)}
+
+
+def windows_pairs_per_s(lines: list[str], batch: int, window: int) -> float:
+    """Pairs/s of the logged windows after step ``window`` (santa's metrics.jsonl lines)."""
+    windows = sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
+    pairs = seconds = 0.0
+    previous = 0
+    for metrics in windows:
+        steps, previous = metrics["step"] - previous, metrics["step"]
+        if metrics["step"] > window:
+            pairs += steps * batch
+            seconds += steps * batch / metrics["pairs_per_s"]
+    if not seconds:
+        raise ValueError(f"no logged window after step {window}")
+    return pairs / seconds
+
+
+def run_child(args: argparse.Namespace) -> int:
+    """Run one system once and write its JSON line to ``--result``."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.child == "santa-local":
+        result = child_santa_local(args)
+    elif args.child in ("st-mnrl", "st-cached"):
+        result = child_sentence_transformers(args, cached=args.child == "st-cached")
+    elif args.child == "santa-ray":
+        result = child_santa_ray(args)
+    else:
+        raise SystemExit(f"unknown system {args.child!r}")
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+# --- the parent: data, interleaved runs, table, plot --------------------------------------
+
+
+def build_pairs(work: Path) -> str:
+    """Standard-library docstring → code pairs, as the preprocess job writes them."""
+    from tests.training import stdlib_pair_rows, write_pairs
+
+    return write_pairs(work / "pairs", stdlib_pair_rows())
+
+
+def run_once(system: str, args: argparse.Namespace, data: str, work: Path) -> dict:
+    """One subprocess run of ``system``: its own figures plus wall time and load."""
+    work.mkdir(parents=True)
+    result = work / "result.json"
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        system,
+        "--data",
+        data,
+        "--work",
+        str(work),
+        "--result",
+        str(result),
+        *passthrough(args),
+    ]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0 or not result.exists():
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"{system} failed (exit {done.returncode}):\n{tail}")
+    figures = json.loads(result.read_text())
+    return {"system": system, "end_to_end_s": wall, "load_before": load, **figures}
+
+
+def passthrough(args: argparse.Namespace) -> list[str]:
+    """The settings every child gets."""
+    return [
+        f"--steps={args.steps}",
+        f"--batch={args.batch}",
+        f"--window={args.window}",
+        f"--query-length={args.query_length}",
+        f"--doc-length={args.doc_length}",
+        f"--mini-batch={args.mini_batch}",
+        f"--threads={args.threads}",
+        f"--seed={args.seed}",
+    ]
+
+
+def summarize(runs: list[dict], systems: list[str], reference: str) -> dict[str, dict]:
+    """Medians per system and ratios against ``reference`` (pairs/s: higher is better)."""
+    summary = {}
+    for system in systems:
+        mine = [r for r in runs if r["system"] == system]
+        summary[system] = {
+            "label": LABELS[system],
+            "runs": len(mine),
+            "loop_pairs_per_s": statistics.median(r["loop_pairs_per_s"] for r in mine),
+            "end_to_end_s": statistics.median(r["end_to_end_s"] for r in mine),
+        }
+    if reference in summary:
+        base = summary[reference]
+        for row in summary.values():
+            row["loop_vs_reference"] = row["loop_pairs_per_s"] / base["loop_pairs_per_s"]
+            row["end_to_end_vs_reference"] = base["end_to_end_s"] / row["end_to_end_s"]
+    return summary
+
+
+def format_table(summary: dict[str, dict], reference: str) -> str:
+    """A markdown table of the medians."""
+    lines = [
+        f"| system | runs | loop pairs/s | vs {reference} | end to end s | speed vs {reference} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary.values():
+        lines.append(
+            f"| {row['label']} | {row['runs']} | {row['loop_pairs_per_s']:.2f} | "
+            f"{row.get('loop_vs_reference', float('nan')):.2f}x | {row['end_to_end_s']:.1f} | "
+            f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> None:
+    """Two panels (loop pairs/s, end-to-end seconds): median bars and every run as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(summary)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, key, label in (
+        (axes[0], "loop_pairs_per_s", "training loop, pairs/s (higher is better)"),
+        (axes[1], "end_to_end_s", "end to end, seconds (lower is better)"),
+    ):
+        axis.bar(range(len(systems)), [summary[s][key] for s in systems], color="#8fb3d9")
+        for i, system in enumerate(systems):
+            values = [r[key] for r in runs if r["system"] == system]
+            axis.scatter([i] * len(values), values, color="black", s=12, zorder=3)
+        axis.set_xticks(range(len(systems)), systems, rotation=15)
+        axis.set_title(label, fontsize=10)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    figure.savefig(tmp, dpi=120)
+    plt.close(figure)
+    tmp.replace(path)
+
+
+def run_parent(args: argparse.Namespace) -> int:
+    """Interleave the systems' runs, print the table, write JSON and the plot."""
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"santa: error: unknown systems {unknown} (choose from {SYSTEMS})")
+    load = os.getloadavg()
+    if load[0] > 1.0:
+        print(f"warning: 1-minute load is {load[0]:.2f} before starting (figures will be noisy)")
+    work = Path(tempfile.mkdtemp(prefix="santa-versus-st-"))
+    data = build_pairs(work)
+    print(
+        f"{len(systems)} systems x {args.repeats} runs, {args.steps} steps at batch "
+        f"{args.batch}, lengths {args.query_length}/{args.doc_length}",
+        flush=True,
+    )
+    runs = []
+    for repeat in range(args.repeats):
+        for system in systems:
+            run = run_once(system, args, data, work / f"{system}-{repeat}")
+            runs.append(run)
+            print(
+                f"  run {repeat + 1}/{args.repeats} {system}: "
+                f"{run['loop_pairs_per_s']:.2f} pairs/s in the loop, "
+                f"{run['end_to_end_s']:.1f} s end to end (load {run['load_before']:.2f})",
+                flush=True,
+            )
+    reference = "st-mnrl" if "st-mnrl" in systems else systems[0]
+    summary = summarize(runs, systems, reference)
+    print("\n" + format_table(summary, reference))
+    payload = {
+        "recipe": RECIPE,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "output")},
+        "cpus": os.cpu_count(),
+        "load_before": list(load),
+        "load_after": list(os.getloadavg()),
+        "date": time.ctime(),
+        "summary": summary,
+        "runs": runs,
+    }
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(output)
+    title = (
+        f"all-MiniLM-L6-v2, batch {args.batch}, {args.steps} steps, "
+        f"lengths {args.query_length}/{args.doc_length}, 2 CPU threads each"
+    )
+    plot(runs, summary, output.with_suffix(".png"), title)
+    print(f"wrote {output} and {output.with_suffix('.png')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=32, help="global batch (pairs per step)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--window", type=int, default=5, help="first steps left out of loop")
+    parser.add_argument("--query-length", type=int, default=50)
+    parser.add_argument("--doc-length", type=int, default=240)
+    parser.add_argument("--mini-batch", type=int, default=32, help="CachedMNRL mini-batch")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (one process)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=str(RESULTS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps <= args.window:
+        parser.error(f"--steps ({args.steps}) must exceed --window ({args.window})")
+    return run_child(args) if args.child else run_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
