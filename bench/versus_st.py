@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -159,7 +160,9 @@ def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
         per_device_train_batch_size=args.batch,
         max_steps=args.steps,
         learning_rate=config.train.learning_rate,
-        warmup_ratio=config.train.warmup_ratio,
+        # As santa's schedule: linear warm-up over this share of the steps, then linear decay.
+        warmup_steps=math.ceil(args.steps * config.train.warmup_ratio),
+        weight_decay=config.train.weight_decay,
         lr_scheduler_type="linear",
         max_grad_norm=config.train.grad_clip or 1.0,
         seed=args.seed,
@@ -420,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=5, help="first steps left out of loop")
     parser.add_argument("--query-length", type=int, default=50)
     parser.add_argument("--doc-length", type=int, default=240)
-    parser.add_argument("--mini-batch", type=int, default=32, help="CachedMNRL mini-batch")
+    parser.add_argument("--mini-batch", type=int, default=8, help="CachedMNRL mini-batch")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one process)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=str(RESULTS))

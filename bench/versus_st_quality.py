@@ -58,9 +58,13 @@ def per_query_rr(beir: str, trec: str, split: str) -> dict[str, float]:
 
 
 def bootstrap(
-    scores: dict[str, dict[str, float]], resamples: int, seed: int
+    scores: dict[str, dict[str, float]],
+    resamples: int,
+    seed: int,
+    pairs: tuple[tuple[str, str], ...] = PAIRS,
 ) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Means with 95 % CIs per system, and paired CIs of the differences in ``PAIRS``."""
+    """Means with 95 % CIs per system, and paired CIs of the differences ``a - b`` of
+    ``pairs`` (on the same resampled queries)."""
     systems = list(scores)
     queries = sorted(scores[systems[0]])
     for system in systems:
@@ -77,7 +81,7 @@ def bootstrap(
 
     per_system = {s: interval(means[i], float(matrix[i].mean())) for i, s in enumerate(systems)}
     differences = {}
-    for a, b in PAIRS:
+    for a, b in pairs:
         if a in systems and b in systems:
             i, j = systems.index(a), systems.index(b)
             row = interval(means[i] - means[j], float(matrix[i].mean() - matrix[j].mean()))

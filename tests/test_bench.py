@@ -190,3 +190,27 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     }
     assert "| santa - zero-shot |" in stdout
     assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_ablation_bench(tmp_path: Path) -> None:
+    output = tmp_path / "ablation.json"
+    stdout = run_bench(
+        "ablation.py",
+        *("--steps", "3", "--max-files", "25", "--bootstrap", "200"),
+        *("--set", "train.max_document_length=64", "--set", "model.tiny_vocab_size=500"),
+        *("--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    assert list(result["results"]) == [
+        "baseline",
+        "w/ MEP",
+        "w/ SDA",
+        "SDA + MEP (entity)",
+        "SDA + MEP (span)",
+    ]
+    assert result["training_seconds"]["baseline"] == 0.0
+    assert all(result["training_seconds"][n] > 0 for n in list(result["results"])[1:])
+    assert result["corpus"]["test_queries"] > 0
+    assert "SDA + MEP (entity) - SDA + MEP (span)" in result["differences"]
+    assert "| w/ SDA - baseline |" in stdout
+    assert output.with_suffix(".png").stat().st_size > 0
