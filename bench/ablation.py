@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from versus_st_quality import bootstrap, per_query_rr  # noqa: E402
+from versus_st_quality import bootstrap, per_query_rr, save_figure  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ablation.json"
 # name → (training data: entity or span masks, config overrides); None: no training.
@@ -202,11 +202,7 @@ def plot(per_system: dict[str, dict], path: Path, title: str) -> None:
     axis.set_xticks(range(len(names)), names, rotation=15, fontsize=8)
     axis.set_ylabel("MRR@100 (95% bootstrap CI)")
     axis.set_title(title, fontsize=9)
-    figure.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    figure.savefig(tmp, dpi=120)
-    plt.close(figure)
-    tmp.replace(path)
+    save_figure(figure, path)
 
 
 if __name__ == "__main__":

@@ -353,11 +353,10 @@ def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> 
         axis.set_xticks(range(len(systems)), systems, rotation=15)
         axis.set_title(label, fontsize=10)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    figure.savefig(tmp, dpi=120)
-    plt.close(figure)
-    tmp.replace(path)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from versus_st_quality import save_figure
+
+    save_figure(figure, path)
 
 
 def run_parent(args: argparse.Namespace) -> int:

@@ -154,6 +154,17 @@ def format_tables(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def save_figure(figure, path: Path) -> None:
+    """Write a matplotlib figure whole or not at all (a temporary file renamed)."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    figure.savefig(tmp, dpi=120)
+    plt.close(figure)
+    tmp.replace(path)
+
+
 def plot(results: dict[str, dict], path: Path, title: str) -> None:
     """Grouped bars of MRR@100 per evaluation set with the 95 % intervals."""
     import matplotlib
@@ -178,11 +189,7 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
     axis.set_ylabel("MRR@100 (95% bootstrap CI)")
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    figure.savefig(tmp, dpi=120)
-    plt.close(figure)
-    tmp.replace(path)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
