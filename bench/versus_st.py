@@ -48,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 SYSTEMS = ("santa-ray", "santa-local", "st-mnrl", "st-cached")
 LABELS = {
@@ -353,7 +354,6 @@ def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> 
         axis.set_xticks(range(len(systems)), systems, rotation=15)
         axis.set_title(label, fontsize=10)
     figure.suptitle(title, fontsize=10)
-    sys.path.insert(0, str(ROOT / "bench"))
     from versus_st_quality import save_figure
 
     save_figure(figure, path)

@@ -69,6 +69,18 @@ class DualEncoderOutput:
     mep_loss: torch.Tensor | None = None  # scalar
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Make a transformers model recompute its activations in backward (non-reentrant,
+    which works under DDP)."""
+    kwargs = {"use_reentrant": False}
+    # transformers 5.x renamed it (the old name warns); 4.x only has the old one.
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class DualEncoder(nn.Module):
     """A shared backbone that maps token ids to one vector per sequence."""
 
@@ -252,13 +264,7 @@ class DualEncoder(nn.Module):
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward; non-reentrant, which works under DDP."""
-        kwargs = {"use_reentrant": False}
-        # transformers 5.x renamed it (the old name warns); 4.x only has the old one.
-        enable = getattr(self.backbone, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_activation_checkpointing(self.backbone)
 
     @property
     def is_gradient_checkpointing(self) -> bool:

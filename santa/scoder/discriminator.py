@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, T5EncoderModel
 
 from santa import storage
-from santa.model import T5_MODEL_TYPES
+from santa.model import T5_MODEL_TYPES, enable_activation_checkpointing
 
 __all__ = [
     "CODE_CODE",
@@ -124,13 +124,7 @@ class Discriminator(nn.Module):
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute the encoder's activations in backward (non-reentrant: DDP-safe)."""
-        kwargs = {"use_reentrant": False}
-        # transformers 5.x renamed it (the old name warns); 4.x only has the old one.
-        enable = getattr(self.encoder, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            self.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_activation_checkpointing(self.encoder)
 
     # ----------------------------------------------------------------- saving and loading
 
