@@ -22,6 +22,11 @@ recorded. Two figures per run:
 - **end to end**: wall seconds of the whole subprocess (interpreter and library imports,
   Ray start, data loading, model loading, training, writing the final model).
 
+From the two follows each system's **fixed cost**: end to end less the steps at the loop's
+rate (start-up, the slower first steps, saving). With it the table says from how many
+steps on a system whose loop is faster than the reference's also finishes first
+(``(fixed - fixed_ref) / (s_ref - s)``, ``s`` seconds per step in the loop).
+
 santa pads every batch to the full lengths (``--query-length``/``--doc-length``);
 sentence-transformers pads each batch to its longest text (one ``max_seq_length`` =
 ``--doc-length`` for both sides).
@@ -63,12 +68,16 @@ RESULTS = ROOT / "bench" / "results" / "versus_st.json"
 
 def recipe_overrides(args: argparse.Namespace) -> list[str]:
     """The recipe changes every santa system runs with."""
-    return [
+    overrides = [
+        *getattr(args, "overrides", []),
         f"train.global_batch_size={args.batch}",
         f"train.max_query_length={args.query_length}",
         f"train.max_document_length={args.doc_length}",
         f"train.seed={args.seed}",
     ]
+    if getattr(args, "learning_rate", 0.0):
+        overrides.append(f"train.learning_rate={args.learning_rate}")
+    return overrides
 
 
 def loop_pairs_per_s(step_ends: list[float], started: float, batch: int, window: int) -> float:
@@ -100,6 +109,8 @@ def child_santa_local(args: argparse.Namespace) -> dict:
     torch.manual_seed(config.train.seed)
     backbone = config.model.backbone
     model = DualEncoder.from_pretrained(backbone, config.model)
+    if config.model.gradient_checkpointing:  # as the Ray Train loop does
+        model.gradient_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
     table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
@@ -135,7 +146,7 @@ def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
     from santa.recipes import get_recipe
 
     torch.set_num_threads(args.threads)
-    config = get_recipe(RECIPE)
+    config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))
     model = SentenceTransformer(config.model.backbone, device="cpu")
     model.max_seq_length = args.doc_length
     table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
@@ -258,6 +269,13 @@ def build_pairs(work: Path) -> str:
     return write_pairs(work / "pairs", stdlib_pair_rows())
 
 
+def pq_rows(data: str) -> int:
+    """Pairs in a preprocessed folder (``data/*.parquet``)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(path).num_rows for path in (Path(data) / "data").glob("*.parquet"))
+
+
 def run_once(system: str, args: argparse.Namespace, data: str, work: Path) -> dict:
     """One subprocess run of ``system``: its own figures plus wall time and load."""
     work.mkdir(parents=True)
@@ -280,10 +298,26 @@ def run_once(system: str, args: argparse.Namespace, data: str, work: Path) -> di
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - started
     if done.returncode != 0 or not result.exists():
+        # A system that cannot run this setting (out of memory at a large batch) is a
+        # result, not the end of the benchmark: recorded with its reason and left out.
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"{system} failed (exit {done.returncode}):\n{tail}")
+        return {
+            "system": system,
+            "end_to_end_s": wall,
+            "load_before": load,
+            "failed": failure_reason(done.returncode, done.stdout + done.stderr),
+            "output_tail": tail,
+        }
     figures = json.loads(result.read_text())
     return {"system": system, "end_to_end_s": wall, "load_before": load, **figures}
+
+
+def failure_reason(code: int, output: str) -> str:
+    """``out of memory`` (Ray's OOM killer, torch, the kernel's SIGKILL) or ``exit N``."""
+    lowered = output.lower()
+    if "out of memory" in lowered or "outofmemory" in lowered or code in (-9, 137):
+        return "out of memory"
+    return f"exit {code}"
 
 
 def passthrough(args: argparse.Namespace) -> list[str]:
@@ -297,39 +331,88 @@ def passthrough(args: argparse.Namespace) -> list[str]:
         f"--mini-batch={args.mini_batch}",
         f"--threads={args.threads}",
         f"--seed={args.seed}",
+        f"--learning-rate={args.learning_rate}",
+        *(f"--set={override}" for override in args.overrides),
     ]
 
 
-def summarize(runs: list[dict], systems: list[str], reference: str) -> dict[str, dict]:
-    """Medians per system and ratios against ``reference`` (pairs/s: higher is better)."""
+def fixed_seconds(end_to_end_s: float, steps: int, batch: int, loop_pairs_per_s: float) -> float:
+    """A run's wall time that is not its steps at the loop's rate (start-up, first steps,
+    saving): what it costs whatever the number of steps."""
+    return end_to_end_s - steps * batch / loop_pairs_per_s
+
+
+def break_even_steps(row: dict, base: dict, batch: int) -> float:
+    """From how many steps ``row`` finishes no later than ``base`` end to end.
+
+    0 when it is never slower (less fixed cost and a loop at least as fast); ``inf`` when it
+    never catches up (a slower loop and more fixed cost).
+    """
+    step, base_step = batch / row["loop_pairs_per_s"], batch / base["loop_pairs_per_s"]
+    extra = row["fixed_s"] - base["fixed_s"]
+    if extra <= 0 and step <= base_step:
+        return 0.0
+    if step >= base_step:
+        return math.inf
+    return math.ceil(max(0.0, extra) / (base_step - step))
+
+
+def summarize(
+    runs: list[dict], systems: list[str], reference: str, *, steps: int = 0, batch: int = 0
+) -> dict[str, dict]:
+    """Medians per system and ratios against ``reference`` (pairs/s: higher is better).
+
+    With ``steps`` and ``batch``: each system's median fixed cost and its break-even step
+    count against ``reference`` too.
+    """
     summary = {}
     for system in systems:
-        mine = [r for r in runs if r["system"] == system]
+        mine = [r for r in runs if r["system"] == system and "failed" not in r]
+        if not mine:
+            reasons = sorted({r["failed"] for r in runs if r["system"] == system})
+            summary[system] = {"label": LABELS[system], "runs": 0, "failed": ", ".join(reasons)}
+            continue
         summary[system] = {
             "label": LABELS[system],
             "runs": len(mine),
             "loop_pairs_per_s": statistics.median(r["loop_pairs_per_s"] for r in mine),
             "end_to_end_s": statistics.median(r["end_to_end_s"] for r in mine),
         }
-    if reference in summary:
+        if steps and batch:
+            summary[system]["fixed_s"] = statistics.median(
+                fixed_seconds(r["end_to_end_s"], steps, batch, r["loop_pairs_per_s"]) for r in mine
+            )
+    if reference in summary and "failed" not in summary[reference]:
         base = summary[reference]
         for row in summary.values():
+            if "failed" in row:
+                continue
             row["loop_vs_reference"] = row["loop_pairs_per_s"] / base["loop_pairs_per_s"]
             row["end_to_end_vs_reference"] = base["end_to_end_s"] / row["end_to_end_s"]
+            if steps and batch:
+                row["break_even_steps"] = break_even_steps(row, base, batch)
     return summary
 
 
 def format_table(summary: dict[str, dict], reference: str) -> str:
     """A markdown table of the medians."""
     lines = [
-        f"| system | runs | loop pairs/s | vs {reference} | end to end s | speed vs {reference} |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| system | runs | loop pairs/s | vs {reference} | end to end s | speed vs {reference} "
+        f"| fixed s | first step ahead of {reference} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in summary.values():
+        if "failed" in row:
+            lines.append(f"| {row['label']} | 0 | {row['failed']} | | | | | |")
+            continue
+        even = row.get("break_even_steps")
+        even_text = "—" if even is None else ("never" if math.isinf(even) else f"{even:.0f}")
+        fixed = row.get("fixed_s")
         lines.append(
             f"| {row['label']} | {row['runs']} | {row['loop_pairs_per_s']:.2f} | "
             f"{row.get('loop_vs_reference', float('nan')):.2f}x | {row['end_to_end_s']:.1f} | "
-            f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x |"
+            f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x | "
+            f"{'—' if fixed is None else f'{fixed:.1f}'} | {even_text} |"
         )
     return "\n".join(lines)
 
@@ -341,7 +424,8 @@ def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = list(summary)
+    systems = [s for s in summary if "failed" not in summary[s]]
+    runs = [r for r in runs if "failed" not in r]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for axis, key, label in (
         (axes[0], "loop_pairs_per_s", "training loop, pairs/s (higher is better)"),
@@ -369,7 +453,10 @@ def run_parent(args: argparse.Namespace) -> int:
     if load[0] > 1.0:
         print(f"warning: 1-minute load is {load[0]:.2f} before starting (figures will be noisy)")
     work = Path(tempfile.mkdtemp(prefix="santa-versus-st-"))
-    data = build_pairs(work)
+    data = args.data or build_pairs(work)
+    rows = pq_rows(data)
+    if rows < args.batch:
+        raise SystemExit(f"santa: error: {data} has {rows} pairs, fewer than --batch {args.batch}")
     print(
         f"{len(systems)} systems x {args.repeats} runs, {args.steps} steps at batch "
         f"{args.batch}, lengths {args.query_length}/{args.doc_length}",
@@ -380,23 +467,38 @@ def run_parent(args: argparse.Namespace) -> int:
         for system in systems:
             run = run_once(system, args, data, work / f"{system}-{repeat}")
             runs.append(run)
+            if "failed" in run:
+                print(
+                    f"  run {repeat + 1}/{args.repeats} {system}: failed ({run['failed']}) "
+                    f"after {run['end_to_end_s']:.1f} s",
+                    flush=True,
+                )
+                continue
             print(
                 f"  run {repeat + 1}/{args.repeats} {system}: "
                 f"{run['loop_pairs_per_s']:.2f} pairs/s in the loop, "
                 f"{run['end_to_end_s']:.1f} s end to end (load {run['load_before']:.2f})",
                 flush=True,
             )
-    reference = "st-mnrl" if "st-mnrl" in systems else systems[0]
-    summary = summarize(runs, systems, reference)
+    succeeded = [s for s in systems if any(r["system"] == s and "failed" not in r for r in runs)]
+    if not succeeded:
+        raise SystemExit("santa: error: every run failed (see output_tail in the runs)")
+    reference = "st-mnrl" if "st-mnrl" in succeeded else succeeded[0]
+    summary = summarize(runs, systems, reference, steps=args.steps, batch=args.batch)
     print("\n" + format_table(summary, reference))
     payload = {
         "recipe": RECIPE,
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "output")},
+        "pairs": rows,
         "cpus": os.cpu_count(),
         "load_before": list(load),
         "load_after": list(os.getloadavg()),
         "date": time.ctime(),
-        "summary": summary,
+        # JSON has no infinity: a system that never catches up is "never".
+        "summary": {
+            system: {k: "never" if v == math.inf else v for k, v in row.items()}
+            for system, row in summary.items()
+        },
         "runs": runs,
     }
     output = Path(args.output)
@@ -425,9 +527,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mini-batch", type=int, default=8, help="CachedMNRL mini-batch")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one process)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--learning-rate", type=float, default=0.0, help="peak learning rate (0: the recipe's)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for every system (santa reads all of them; "
+        "sentence-transformers its learning rate, warm-up, weight decay, clipping, "
+        "temperature), e.g. model.gradient_checkpointing=true",
+    )
     parser.add_argument("--output", default=str(RESULTS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--data",
+        default="",
+        help="preprocessed pairs (ray_jobs.preprocess --output, local); default: the 105 "
+        "standard-library pairs of the tests",
+    )
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -100,6 +100,7 @@ def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple
         *(f"--steps={args.steps}", f"--batch={args.batch}", "--window=1"),
         *(f"--query-length={args.query_length}", f"--doc-length={args.doc_length}"),
         f"--seed={args.seed}",
+        f"--learning-rate={getattr(args, 'learning_rate', 0.0)}",
     ]
     work.mkdir(parents=True)
     started = time.perf_counter()

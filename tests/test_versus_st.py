@@ -49,7 +49,30 @@ def test_summary_takes_medians_and_ratios_against_the_reference() -> None:
     assert summary["santa-ray"]["loop_vs_reference"] == 2.0
     assert summary["santa-ray"]["end_to_end_vs_reference"] == 0.5
     table = versus_st.format_table(summary, "st-mnrl")
-    assert "| 6.00 | 2.00x | 220.0 | 0.50x |" in table
+    assert "| 6.00 | 2.00x | 220.0 | 0.50x | — | — |" in table
+
+
+def test_fixed_cost_and_the_step_from_which_a_faster_loop_finishes_first() -> None:
+    # 10 steps of 8 pairs: the reference loops at 2 pairs/s (4 s a step) and spends 20 s
+    # besides; santa loops at 4 pairs/s (2 s a step) but spends 60 s besides: 40 s more,
+    # caught up at 2 s a step from step 20 on.
+    runs = [
+        {"system": "st-mnrl", "loop_pairs_per_s": 2.0, "end_to_end_s": 60.0},
+        {"system": "santa-ray", "loop_pairs_per_s": 4.0, "end_to_end_s": 80.0},
+        {"system": "st-cached", "loop_pairs_per_s": 1.0, "end_to_end_s": 100.0},
+        {"system": "santa-local", "loop_pairs_per_s": 4.0, "end_to_end_s": 30.0},
+    ]
+    systems = ["santa-ray", "santa-local", "st-mnrl", "st-cached"]
+    summary = versus_st.summarize(runs, systems, "st-mnrl", steps=10, batch=8)
+    assert summary["st-mnrl"]["fixed_s"] == 20.0
+    assert summary["santa-ray"]["fixed_s"] == 60.0
+    assert summary["santa-ray"]["break_even_steps"] == 20
+    assert summary["santa-local"]["break_even_steps"] == 0  # less fixed cost, faster loop
+    assert summary["st-cached"]["break_even_steps"] == float("inf")  # slower at both
+    table = versus_st.format_table(summary, "st-mnrl")
+    assert "| 60.0 | 20 |" in table
+    assert "| 20.0 | never |" in table
+    assert "| 10.0 | 0 |" in table
 
 
 quality_spec = importlib.util.spec_from_file_location(
@@ -93,3 +116,96 @@ def test_per_query_rr_reads_a_trec_run_with_ranx(tmp_path) -> None:
     # q0: its document first (1); q1: second (1/2); q2: not ranked (0).
     trec.write_text("q0 Q0 d0 1 2.0 m\nq0 Q0 d1 2 1.0 m\nq1 Q0 d0 1 2.0 m\nq1 Q0 d1 2 1.0 m\n")
     assert quality.per_query_rr(beir, str(trec), "test") == {"q0": 1.0, "q1": 0.5, "q2": 0.0}
+
+
+transfer_spec = importlib.util.spec_from_file_location(
+    "cosqa_transfer", REPO / "bench" / "cosqa_transfer.py"
+)
+transfer = importlib.util.module_from_spec(transfer_spec)
+transfer_spec.loader.exec_module(transfer)
+
+
+def _cosqa_records() -> list[dict]:
+    """Six labelled queries over four functions (f0 answers two, f3 three), one unlabelled."""
+    codes = [f"def f{i}(x):\n    return x + {i}\n" for i in range(5)]
+    answers = {"q0": 0, "q1": 0, "q2": 1, "q3": 2, "q4": 3, "q5": 3, "q6": 3}
+    records = [
+        {"idx": q, "doc": f"web query {q}", "code": codes[f], "label": 1}
+        for q, f in answers.items()
+    ]
+    return [*records, {"idx": "q9", "doc": "unanswered", "code": codes[4], "label": 0}]
+
+
+def test_cosqa_folds_keep_each_function_s_queries_together() -> None:
+    from santa.data.cosqa import cosqa_beir
+
+    beir = cosqa_beir(_cosqa_records())
+    folds = transfer.function_folds(beir.qrels, 2, seed=0)
+    assert set().union(*folds) == {f"q{i}" for i in range(7)}
+    assert not folds[0] & folds[1]
+    doc_of = {q: d for q, d in beir.qrels}
+    for fold in folds:
+        other = set().union(*(f for f in folds if f is not fold))
+        assert not {doc_of[q] for q in fold} & {doc_of[q] for q in other}
+    # Groups of 3, 2, 1, 1: the largest goes alone, the rest fill the other fold.
+    assert sorted(len(f) for f in folds) == [3, 4]
+    assert transfer.function_folds(beir.qrels, 2, seed=0) == folds  # seeded
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        transfer.function_folds(beir.qrels, 1, seed=0)
+    with pytest.raises(ValueError, match="cannot fill 5 folds"):
+        transfer.function_folds(beir.qrels, 5, seed=0)
+
+
+def test_cosqa_training_pairs_and_held_out_fold(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from santa.data.beir import load_beir
+    from santa.data.cosqa import cosqa_beir
+    from tests.training import write_pairs
+
+    beir = cosqa_beir(_cosqa_records())
+    rows = transfer.cosqa_pair_rows(beir, {"q0", "q4"})
+    assert [(r["query"], r["document"]) for r in rows] == [
+        ("web query q0", "def f0(x):\n    return x + 0\n"),
+        ("web query q4", "def f3(x):\n    return x + 3\n"),
+    ]
+    written = write_pairs(tmp_path / "pairs", rows)
+    table = pq.read_table(f"{written}/data/part-0.parquet").to_pylist()
+    assert [r["query_id"] for r in table] == ["q0", "q4"]
+    assert {r["kind"] for r in table} == {"code_pair"} and {r["label"] for r in table} == {1}
+
+    held_out = transfer.write_fold_beir(beir, {"q2", "q3"}, str(tmp_path / "fold"))
+    data = load_beir(held_out, "test")
+    assert len(data.corpus) == 5  # every function, the unlabelled one included
+    assert set(data.queries) == {"q2", "q3"}
+    assert set(data.qrels) == {"q2", "q3"}
+
+
+def test_a_failed_system_is_reported_not_fatal() -> None:
+    assert versus_st.failure_reason(1, "ray.exceptions.OutOfMemoryError: Task was killed") == (
+        "out of memory"
+    )
+    assert versus_st.failure_reason(-9, "") == "out of memory"  # the kernel's SIGKILL
+    assert versus_st.failure_reason(2, "santa: error: bad value") == "exit 2"
+    runs = [
+        {"system": "santa-ray", "loop_pairs_per_s": 4.0, "end_to_end_s": 80.0},
+        {"system": "st-mnrl", "end_to_end_s": 30.0, "failed": "out of memory"},
+        {"system": "st-cached", "loop_pairs_per_s": 2.0, "end_to_end_s": 60.0},
+    ]
+    summary = versus_st.summarize(runs, ["santa-ray", "st-mnrl", "st-cached"], "st-cached")
+    assert summary["st-mnrl"] == {
+        "label": versus_st.LABELS["st-mnrl"],
+        "runs": 0,
+        "failed": "out of memory",
+    }
+    assert summary["santa-ray"]["loop_vs_reference"] == 2.0
+    table = versus_st.format_table(summary, "st-cached")
+    assert "| sentence-transformers, MNRL, 2 threads | 0 | out of memory |" in table
+
+
+def test_too_few_pairs_for_the_batch_is_one_line(tmp_path) -> None:
+    from tests.training import stdlib_pair_rows, write_pairs
+
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:3])
+    with pytest.raises(SystemExit, match="has 3 pairs, fewer than --batch 8"):
+        versus_st.main(["--data", data, "--batch", "8", "--steps", "6"])
