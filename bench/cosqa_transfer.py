@@ -21,7 +21,7 @@ Per-query RR@100 from ranx; 95 % bootstrap intervals for each system and paired 
 the differences against zero-shot.
 
     python bench/cosqa_transfer.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json \\
-        [--steps 20] [--batch 32] [--folds 2]
+        [--steps 20] [--batch 32] [--folds 2] [--systems stdlib,stdlib-low-lr,cosqa]
 
 Prints a table and writes ``bench/results/cosqa_transfer.json`` and ``.png``.
 """
@@ -48,6 +48,8 @@ ZERO = "zero-shot"
 STDLIB = "stdlib docstrings"
 STDLIB_LOW = "stdlib docstrings, lr/10"
 COSQA = "CoSQA web queries, cross-fitted"
+# --systems names (the labels above hold commas).
+CHOICES = {"stdlib": STDLIB, "stdlib-low-lr": STDLIB_LOW, "cosqa": COSQA}
 
 
 def function_folds(qrels: dict[tuple[str, str], int], folds: int, seed: int) -> list[set[str]]:
@@ -175,16 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--systems",
-        default=",".join((STDLIB, STDLIB_LOW, COSQA)),
-        help="comma-separated trainings to run besides zero-shot",
+        default=",".join(CHOICES),
+        help=f"comma-separated trainings to run besides zero-shot, of {', '.join(CHOICES)}",
     )
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = sorted(set(systems) - {STDLIB, STDLIB_LOW, COSQA})
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(names) - set(CHOICES))
     if unknown:
-        parser.error(f"unknown --systems {unknown}")
+        parser.error(f"unknown --systems {unknown} (choose from {', '.join(CHOICES)})")
+    systems = [CHOICES[name] for name in names]
 
     from versus_st import RECIPE
     from versus_st_quality import bootstrap, train

@@ -198,7 +198,7 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
         "cosqa_transfer.py",
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
-        *("--systems", "CoSQA web queries, cross-fitted", "--bootstrap", "200"),
+        *("--systems", "cosqa", "--bootstrap", "200"),
         *("--output", str(output)),
     )
     result = json.loads(output.read_text())
