@@ -15,7 +15,11 @@ over all 552 of its functions:
 - **CoSQA web queries, cross-fitted**: the labelled CoSQA pairs themselves, in ``--folds``
   folds grouped by function; each fold's queries are scored by a model trained on the
   other folds only, so no scored query, and no scored query's function as a positive, was
-  trained on (does the loss come from the data: docstrings are not web queries?).
+  trained on (does the loss come from the data: docstrings are not web queries?);
+- **stdlib docstrings, no pair repeated** (``stdlib-large``, with ``--stdlib-data``): a
+  preprocessed folder with at least steps × batch pairs, such as the whole standard
+  library's ``--stage finetune`` pairs, so no pair is seen twice (the 105 test pairs are
+  repeated about six times in 20 steps of 32: is it over-fitting?).
 
 Per-query RR@100 from ranx; 95 % bootstrap intervals for each system and paired ones for
 the differences against zero-shot.
@@ -48,8 +52,10 @@ ZERO = "zero-shot"
 STDLIB = "stdlib docstrings"
 STDLIB_LOW = "stdlib docstrings, lr/10"
 COSQA = "CoSQA web queries, cross-fitted"
+STDLIB_LARGE = "stdlib docstrings, no pair repeated"
 # --systems names (the labels above hold commas).
 CHOICES = {"stdlib": STDLIB, "stdlib-low-lr": STDLIB_LOW, "cosqa": COSQA}
+CHOICES["stdlib-large"] = STDLIB_LARGE
 
 
 def function_folds(qrels: dict[tuple[str, str], int], folds: int, seed: int) -> list[set[str]]:
@@ -180,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(CHOICES),
         help=f"comma-separated trainings to run besides zero-shot, of {', '.join(CHOICES)}",
     )
+    parser.add_argument(
+        "--stdlib-data",
+        default="",
+        help="stdlib-large: preprocessed pairs (ray_jobs.preprocess --output, local)",
+    )
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown --systems {unknown} (choose from {', '.join(CHOICES)})")
     systems = [CHOICES[name] for name in names]
+    if STDLIB_LARGE in systems and not args.stdlib_data:
+        parser.error("--systems stdlib-large needs --stdlib-data")
 
-    from versus_st import RECIPE
+    from versus_st import RECIPE, pq_rows
     from versus_st_quality import bootstrap, train
 
     from santa.data.cosqa import cosqa_beir, read_cosqa
@@ -210,10 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    def run(name: str, pairs: list[dict[str, Any]], learning_rate: float, tag: str) -> str:
+    def run(name: str, pairs: list[dict[str, Any]] | str, learning_rate: float, tag: str) -> str:
         options = argparse.Namespace(**{**vars(args), "learning_rate": learning_rate})
-        data = write_pairs(work / f"pairs-{tag}", pairs)
-        print(f"training {name} ({tag}): {len(pairs)} pairs, lr {learning_rate:g}", flush=True)
+        data = pairs if isinstance(pairs, str) else write_pairs(work / f"pairs-{tag}", pairs)
+        count = pq_rows(data) if isinstance(pairs, str) else len(pairs)
+        print(f"training {name} ({tag}): {count} pairs, lr {learning_rate:g}", flush=True)
         model, spent = train("santa-ray", options, data, work / f"train-{tag}")
         seconds[name] = seconds.get(name, 0.0) + spent
         print(f"  {spent:.0f} s", flush=True)
@@ -234,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             model = run(COSQA, rows, recipe_lr, f"cosqa-{k}")
             held_out = write_fold_beir(beir, fold, str(work / f"beir-fold-{k}"))
             scores[COSQA].update(score(model, held_out, work / f"eval-cosqa-{k}"))
+    if STDLIB_LARGE in systems:
+        model = run(STDLIB_LARGE, args.stdlib_data, recipe_lr, "stdlib-large")
+        scores[STDLIB_LARGE] = score(model, whole, work / "eval-stdlib-large")
     pairs = tuple((system, ZERO) for system in scores if system != ZERO)
     pairs += ((COSQA, STDLIB),) if COSQA in scores and STDLIB in scores else ()
     per_system, differences = bootstrap(scores, args.bootstrap, args.seed, pairs=pairs)
@@ -242,11 +259,20 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "settings": {k: v for k, v in vars(args).items() if k != "output"},
         "recipe": RECIPE,
-        "learning_rates": {STDLIB: recipe_lr, STDLIB_LOW: recipe_lr / 10, COSQA: recipe_lr},
+        "learning_rates": {
+            STDLIB: recipe_lr,
+            STDLIB_LOW: recipe_lr / 10,
+            COSQA: recipe_lr,
+            STDLIB_LARGE: recipe_lr,
+        },
         "queries": len(every_query),
         "corpus": len(beir.corpus),
         "fold_queries": [len(fold) for fold in folds],
-        "train_pairs": {STDLIB: len(stdlib), COSQA: [len(every_query - f) for f in folds]},
+        "train_pairs": {
+            STDLIB: len(stdlib),
+            COSQA: [len(every_query - f) for f in folds],
+            STDLIB_LARGE: pq_rows(args.stdlib_data) if args.stdlib_data else 0,
+        },
         "train_seconds": seconds,
         "systems": per_system,
         "differences": differences,

@@ -193,22 +193,33 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
 
 
 def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) -> None:
+    from tests.training import stdlib_pair_rows, write_pairs
+
     output = tmp_path / "transfer.json"
+    stdlib = write_pairs(tmp_path / "stdlib", stdlib_pair_rows()[:12])
     stdout = run_bench(
         "cosqa_transfer.py",
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
-        *("--systems", "cosqa", "--bootstrap", "200"),
+        *("--systems", "cosqa,stdlib-large", "--stdlib-data", stdlib, "--bootstrap", "200"),
         *("--output", str(output)),
     )
     result = json.loads(output.read_text())
     assert result["queries"] == 313 and sum(result["fold_queries"]) == 313
     # Each fold's model trains on the other fold's labelled pairs only.
     assert result["train_pairs"]["CoSQA web queries, cross-fitted"] == result["fold_queries"][::-1]
-    assert list(result["systems"]) == ["zero-shot", "CoSQA web queries, cross-fitted"]
+    assert result["train_pairs"]["stdlib docstrings, no pair repeated"] == 12
+    assert list(result["systems"]) == [
+        "zero-shot",
+        "CoSQA web queries, cross-fitted",
+        "stdlib docstrings, no pair repeated",
+    ]
     for row in result["systems"].values():
         assert 0 < row["ci_low"] <= row["mean"] <= row["ci_high"] <= 1
-    assert list(result["differences"]) == ["CoSQA web queries, cross-fitted - zero-shot"]
+    assert list(result["differences"]) == [
+        "CoSQA web queries, cross-fitted - zero-shot",
+        "stdlib docstrings, no pair repeated - zero-shot",
+    ]
     assert "| CoSQA web queries, cross-fitted |" in stdout
     assert output.with_suffix(".png").stat().st_size > 0
 
