@@ -23,7 +23,6 @@ Prints tables and writes ``bench/results/ablation.json`` and ``ablation.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from versus_st_quality import bootstrap, per_query_rr, save_figure  # noqa: E402
+from versus_st_quality import bootstrap, per_query_rr, save_figure, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ablation.json"
 # name → (training data: entity or span masks, config overrides); None: no training.
@@ -175,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.ctime(),
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(output)
+    write_json(output, payload)
     plot(per_system, output.with_suffix(".png"), f"tiny T5, {args.steps} steps, held-out stdlib")
     print(f"wrote {output} and {output.with_suffix('.png')}")
     return 0

@@ -33,7 +33,6 @@ Prints a table and writes ``bench/results/cosqa_transfer.json`` and ``.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--systems stdlib-large needs --stdlib-data")
 
     from versus_st import RECIPE, pq_rows
-    from versus_st_quality import bootstrap, train
+    from versus_st_quality import bootstrap, train, write_json
 
     from santa.data.cosqa import cosqa_beir, read_cosqa
     from santa.ray_utils import init_ray
@@ -280,10 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": list(os.getloadavg()),
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(output)
+    write_json(output, payload)
     title = f"all-MiniLM-L6-v2 + santa, {args.steps} steps x {args.batch}: CoSQA dev (web queries)"
     plot(per_system, output.with_suffix(".png"), title)
     print(f"wrote {output} and {output.with_suffix('.png')}")

@@ -23,9 +23,10 @@ recorded. Two figures per run:
   Ray start, data loading, model loading, training, writing the final model).
 
 From the two follows each system's **fixed cost**: end to end less the steps at the loop's
-rate (start-up, the slower first steps, saving). With it the table says from how many
-steps on a system whose loop is faster than the reference's also finishes first
-(``(fixed - fixed_ref) / (s_ref - s)``, ``s`` seconds per step in the loop).
+rate (start-up, the slower first steps, saving). With it the table says for which run
+lengths a system finishes no later than the reference: ``from N`` steps on for a faster
+loop with more fixed cost (``N = (fixed - fixed_ref) / (s_ref - s)``, ``s`` seconds per
+step in the loop), ``up to N`` for the reverse, ``always`` or ``never``.
 
 santa pads every batch to the full lengths (``--query-length``/``--doc-length``);
 sentence-transformers pads each batch to its longest text (one ``max_seq_length`` =
@@ -342,19 +343,18 @@ def fixed_seconds(end_to_end_s: float, steps: int, batch: int, loop_pairs_per_s:
     return end_to_end_s - steps * batch / loop_pairs_per_s
 
 
-def break_even_steps(row: dict, base: dict, batch: int) -> float:
-    """From how many steps ``row`` finishes no later than ``base`` end to end.
-
-    0 when it is never slower (less fixed cost and a loop at least as fast); ``inf`` when it
-    never catches up (a slower loop and more fixed cost).
-    """
+def crossover(row: dict, base: dict, batch: int) -> str:
+    """Against ``base``, by run length: ``always``, ``never``, ``from N`` (a faster loop
+    repays more fixed cost from step N on) or ``up to N`` (less fixed cost, slower loop).
+    "Ahead" means finishing no later, end to end."""
     step, base_step = batch / row["loop_pairs_per_s"], batch / base["loop_pairs_per_s"]
     extra = row["fixed_s"] - base["fixed_s"]
     if extra <= 0 and step <= base_step:
-        return 0.0
-    if step >= base_step:
-        return math.inf
-    return math.ceil(max(0.0, extra) / (base_step - step))
+        return "always"
+    if extra >= 0 and step >= base_step:
+        return "never"
+    steps = abs(extra) / abs(base_step - step)  # where the two end-to-end times cross
+    return f"from {math.ceil(steps)}" if extra > 0 else f"up to {math.floor(steps)}"
 
 
 def summarize(
@@ -362,8 +362,8 @@ def summarize(
 ) -> dict[str, dict]:
     """Medians per system and ratios against ``reference`` (pairs/s: higher is better).
 
-    With ``steps`` and ``batch``: each system's median fixed cost and its break-even step
-    count against ``reference`` too.
+    With ``steps`` and ``batch``: each system's median fixed cost, and from or up to which
+    step count it finishes ahead of ``reference`` (``crossover``).
     """
     summary = {}
     for system in systems:
@@ -390,7 +390,7 @@ def summarize(
             row["loop_vs_reference"] = row["loop_pairs_per_s"] / base["loop_pairs_per_s"]
             row["end_to_end_vs_reference"] = base["end_to_end_s"] / row["end_to_end_s"]
             if steps and batch:
-                row["break_even_steps"] = break_even_steps(row, base, batch)
+                row["ahead"] = crossover(row, base, batch)
     return summary
 
 
@@ -398,15 +398,14 @@ def format_table(summary: dict[str, dict], reference: str) -> str:
     """A markdown table of the medians."""
     lines = [
         f"| system | runs | loop pairs/s | vs {reference} | end to end s | speed vs {reference} "
-        f"| fixed s | first step ahead of {reference} |",
+        f"| fixed s | ahead of {reference} end to end, in steps |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in summary.values():
         if "failed" in row:
             lines.append(f"| {row['label']} | 0 | {row['failed']} | | | | | |")
             continue
-        even = row.get("break_even_steps")
-        even_text = "—" if even is None else ("never" if math.isinf(even) else f"{even:.0f}")
+        even_text = row.get("ahead", "—")
         fixed = row.get("fixed_s")
         lines.append(
             f"| {row['label']} | {row['runs']} | {row['loop_pairs_per_s']:.2f} | "
@@ -494,18 +493,13 @@ def run_parent(args: argparse.Namespace) -> int:
         "load_before": list(load),
         "load_after": list(os.getloadavg()),
         "date": time.ctime(),
-        # JSON has no infinity: a system that never catches up is "never".
-        "summary": {
-            system: {k: "never" if v == math.inf else v for k, v in row.items()}
-            for system, row in summary.items()
-        },
+        "summary": summary,
         "runs": runs,
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(output)
+    from versus_st_quality import write_json
+
+    write_json(output, payload)
     title = (
         f"all-MiniLM-L6-v2, batch {args.batch}, {args.steps} steps, "
         f"lengths {args.query_length}/{args.doc_length}, 2 CPU threads each"

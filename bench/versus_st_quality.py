@@ -155,6 +155,14 @@ def format_tables(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: Path, payload: dict) -> None:
+    """Write a benchmark's JSON whole or not at all (a temporary file renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def save_figure(figure, path: Path) -> None:
     """Write a matplotlib figure whole or not at all (a temporary file renamed)."""
     import matplotlib.pyplot as plt
@@ -254,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": list(os.getloadavg()),
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(output)
+    write_json(output, payload)
     title = f"all-MiniLM-L6-v2 fine-tuned {args.steps} steps x {args.batch} on stdlib pairs"
     plot(results, output.with_suffix(".png"), title)
     print(f"wrote {output} and {output.with_suffix('.png')}")

@@ -52,27 +52,30 @@ def test_summary_takes_medians_and_ratios_against_the_reference() -> None:
     assert "| 6.00 | 2.00x | 220.0 | 0.50x | — | — |" in table
 
 
-def test_fixed_cost_and_the_step_from_which_a_faster_loop_finishes_first() -> None:
+def test_fixed_cost_and_the_run_lengths_at_which_a_system_finishes_first() -> None:
     # 10 steps of 8 pairs: the reference loops at 2 pairs/s (4 s a step) and spends 20 s
-    # besides; santa loops at 4 pairs/s (2 s a step) but spends 60 s besides: 40 s more,
-    # caught up at 2 s a step from step 20 on.
+    # besides; santa-ray loops at 4 pairs/s (2 s a step) but spends 60 s besides: 40 s
+    # more, caught up at 2 s a step from step 20 on. santa-local spends 10 s less but
+    # loops at 1 pair/s (8 s a step): ahead while 4 s a step has not eaten the 10 s.
     runs = [
         {"system": "st-mnrl", "loop_pairs_per_s": 2.0, "end_to_end_s": 60.0},
         {"system": "santa-ray", "loop_pairs_per_s": 4.0, "end_to_end_s": 80.0},
         {"system": "st-cached", "loop_pairs_per_s": 1.0, "end_to_end_s": 100.0},
-        {"system": "santa-local", "loop_pairs_per_s": 4.0, "end_to_end_s": 30.0},
+        {"system": "santa-local", "loop_pairs_per_s": 1.0, "end_to_end_s": 90.0},
     ]
     systems = ["santa-ray", "santa-local", "st-mnrl", "st-cached"]
     summary = versus_st.summarize(runs, systems, "st-mnrl", steps=10, batch=8)
     assert summary["st-mnrl"]["fixed_s"] == 20.0
     assert summary["santa-ray"]["fixed_s"] == 60.0
-    assert summary["santa-ray"]["break_even_steps"] == 20
-    assert summary["santa-local"]["break_even_steps"] == 0  # less fixed cost, faster loop
-    assert summary["st-cached"]["break_even_steps"] == float("inf")  # slower at both
+    assert summary["santa-ray"]["ahead"] == "from 20"
+    assert summary["santa-local"]["fixed_s"] == 10.0
+    assert summary["santa-local"]["ahead"] == "up to 2"  # 10 s / 4 s a step = 2.5 steps
+    assert summary["st-cached"]["ahead"] == "never"  # slower loop, as much fixed cost
+    assert summary["st-mnrl"]["ahead"] == "always"  # the reference against itself
     table = versus_st.format_table(summary, "st-mnrl")
-    assert "| 60.0 | 20 |" in table
+    assert "| 60.0 | from 20 |" in table
     assert "| 20.0 | never |" in table
-    assert "| 10.0 | 0 |" in table
+    assert "| 10.0 | up to 2 |" in table
 
 
 quality_spec = importlib.util.spec_from_file_location(
@@ -209,3 +212,11 @@ def test_too_few_pairs_for_the_batch_is_one_line(tmp_path) -> None:
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:3])
     with pytest.raises(SystemExit, match="has 3 pairs, fewer than --batch 8"):
         versus_st.main(["--data", data, "--batch", "8", "--steps", "6"])
+
+
+def test_bench_json_is_written_whole(tmp_path) -> None:
+    path = tmp_path / "results" / "bench.json"
+    quality.write_json(path, {"a": 1})
+    quality.write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert [p.name for p in path.parent.iterdir()] == ["bench.json"]  # no temporary left
