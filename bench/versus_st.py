@@ -70,13 +70,13 @@ RESULTS = ROOT / "bench" / "results" / "versus_st.json"
 def recipe_overrides(args: argparse.Namespace) -> list[str]:
     """The recipe changes every santa system runs with."""
     overrides = [
-        *getattr(args, "overrides", []),
+        *args.overrides,
         f"train.global_batch_size={args.batch}",
         f"train.max_query_length={args.query_length}",
         f"train.max_document_length={args.doc_length}",
         f"train.seed={args.seed}",
     ]
-    if getattr(args, "learning_rate", 0.0):
+    if args.learning_rate:
         overrides.append(f"train.learning_rate={args.learning_rate}")
     return overrides
 
@@ -405,13 +405,12 @@ def format_table(summary: dict[str, dict], reference: str) -> str:
         if "failed" in row:
             lines.append(f"| {row['label']} | 0 | {row['failed']} | | | | | |")
             continue
-        even_text = row.get("ahead", "—")
         fixed = row.get("fixed_s")
         lines.append(
             f"| {row['label']} | {row['runs']} | {row['loop_pairs_per_s']:.2f} | "
             f"{row.get('loop_vs_reference', float('nan')):.2f}x | {row['end_to_end_s']:.1f} | "
             f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x | "
-            f"{'—' if fixed is None else f'{fixed:.1f}'} | {even_text} |"
+            f"{'—' if fixed is None else f'{fixed:.1f}'} | {row.get('ahead', '—')} |"
         )
     return "\n".join(lines)
 
@@ -481,7 +480,11 @@ def run_parent(args: argparse.Namespace) -> int:
             )
     succeeded = [s for s in systems if any(r["system"] == s and "failed" not in r for r in runs)]
     if not succeeded:
-        raise SystemExit("santa: error: every run failed (see output_tail in the runs)")
+        first = runs[0]
+        raise SystemExit(
+            f"santa: error: every run failed; {first['system']}: {first['failed']}\n"
+            + first["output_tail"]
+        )
     reference = "st-mnrl" if "st-mnrl" in succeeded else succeeded[0]
     summary = summarize(runs, systems, reference, steps=args.steps, batch=args.batch)
     print("\n" + format_table(summary, reference))
