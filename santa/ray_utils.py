@@ -12,6 +12,7 @@ Ray's session log folder (named on that first line); ``verbose=True`` shows them
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -50,6 +51,18 @@ def forwarded_env() -> dict[str, str]:
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    """``os.environ`` with ``variables`` set (not overriding the user's), restored after."""
+    added = {name: value for name, value in variables.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> str:
     """Join the cluster ``address``/``RAY_ADDRESS`` names, or start a local Ray of our own.
 
@@ -74,7 +87,15 @@ def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> 
         for name in ("ray.data", "faiss", "faiss.loader"):
             logging.getLogger(name).setLevel(logging.WARNING)
     runtime_env = kwargs.pop("runtime_env", {}) or {}
-    if env_vars:
+    raylet_env: dict[str, str] = {}
+    if address == "local" and not runtime_env:
+        # A Ray of our own inherits the driver's environment: workers get these settings
+        # from the raylet, and the job needs no runtime_env. With one, Ray could not hand
+        # the job the workers it prestarts (they have none), and every task and actor of
+        # the start-up (the parquet sampling, Train's controller, ...) waited for a fresh
+        # Python process: seconds of a short run on a small machine.
+        raylet_env = env_vars
+    elif env_vars:
         runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}
     if address == "local":
         # Ray runs workers at nice 15 so the raylet stays responsive on a busy node; on a
@@ -85,15 +106,16 @@ def init_ray(address: str | None = None, *, verbose: bool = False, **kwargs) -> 
         os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     global _log_level
     level = _log_level = "INFO" if verbose else "WARNING"
-    ray.init(
-        address=address,
-        runtime_env=runtime_env or None,
-        log_to_driver=kwargs.pop("log_to_driver", True),
-        logging_level=getattr(logging, level),
-        # The root logger of every worker of the job (Ray Train's and Ray Data's INFO).
-        logging_config=kwargs.pop("logging_config", None) or ray.LoggingConfig(log_level=level),
-        **kwargs,
-    )
+    with _environment(raylet_env):
+        ray.init(
+            address=address,
+            runtime_env=runtime_env or None,
+            log_to_driver=kwargs.pop("log_to_driver", True),
+            logging_level=getattr(logging, level),
+            # The root logger of every worker of the job (Ray Train's and Ray Data's INFO).
+            logging_config=kwargs.pop("logging_config", None) or ray.LoggingConfig(log_level=level),
+            **kwargs,
+        )
     line = describe_cluster(joined=address != "local")
     logger.info(line)
     return line

@@ -93,3 +93,30 @@ def test_declared_max_from_an_autoscaler_config() -> None:
     assert declared == {"CPU": 52.0, "GPU": 2.0, "head": 1.0}
     del config["max_workers"]
     assert declared_max_resources(config)["CPU"] == 84.0
+
+
+ENV_PROBE = """
+import os, ray
+from santa.ray_utils import init_ray
+init_ray()
+print("job runtime_env", sorted(ray.get_runtime_context().runtime_env))
+task = ray.remote(num_cpus=0)(lambda: (os.environ.get("SANTA_QUIET"), os.environ.get("NLTK_DATA")))
+print("worker", *ray.get(task.remote()))
+print("driver keeps", "SANTA_QUIET" in os.environ)
+"""
+
+
+def test_local_ray_workers_inherit_settings_without_a_job_runtime_env(tmp_path) -> None:
+    """The local Ray santa starts hands its workers santa's settings through the raylet's
+    environment, not a job runtime_env (which would keep the workers Ray prestarts from
+    serving the job); the driver's own environment is left as it was."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SANTA_"))}
+    env.update(PYTHONPATH=str(ROOT), NLTK_DATA=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", ENV_PROBE], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "job runtime_env []" in lines
+    assert f"worker 1 {tmp_path}" in lines
+    assert "driver keeps False" in lines

@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from santa.losses import contrastive_loss, total_loss
 from santa.model import DualEncoder
 from santa.negatives.miner import NegativesClient
 from santa.negatives.mining import NegativesTable
+from santa.train.entry import FirstEpoch, LoopConfig, epoch_batches
 from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
@@ -140,63 +140,14 @@ def compute_losses(
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
 
 
-@dataclass(frozen=True, kw_only=True)
-class LoopConfig:
-    """What the driver hands every training worker; travels through Ray as a plain dict."""
+def train_loop_per_worker(
+    loop_config: dict[str, Any], first_epoch: FirstEpoch | None = None
+) -> None:
+    """Ray Train entry point: build, resume, train, report, checkpoint.
 
-    santa: SantaConfig
-    init_model: str
-    """The model folder every worker starts from (see ``trainer.prepare_initial_model``)."""
-    train_rows: int | None = None
-    """Pairs in the training data, when counted (an epoch-based schedule needs it)."""
-    torch_threads: int = 1
-    """Intra-op threads of each worker's torch."""
-    tensorboard_dir: str = ""
-    """Where rank 0 writes TensorBoard events; empty: none."""
-    tensorboard_uri: str = ""
-    """Storage copy of ``tensorboard_dir`` (S3 runs), refreshed at every checkpoint, so the
-    curves outlive the rank-0 node; empty: the events are written in storage already."""
-    metrics_uri: str = ""
-    """Rank 0 keeps every logged step's metrics here as JSON lines (the run's whole history;
-    Ray keeps metrics only with checkpoints); empty: not kept."""
-    stop_at_step: int = 0
-    """Stop (with a checkpoint) at this step though the schedule spans the run; 0: no."""
-    data_uri: str = ""
-    """The preprocessed pairs (hard negatives look their documents up there)."""
-    miner_name: str = ""
-    """The named actor of ``async`` hard negatives."""
-    eval_data: str = ""
-    """A BEIR folder for dev metrics; empty: none."""
-    eval_split: str = "test"
-    """The qrels split of ``eval_data``."""
-    registered_checkpoints: tuple[str, ...] = ()
-    """The run's registered checkpoints, newest first: resume falls back along them when
-    the latest does not load (``santa.train.resume``)."""
-
-    def __post_init__(self) -> None:
-        if self.torch_threads < 1:
-            raise ValueError(f"torch_threads must be at least 1, got {self.torch_threads}")
-        if self.stop_at_step < 0:
-            raise ValueError(f"stop_at_step must not be negative, got {self.stop_at_step}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for Ray's ``train_loop_config``."""
-        payload = {f.name: getattr(self, f.name) for f in fields(self)}
-        payload["santa"] = self.santa.to_dict()
-        return payload
-
-    @classmethod
-    def from_dict(cls, payload: dict[str, Any]) -> LoopConfig:
-        """Rebuild from :meth:`to_dict`, rejecting unknown keys."""
-        unknown = set(payload) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown loop config keys: {sorted(unknown)}")
-        return cls(**{**payload, "santa": SantaConfig.from_dict(payload["santa"])})
-
-
-def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point: build, resume, train, report, checkpoint."""
-    trainer = WorkerTrainer(LoopConfig.from_dict(loop_config))
+    ``first_epoch``: epoch 0 already being read (``santa.train.entry``), for a fresh run.
+    """
+    trainer = WorkerTrainer(LoopConfig.from_dict(loop_config), first_epoch=first_epoch)
     try:
         trainer.train()
     finally:
@@ -206,7 +157,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 class WorkerTrainer:
     """One worker's part of a run: setup and resume, steps, reports with checkpoints."""
 
-    def __init__(self, loop: LoopConfig) -> None:
+    def __init__(self, loop: LoopConfig, first_epoch: FirstEpoch | None = None) -> None:
         import ray.train
         import ray.train.torch
 
@@ -233,6 +184,7 @@ class WorkerTrainer:
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
         self.state = self._resume()
+        self.first_epoch = first_epoch if self.state["step"] == 0 else None
         # An interruption on purpose (a preemptible run's budget, or a test of resuming):
         # train up to this step, checkpoint, and return; the schedule still spans `steps`.
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
@@ -308,22 +260,12 @@ class WorkerTrainer:
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
         """This epoch's batches of the shard, past those trained before a resume."""
-        train = self.config.train
+        if self.first_epoch is not None and self.state["epoch"] == 0:
+            batches, self.first_epoch = self.first_epoch.batches(), None
+        else:
+            batches = epoch_batches(self.shard, self.config.train, self.rank, self.state["epoch"])
         skip = self.state["batches_in_epoch"]
-        for arrays in self.shard.iter_batches(
-            batch_size=train.per_worker_batch_size(),
-            drop_last=True,
-            batch_format="numpy",
-            # Pairs arrive in corpus order (all functions of a file together); a seeded
-            # local shuffle makes in-batch negatives come from across the corpus and keeps
-            # the order reproducible (so a resumed run repeats the uninterrupted one).
-            local_shuffle_buffer_size=train.shuffle_buffer or None,
-            local_shuffle_seed=(
-                train.seed + 1000 * self.rank + self.state["epoch"]
-                if train.shuffle_buffer
-                else None
-            ),
-        ):
+        for arrays in batches:
             if skip:
                 skip -= 1
                 continue

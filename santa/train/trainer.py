@@ -13,12 +13,9 @@ from santa import storage
 from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.data.outputs import published_root
-from santa.model import DualEncoder
-from santa.negatives.miner import start_miner
 from santa.ray_utils import capacity_of, head_placement, ray_log_level
-from santa.tokenizer import train_tokenizer
 from santa.train.data import build_train_dataset
-from santa.train.loop import LoopConfig, train_loop_per_worker
+from santa.train.entry import LoopConfig, train_loop_per_worker
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -105,6 +102,9 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     init_uri = storage.join(spec.run_uri, "init_model")
     if storage.exists(storage.join(init_uri, "config.json")):
         return init_uri
+    from santa.model import DualEncoder
+    from santa.tokenizer import train_tokenizer
+
     tokenizer = train_tokenizer(read_texts(spec.data), vocab_size=config.model.tiny_vocab_size)
     model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
     model.save_pretrained(init_uri, santa_config=config)
@@ -165,6 +165,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if train.hard_negatives == "async":
+        from santa.negatives.miner import start_miner
+
         miner = start_miner(
             miner_name,
             data_uri=spec.data,

@@ -1,0 +1,54 @@
+"""The workers' entry point: light to import, and epoch 0 read ahead of the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from santa.train.entry import FirstEpoch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_driver_side_of_training_imports_neither_torch_models_nor_the_loop() -> None:
+    """The driver and Ray Train's controller unpickle the entry point and build the trainer:
+    transformers and santa's model stay out of them (seconds on a small head node)."""
+    probe = (
+        "import sys, santa.train.trainer, santa.train.entry\n"
+        "print(sorted(m for m in ('transformers', 'santa.model', 'santa.train.loop', 'faiss')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_first_epoch_yields_every_batch_in_order_starting_in_the_background() -> None:
+    pulled = threading.Event()
+
+    def batches():
+        pulled.set()
+        yield from ({"step": i} for i in range(3))
+
+    epoch = FirstEpoch(batches())
+    assert pulled.wait(5)  # the first batch is pulled before anyone asks
+    assert [b["step"] for b in epoch.batches()] == [0, 1, 2]
+
+
+def test_first_epoch_of_an_empty_shard_yields_nothing() -> None:
+    assert list(FirstEpoch(iter([])).batches()) == []
+
+
+def test_first_epoch_hands_the_pipelines_error_to_the_training_thread() -> None:
+    def broken():
+        raise OSError("s3://bucket/pairs/data/part-0.parquet: connection reset")
+        yield  # pragma: no cover
+
+    with pytest.raises(OSError, match="connection reset"):
+        list(FirstEpoch(broken()).batches())
