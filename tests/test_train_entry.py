@@ -52,3 +52,12 @@ def test_first_epoch_hands_the_pipelines_error_to_the_training_thread() -> None:
 
     with pytest.raises(OSError, match="connection reset"):
         list(FirstEpoch(broken()).batches())
+
+
+def test_ray_train_polls_every_half_second_unless_the_user_says_otherwise(monkeypatch) -> None:
+    from santa.train.trainer import POLL_INTERVAL_ENV, set_poll_interval
+
+    monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
+    assert set_poll_interval() == "0.5"
+    monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
+    assert set_poll_interval() == "3"

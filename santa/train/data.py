@@ -25,19 +25,105 @@ IGNORE_INDEX = -100
 ID_COLUMNS = ("query_id", "doc_id")
 
 
+# Tokenizer classes whose fast tokenizer is their tokenizer.json alone (checked against
+# transformers in tests/test_train_data.py): for these, Ray Data's tokenize tasks load the
+# file with `tokenizers` and never import transformers, which imports torch (seconds and
+# hundreds of MB in every fresh data worker process).
+TOKENIZER_JSON_CLASSES = frozenset(
+    {
+        "BertTokenizer",
+        "BertTokenizerFast",
+        "PreTrainedTokenizerFast",
+        "TokenizersBackend",
+    }
+)
+
+
+class JsonTokenizer:
+    """A model folder's ``tokenizer.json`` through the ``tokenizers`` library: the ids and
+    masks transformers' fast tokenizer gives for ``truncation=True,
+    padding="max_length"``, without transformers."""
+
+    def __init__(self, path: str, pad_token: str, padding_side: str, truncation_side: str):
+        from tokenizers import Tokenizer
+
+        self.path = path
+        self._tokenizer = Tokenizer.from_file(path)
+        self.pad_token = pad_token
+        self.pad_id = self._tokenizer.token_to_id(pad_token)
+        if self.pad_id is None:
+            raise ValueError(f"pad token {pad_token!r} is not in {path}")
+        self.padding_side, self.truncation_side = padding_side, truncation_side
+        self._by_length: dict[int, Any] = {}
+
+    def encode(self, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and attention mask, ``(len(texts), max_length)`` int64 each."""
+        tokenizer = self._by_length.get(max_length)
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+            tokenizer.enable_truncation(
+                max_length, strategy="longest_first", direction=self.truncation_side
+            )
+            tokenizer.enable_padding(
+                direction=self.padding_side,
+                pad_id=self.pad_id,
+                pad_token=self.pad_token,
+                length=max_length,
+            )
+            self._by_length[max_length] = tokenizer
+        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64).reshape(-1, max_length)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        return ids, mask.reshape(-1, max_length)
+
+
+def _json_tokenizer(folder: str) -> JsonTokenizer | None:
+    """The folder's tokenizer without transformers, when its class allows; else None."""
+    import json
+    import os
+
+    files = [os.path.join(folder, name) for name in ("tokenizer.json", "tokenizer_config.json")]
+    if not all(os.path.isfile(path) for path in files):
+        return None
+    with open(files[1], encoding="utf-8") as handle:
+        settings = json.load(handle)
+    pad = settings.get("pad_token")
+    pad = pad.get("content") if isinstance(pad, dict) else pad
+    if settings.get("tokenizer_class") not in TOKENIZER_JSON_CLASSES or not pad:
+        return None
+    return JsonTokenizer(
+        files[0],
+        pad_token=pad,
+        padding_side=settings.get("padding_side", "right"),
+        truncation_side=settings.get("truncation_side", "right"),
+    )
+
+
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(location: str):
-    """A tokenizer from a local folder, an ``s3://`` model folder or a hub name (cached)."""
-    from transformers import AutoTokenizer
+    """A tokenizer from a local folder, an ``s3://`` model folder or a hub name (cached):
+    the folder's ``tokenizer.json`` alone where that is the whole tokenizer
+    (:class:`JsonTokenizer`), else transformers' ``AutoTokenizer``."""
+    import os
 
     if storage.is_s3(location):
         local_dir = tempfile.mkdtemp(prefix="santa-tokenizer-")
         storage.download_dir(location, local_dir, what="tokenizer")
         location = local_dir
+    if os.path.isdir(location):
+        light = _json_tokenizer(location)
+        if light is not None:
+            return light
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(location)
 
 
 def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(tokenizer, JsonTokenizer):
+        return tokenizer.encode(texts, max_length)
     encoded = tokenizer(
         texts,
         max_length=max_length,
