@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     run_uri = storage.join(storage.absolute(args.storage), args.name)
     with RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
         from santa.ray_utils import init_ray
-        from santa.train.trainer import RunSpec, fit
+        from santa.train.trainer import FIT_IMPORTS, RunSpec, fit
 
         spec = RunSpec(
             data=args.data,
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             eval_data=args.eval_data,
             eval_split=args.eval_split,
         )
-        print(init_ray(args.address, verbose=args.verbose), flush=True)
+        print(init_ray(args.address, verbose=args.verbose, preload=FIT_IMPORTS), flush=True)
         result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
     if result.checkpoint is not None:

@@ -120,3 +120,16 @@ def test_local_ray_workers_inherit_settings_without_a_job_runtime_env(tmp_path) 
     assert "job runtime_env []" in lines
     assert f"worker 1 {tmp_path}" in lines
     assert "driver keeps False" in lines
+
+
+def test_import_in_background_imports_and_leaves_failures_to_the_job(tmp_path, monkeypatch):
+    from santa.ray_utils import import_in_background
+
+    (tmp_path / "santa_probe_ok.py").write_text("VALUE = 7\n")
+    (tmp_path / "santa_probe_broken.py").write_text("raise ImportError('no such backend')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_in_background(("santa_probe_broken", "santa_probe_ok")).join(30)
+    assert sys.modules["santa_probe_ok"].VALUE == 7
+    assert "santa_probe_broken" not in sys.modules
+    with pytest.raises(ImportError, match="no such backend"):
+        import santa_probe_broken  # noqa: F401

@@ -28,6 +28,8 @@ POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 POLL_INTERVAL_S = "0.5"
 # Every logged step's metrics, one JSON object a line, in the run folder.
 METRICS_FILE = "metrics.jsonl"
+# What fit() imports first (torch, by Ray Train's torch side): for init_ray(preload=...).
+FIT_IMPORTS = ("ray.train.torch", "ray.data")
 
 
 @dataclass(frozen=True, kw_only=True)
