@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from santa import storage
     from santa.eval import EvalConfig, evaluate
-    from santa.ray_utils import init_ray
     from santa.recipes import get_recipe
+    from santa.runtime import storage
+    from santa.runtime.ray_utils import init_ray
     from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
     work = Path(tempfile.mkdtemp(prefix="santa-ablation-"))

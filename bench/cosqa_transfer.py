@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     from versus_st_quality import bootstrap, train, write_json
 
     from santa.data.cosqa import cosqa_beir, read_cosqa
-    from santa.ray_utils import init_ray
     from santa.recipes import get_recipe, minilm_path
+    from santa.runtime.ray_utils import init_ray
     from tests.training import stdlib_pair_rows, write_pairs
 
     work = Path(tempfile.mkdtemp(prefix="santa-cosqa-transfer-"))

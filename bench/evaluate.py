@@ -7,7 +7,7 @@ library, turned into (docstring tokens → code) pairs by the same builder the e
 the preprocessing job uses (no Ray). For each model (``tiny``: a random-init T5 with a
 tokenizer trained on the corpus, lengths 32/128; ``minilm``: all-MiniLM-L6-v2, 50/240):
 
-- documents/s and queries/s encoded in-process (``santa.encoding.encode_texts``);
+- documents/s and queries/s encoded in-process (``santa.models.encoding.encode_texts``);
 - the evaluator's retrieval + metrics (``dense_retrieve`` through ``NegativeIndex`` and
   ranx's metrics, the work ``evaluate_model`` does after encoding) against a raw faiss
   ``IndexFlatIP`` add + search of the same embeddings, top 100. ranx's one-time start-up
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from santa.data.beir import BeirData  # noqa: E402
 from santa.data.records import DropRow, PairOptions, build_code_pair  # noqa: E402
 from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.encoding import encode_texts  # noqa: E402
 from santa.eval import compute_metrics, dense_retrieve  # noqa: E402
-from santa.model import DualEncoder  # noqa: E402
+from santa.models.dual_encoder import DualEncoder  # noqa: E402
+from santa.models.encoding import encode_texts  # noqa: E402
 from santa.recipes import get_recipe  # noqa: E402
 
 TOP_K = 100
@@ -67,7 +67,7 @@ def build_corpus(limit: int) -> BeirData:
 def load(name: str, beir: BeirData) -> tuple[DualEncoder, int, int]:
     config = get_recipe(name)
     if config.model.is_tiny:
-        from santa.tokenizer import train_tokenizer
+        from santa.models.tokenizer import train_tokenizer
 
         texts = beir.document_texts() + list(beir.queries.values())
         tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)

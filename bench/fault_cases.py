@@ -12,7 +12,7 @@ from bench.faults import TINY, Fault
 
 
 def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fault]:
-    from santa import storage
+    from santa.runtime import storage
     from tests.conftest import free_port
     from tests.datagen import other_language_records, stdlib_python_records, write_csn_layout
     from tests.training import stdlib_pair_rows, write_beir, write_pairs

@@ -185,7 +185,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
     from bench.fault_cases import build_faults, corrupt_latest_checkpoint
-    from santa.runlock import RunLock
+    from santa.runtime.runlock import RunLock
 
     work = Path(tempfile.mkdtemp(prefix="santa-faults-"))
     moto, moto_url = start_moto()

@@ -10,7 +10,7 @@ d_ff 3072, 12 heads of 64, vocab 32100, ReLU FFN); ``tiny`` is a small config fo
 Training step, as santa's loop runs it: the query (length ``q``) is encoded, the masked
 document (length ``s``) goes through the encoder and a decoder of the MEP target (length
 ``t``) with its LM head, which gives both the MEP loss and the document embedding (one
-pass, the reference); ``L = L_SDA + λ L_MEP`` (santa.losses), bf16 autocast on CUDA (fp32
+pass, the reference); ``L = L_SDA + λ L_MEP`` (santa.method.losses), bf16 autocast on CUDA (fp32
 on CPU), zero_grad, backward, grad-norm clip 1.0, AdamW. Random token ids, every position
 real (masks all ones), so no FLOP is padding.
 
@@ -82,8 +82,8 @@ import torch  # noqa: E402
 from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
 
 from santa.config import ModelConfig  # noqa: E402
-from santa.losses import contrastive_loss, total_loss  # noqa: E402
-from santa.model import DualEncoder  # noqa: E402
+from santa.method.losses import contrastive_loss, total_loss  # noqa: E402
+from santa.models.dual_encoder import DualEncoder  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from santa import storage  # noqa: E402
 from santa.data.cosqa import write_cosqa_beir  # noqa: E402
 from santa.eval import EvalConfig, evaluate  # noqa: E402
-from santa.ray_utils import init_ray  # noqa: E402
 from santa.recipes import get_recipe, minilm_path  # noqa: E402
+from santa.runtime import storage  # noqa: E402
+from santa.runtime.ray_utils import init_ray  # noqa: E402
 from santa.train.trainer import RunSpec, fit  # noqa: E402
 from tests.training import stdlib_pair_rows, write_pairs  # noqa: E402
 

@@ -50,7 +50,7 @@ from santa.data.records import (  # noqa: E402
 )
 from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
 from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.entities import extract_code_entities  # noqa: E402
+from santa.method.entities import extract_code_entities  # noqa: E402
 
 
 def build_corpus(workdir: Path, records: int, shards: int = 16) -> list[Path]:

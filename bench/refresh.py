@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from santa.model import DualEncoder  # noqa: E402
+from santa.models.dual_encoder import DualEncoder  # noqa: E402
+from santa.models.tokenizer import train_tokenizer  # noqa: E402
 from santa.negatives.encoders import EncoderPool  # noqa: E402
 from santa.negatives.miner import MinerSettings, refresh_table  # noqa: E402
 from santa.negatives.mining import MiningCorpus, load_mining_corpus  # noqa: E402
 from santa.recipes import get_recipe  # noqa: E402
-from santa.tokenizer import train_tokenizer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "refresh.json"
 WORDS = [

@@ -33,14 +33,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ray_jobs.scoder import format_table, run_algorithm  # noqa: E402
-from santa import storage  # noqa: E402
 from santa.data.cosqa import write_cosqa_beir  # noqa: E402
 from santa.data.pipeline import PreprocessConfig, run_preprocess  # noqa: E402
 from santa.data.source import default_source_root  # noqa: E402
 from santa.eval import EvalConfig, evaluate  # noqa: E402
-from santa.ray_utils import init_ray  # noqa: E402
 from santa.recipes import get_recipe  # noqa: E402
+from santa.runtime import storage  # noqa: E402
+from santa.runtime.ray_utils import init_ray  # noqa: E402
+from santa.scoder.algorithm import format_table, run_algorithm  # noqa: E402
 from santa.train.trainer import RunSpec, fit  # noqa: E402
 
 PHASES = ("mine_s", "examples_s", "discriminators_s", "soft_labels_s", "dual_encoder_s")

@@ -25,11 +25,11 @@ import torch  # noqa: E402
 from santa.data.records import PairOptions, build_code_pair  # noqa: E402
 from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
 from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.distributed import identity_gather  # noqa: E402
-from santa.model import DualEncoder  # noqa: E402
+from santa.method.distributed import identity_gather  # noqa: E402
+from santa.models.dual_encoder import DualEncoder  # noqa: E402
 from santa.recipes import get_recipe  # noqa: E402
 from santa.train.data import tokenize_pairs  # noqa: E402
-from santa.train.loop import compute_losses, to_tensors  # noqa: E402
+from santa.train.objectives import compute_losses, to_tensors  # noqa: E402
 from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings  # noqa: E402
 
 

@@ -98,11 +98,11 @@ def child_santa_local(args: argparse.Namespace) -> dict:
     import pyarrow.parquet as pq
     import torch
 
-    from santa.distributed import identity_gather
-    from santa.model import DualEncoder
+    from santa.method.distributed import identity_gather
+    from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
     from santa.train.data import tokenize_pairs
-    from santa.train.loop import compute_losses, to_tensors
+    from santa.train.objectives import compute_losses, to_tensors
     from santa.train.trainer import tokenization_settings
 
     torch.set_num_threads(args.threads)

@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from santa.eval import EvalConfig, evaluate
-    from santa.ray_utils import init_ray
     from santa.recipes import minilm_path
+    from santa.runtime.ray_utils import init_ray
     from tests.training import stdlib_pair_rows, write_pairs
 
     work = Path(tempfile.mkdtemp(prefix="santa-versus-quality-"))

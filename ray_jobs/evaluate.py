@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from santa.errors import exit_with, run_job
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
-from santa.preflight import check_input, check_writable
+from santa.runtime.errors import exit_with, run_job
+from santa.runtime.preflight import check_input, check_writable
 
 
 def build_parser() -> argparse.ArgumentParser:

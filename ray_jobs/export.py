@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from santa.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job
 
 PROG = "python -m ray_jobs.export"
 
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """Resolve → download → report."""
-    from santa import checkpoints
-    from santa.preflight import check_writable
+    from santa.models import checkpoints
+    from santa.runtime.preflight import check_writable
 
     check_writable(args.to, "--to")
     if args.checkpoint:

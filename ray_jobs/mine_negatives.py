@@ -16,12 +16,12 @@ import argparse
 import json
 import logging
 
-from santa.checkpoints import load_model
-from santa.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
-from santa.errors import exit_with, run_job
+from santa.models.checkpoints import load_model
+from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from santa.negatives.miner import MinerSettings, refresh_table
 from santa.negatives.mining import load_mining_corpus
-from santa.preflight import check_pairs, check_writable
+from santa.runtime.errors import exit_with, run_job
+from santa.runtime.preflight import check_pairs, check_writable
 
 
 def main(argv: list[str] | None = None) -> int:

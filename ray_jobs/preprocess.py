@@ -17,9 +17,9 @@ from santa.data.outputs import staged_output
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
-from santa.errors import exit_with, run_job
-from santa.preflight import check_input, check_writable
-from santa.ray_utils import init_ray
+from santa.runtime.errors import exit_with, run_job
+from santa.runtime.preflight import check_input, check_writable
+from santa.runtime.ray_utils import init_ray
 
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
 # set (its positive queries against every function) in-process, without Ray.

@@ -17,33 +17,25 @@ code–code discriminator D_ψ on ASST pairs beside the text–code D_φ. Then:
    that have one and resumes an unfinished stage from its latest checkpoint.
 
 Per-iteration metrics (discriminators' held-out accuracy, soft-label entropy, losses,
-dev MRR, seconds per phase) go to ``RUN/scoder_metrics.jsonl`` and a table at the end.
+dev MRR, seconds per phase) go to ``RUN/scoder_metrics.jsonl`` and a table at the end. The
+algorithm itself is :mod:`santa.scoder.algorithm` (callable from Python).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
-import time
-from collections.abc import Callable
 from typing import Any
 
 from ray_jobs.args import recipe_config, run_parser
-from ray_jobs.pipeline import _checkpoint_uri, mine_negatives
-from santa import storage
 from santa.config import SantaConfig
-from santa.errors import exit_with, run_job
-from santa.preflight import check_beir, check_pairs, check_writable
-from santa.runlock import RunLock
+from santa.runtime import storage
+from santa.runtime.errors import exit_with, run_job
+from santa.runtime.layout import RunLayout
+from santa.runtime.preflight import check_beir, check_pairs, check_writable
+from santa.runtime.runlock import RunLock
 
 logger = logging.getLogger("santa.scoder")
-
-METRICS_FILE = "scoder_metrics.jsonl"
-MANIFEST_FILE = "manifest.json"
-WARMUP = "warmup"
-INITIAL_DISCRIMINATORS = "discriminators-init"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,7 +85,8 @@ def scoder_config(args: argparse.Namespace) -> SantaConfig:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Take the run lock, start or join Ray, run Algorithm 2; returns the report."""
-    from santa.ray_utils import init_ray
+    from santa.runtime.ray_utils import init_ray
+    from santa.scoder.algorithm import run_algorithm
 
     for name in ("storage", "data", "eval_data"):
         if getattr(args, name):
@@ -103,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.eval_data:
         check_beir(args.eval_data, args.eval_split)
     check_writable(args.storage, "--storage")
-    run_uri = storage.join(args.storage, args.name)
+    run_uri = RunLayout.of(args.storage, args.name).root
     with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)
         return run_algorithm(
@@ -115,326 +108,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             eval_split=args.eval_split,
             cpus_per_worker=args.cpus_per_worker,
         )
-
-
-def run_algorithm(
-    config: SantaConfig,
-    *,
-    data: str,
-    run_uri: str,
-    recipe: str = "",
-    eval_data: str = "",
-    eval_split: str = "test",
-    cpus_per_worker: float = 0.0,
-    on_iteration: Callable[[dict[str, Any]], None] | None = None,  # gets the manifest
-) -> dict[str, Any]:
-    """Algorithm 2 on the current Ray cluster, resuming what ``run_uri`` holds already."""
-    started = time.time()
-    warmup = _warmup(config, data, run_uri, eval_data, eval_split, cpus_per_worker)
-    dual_encoder = warmup["model"]
-    discriminators = _initial_discriminators(config, data, run_uri)
-    history: list[dict[str, Any]] = []
-    for iteration in range(1, config.scoder.iterations + 1):
-        folder = storage.join(run_uri, f"iter-{iteration}")
-        manifest_uri = storage.join(folder, MANIFEST_FILE)
-        if storage.exists(manifest_uri):
-            manifest = storage.read_json(manifest_uri)
-            print(f"[iter {iteration}] done in an earlier run: skipped", flush=True)
-        else:
-            manifest = run_iteration(
-                config,
-                iteration=iteration,
-                folder=folder,
-                data=data,
-                dual_encoder=dual_encoder,
-                discriminators=discriminators,
-                eval_data=eval_data,
-                eval_split=eval_split,
-                cpus_per_worker=cpus_per_worker,
-            )
-            storage.write_json(manifest_uri, manifest)  # last: the iteration is done
-        dual_encoder, discriminators = manifest["dual_encoder"], manifest["discriminators"]
-        history.append(manifest["metrics"])
-        lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
-        storage.write_bytes(storage.join(run_uri, METRICS_FILE), lines.encode())
-        print(progress_line(manifest["metrics"], config.scoder.iterations), flush=True)
-        if on_iteration is not None:
-            on_iteration(manifest)
-    report = {
-        "run": run_uri,
-        "recipe": recipe,
-        "warmup": warmup,
-        "dual_encoder": dual_encoder,
-        "discriminators": discriminators,
-        "iterations": history,
-        "total_s": time.time() - started,
-    }
-    storage.write_json(storage.join(run_uri, "report.json"), report)
-    print(format_table(history))
-    print(f"outputs: {run_uri} (dual encoder {dual_encoder})", flush=True)
-    return report
-
-
-def _warmup(config, data, run_uri, eval_data, eval_split, cpus_per_worker) -> dict[str, Any]:
-    """Line 2 of Algorithm 2: the in-batch-negative warm-up (done once, then recorded)."""
-    record_uri = storage.join(run_uri, WARMUP, "warmup.json")
-    if storage.exists(record_uri):
-        print(f"[{WARMUP}] done in an earlier run: skipped", flush=True)
-        return storage.read_json(record_uri)
-    steps = config.scoder.warmup_steps
-    warm_config = config.with_overrides(
-        [f"train.max_steps={steps}", f"train.checkpoint_every={steps}"] if steps else []
-    )
-    from santa.train.trainer import RunSpec, fit
-
-    print(f"[{WARMUP}] in-batch negatives: {steps or 'the recipe'} steps", flush=True)
-    started = time.time()
-    spec = RunSpec(
-        data=data,
-        storage=run_uri,
-        name=WARMUP,
-        cpus_per_worker=cpus_per_worker,
-        eval_data=eval_data,
-        eval_split=eval_split,
-    )
-    result = fit(warm_config, spec)
-    final = _checked(result, "the warm-up")
-    record = {
-        "model": storage.join(_checkpoint_uri(result.checkpoint, run_uri), "model"),
-        "seconds": time.time() - started,
-        "final_metrics": {k: v for k, v in final.items() if isinstance(v, int | float)},
-    }
-    storage.write_json(record_uri, record)
-    return record
-
-
-def _initial_discriminators(config: SantaConfig, data: str, run_uri: str) -> str:
-    """Line 1: D_φ (and D_ψ when there are ASST pairs) on the backbone, new heads."""
-    from santa.data.kinds import CODE_QUERY_KINDS
-    from santa.scoder.discriminator import (
-        CODE_CODE,
-        HEAD_FILE,
-        TEXT_CODE,
-        Discriminator,
-        DiscriminatorPair,
-    )
-    from santa.scoder.examples import pair_kinds
-
-    folder = storage.join(run_uri, INITIAL_DISCRIMINATORS)
-    if storage.exists(storage.join(folder, TEXT_CODE, HEAD_FILE)):
-        return folder
-    # The tiny recipe's backbone is the warm-up's random init (its tokenizer is trained there).
-    backbone = (
-        storage.join(run_uri, WARMUP, "init_model")
-        if config.model.is_tiny
-        else config.model.backbone
-    )
-    kinds = [TEXT_CODE]
-    if set(pair_kinds(data)) & set(CODE_QUERY_KINDS):
-        kinds.append(CODE_CODE)
-    seed = config.train.seed
-    pair = DiscriminatorPair(
-        {
-            kind: Discriminator.from_backbone(backbone, config.model.tokenizer, seed=seed + i)
-            for i, kind in enumerate(kinds)
-        }
-    )
-    pair.save_pretrained(folder)
-    print(f"[discriminators] {', '.join(kinds)} from {backbone}", flush=True)
-    return folder
-
-
-def run_iteration(
-    config: SantaConfig,
-    *,
-    iteration: int,
-    folder: str,
-    data: str,
-    dual_encoder: str,
-    discriminators: str,
-    eval_data: str,
-    eval_split: str,
-    cpus_per_worker: float,
-) -> dict[str, Any]:
-    """One iteration (lines 5-13): mine, discriminators, soft labels, dual encoder."""
-    from santa.negatives.mining import load_mining_corpus, read_negatives_table
-    from santa.scoder.examples import build_listwise_rows, read_listwise, write_listwise
-    from santa.scoder.loops import DISCRIMINATORS_DIR, StageSpec, fit_stage, pair_length
-    from santa.scoder.soft_labels import score_examples, summarize_scores, write_soft_labels
-
-    scoder, train = config.scoder, config.train
-    label = f"iter {iteration}"
-    seconds: dict[str, float] = {}
-    clock = time.time()
-    mining_config = config.with_overrides(
-        [
-            f"train.hard_negatives_per_query={scoder.negatives_pool}",
-            f"train.negatives_top_k={scoder.negatives_top_k}",
-            f"train.seed={train.seed + iteration}",
-        ]
-    )
-    table_uri = mine_negatives(
-        dual_encoder, data, storage.join(folder, "negatives"), mining_config, label=label
-    )
-    seconds["mine_s"] = time.time() - clock
-
-    clock = time.time()
-    corpus, table = load_mining_corpus(data), read_negatives_table(table_uri)
-    common = {"n": scoder.negatives_per_query, "heldout_fraction": scoder.heldout_fraction}
-    seed = train.seed * 1000 + 10 * iteration
-    examples = {
-        "discriminators": build_listwise_rows(
-            data, corpus, table, seed=seed, include="train", **common
-        ),
-        "dual_encoder": build_listwise_rows(data, corpus, table, seed=seed + 1, **common),
-    }
-    counts = {name: len(rows) for name, rows in examples.items()}
-    for name, rows in examples.items():
-        write_listwise(rows, storage.join(folder, "examples", name))
-    del examples
-    seconds["examples_s"] = time.time() - clock
-
-    def steps(given: int | None, rows: int) -> int:
-        return given or max(1, math.ceil(rows / train.global_batch_size))
-
-    clock = time.time()
-    print(f"[{label}] discriminators on {counts['discriminators']:,} examples", flush=True)
-    result = fit_stage(
-        StageSpec(
-            stage="discriminators",
-            santa=config.to_dict(),
-            init=discriminators,
-            steps=steps(scoder.discriminator_steps, counts["discriminators"]),
-            metrics_uri=storage.join(folder, "discriminators", "metrics.jsonl"),
-        ),
-        data=storage.join(folder, "examples", "discriminators"),
-        storage_path=folder,
-        name="discriminators",
-        cpus_per_worker=cpus_per_worker,
-    )
-    trained = _checked(result, "discriminator training")
-    new_discriminators = storage.join(
-        _checkpoint_uri(result.checkpoint, folder), DISCRIMINATORS_DIR
-    )
-    seconds["discriminators_s"] = time.time() - clock
-
-    clock = time.time()
-    scoring = {"max_first": train.max_query_length, "max_length": pair_length(config)}
-    dual_data = storage.join(folder, "examples", "dual_encoder")
-    if scoder.soft_labels == "offline":
-        dual_data = write_soft_labels(
-            dual_data, new_discriminators, storage.join(folder, "soft_labels"), **scoring
-        )
-        scored = read_listwise(dual_data)
-    else:  # online: only the held-out examples are scored here, for the accuracy
-        import pyarrow as pa
-        import ray
-
-        dataset = score_examples(dual_data, new_discriminators, heldout_only=True, **scoring)
-        scored = pa.concat_tables([ray.get(ref) for ref in dataset.to_arrow_refs()])
-    summary = summarize_scores(scored) if scored.num_rows else {}
-    seconds["soft_labels_s"] = time.time() - clock
-
-    clock = time.time()
-    print(f"[{label}] dual encoder on {counts['dual_encoder']:,} examples", flush=True)
-    result = fit_stage(
-        StageSpec(
-            stage="dual_encoder",
-            santa=config.to_dict(),
-            init=dual_encoder,
-            steps=steps(scoder.dual_encoder_steps, counts["dual_encoder"]),
-            discriminators=new_discriminators if scoder.soft_labels == "online" else "",
-            metrics_uri=storage.join(folder, "dual_encoder", "metrics.jsonl"),
-            eval_data=eval_data,
-            eval_split=eval_split,
-        ),
-        data=dual_data,
-        storage_path=folder,
-        name="dual_encoder",
-        cpus_per_worker=cpus_per_worker,
-    )
-    dual = _checked(result, "dual-encoder training")
-    seconds["dual_encoder_s"] = time.time() - clock
-
-    metrics: dict[str, Any] = {
-        "iteration": iteration,
-        "examples": counts["dual_encoder"],
-        "negatives_mined": len(table.negatives),
-        "discriminator_loss": trained.get("loss"),
-        "discriminator_train_accuracy": trained.get("accuracy"),
-        **summary,
-        "dual_encoder_loss": dual.get("loss"),
-        "loss_adv": dual.get("loss_adv"),
-        "loss_distill": dual.get("loss_distill"),
-        "dual_encoder_step": dual.get("step"),
-        **{key: dual[key] for key in ("dev_mrr", "dev_ndcg", "dev_recall@10") if key in dual},
-        **seconds,
-        "iteration_s": sum(seconds.values()),
-    }
-    return {
-        "iteration": iteration,
-        "negatives": table_uri,
-        "discriminators": new_discriminators,
-        "dual_encoder": storage.join(_checkpoint_uri(result.checkpoint, folder), "model"),
-        "soft_labels": scoder.soft_labels,
-        "metrics": metrics,
-    }
-
-
-def _checked(result, what: str) -> dict[str, Any]:
-    """The final metrics of a finished stage, or an error naming it."""
-    if result.error is not None or result.checkpoint is None:
-        raise RuntimeError(f"{what} failed: {result.error}")
-    return dict(result.metrics or {})
-
-
-def progress_line(metrics: dict[str, Any], iterations: int) -> str:
-    """One line per finished iteration."""
-    parts = [f"[iter {metrics['iteration']}/{iterations}]"]
-    for key, name in (
-        ("heldout_accuracy_text_code", "D_φ acc"),
-        ("heldout_accuracy_code_code", "D_ψ acc"),
-        ("soft_label_entropy", "entropy"),
-        ("dual_encoder_loss", "G loss"),
-        ("dev_mrr", "dev MRR"),
-    ):
-        if metrics.get(key) is not None:
-            parts.append(f"{name} {metrics[key]:.4f}")
-    parts.append(f"{metrics['iteration_s']:.0f}s")
-    return " ".join(parts)
-
-
-TABLE_COLUMNS = (
-    ("iteration", "iter", "d"),
-    ("heldout_accuracy_text_code", "D_φ acc", ".3f"),
-    ("heldout_accuracy_code_code", "D_ψ acc", ".3f"),
-    ("soft_label_entropy", "entropy", ".3f"),
-    ("discriminator_loss", "D loss", ".3f"),
-    ("loss_adv", "L_adv", ".3f"),
-    ("loss_distill", "L_distill", ".3f"),
-    ("dev_mrr", "dev MRR", ".4f"),
-    ("mine_s", "mine s", ".0f"),
-    ("discriminators_s", "D s", ".0f"),
-    ("soft_labels_s", "labels s", ".0f"),
-    ("dual_encoder_s", "G s", ".0f"),
-)
-
-
-def format_table(history: list[dict[str, Any]]) -> str:
-    """The per-iteration metrics as an aligned text table."""
-    header = [title for _, title, _ in TABLE_COLUMNS]
-    rows = [
-        [
-            "-" if metrics.get(key) is None else format(metrics[key], spec)
-            for key, _, spec in TABLE_COLUMNS
-        ]
-        for metrics in history
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [header, *rows]
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,10 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
-from santa import storage
-from santa.checkpoints import resolve_model
-from santa.preflight import check_beir, check_pairs, check_writable
-from santa.runlock import RunLock
+from santa.models.checkpoints import resolve_model
+from santa.runtime import storage
+from santa.runtime.preflight import check_beir, check_pairs, check_writable
+from santa.runtime.runlock import RunLock
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
 
     run_uri = storage.join(storage.absolute(args.storage), args.name)
     with RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
-        from santa.ray_utils import init_ray
+        from santa.runtime.ray_utils import init_ray
         from santa.train.trainer import FIT_IMPORTS, RunSpec, fit
 
         spec = RunSpec(

@@ -29,7 +29,7 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 def pos_tagger_available() -> bool:
     """Whether NLTK's English POS tagger can be loaded here."""
     try:
-        from santa.entities import ensure_pos_tagger
+        from santa.method.entities import ensure_pos_tagger
 
         ensure_pos_tagger()
     except (ImportError, LookupError):  # no NLTK or tree-sitter here (e.g. a bare GPU box)
@@ -130,7 +130,7 @@ def ray_cluster(moto_s3):
     )
     cluster.add_node(num_cpus=1, resources={"worker_node": 1})
     cluster.wait_for_nodes()
-    from santa.ray_utils import init_ray
+    from santa.runtime.ray_utils import init_ray
 
     init_ray(cluster.address, log_to_driver=False)
     yield cluster

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from santa.asst import (
+from santa.method.asst import (
     DEFAULT_MIN_TOKENS,
     SUBTREE_TYPES,
     CodeSplit,
@@ -17,7 +17,7 @@ from santa.asst import (
     split_lines,
     split_tokens,
 )
-from santa.entities import CODE_LANGUAGES, UnparsableCodeError, token_spans
+from santa.method.entities import CODE_LANGUAGES, UnparsableCodeError, token_spans
 
 SEEDS = range(25)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from santa.backbones import read_sentence_transformers_layout
 from santa.config import ModelConfig
-from santa.model import DualEncoder
+from santa.models.backbones import read_sentence_transformers_layout
+from santa.models.dual_encoder import DualEncoder
 from santa.recipes import minilm_path
 
 sentence_transformers = pytest.importorskip("sentence_transformers")

@@ -94,7 +94,7 @@ def test_tiny_cpu_run_writes_consistent_results(tmp_path: Path) -> None:
 def test_flop_formula_matches_torch_flop_counter() -> None:
     """The analytic count is exactly what the model runs: forward, and backward = 2x."""
     from bench.gpu import build_model, encode_flops, pair_flops, random_ids
-    from santa.losses import contrastive_loss, total_loss
+    from santa.method.losses import contrastive_loss, total_loss
 
     model = build_model("tiny", torch.device("cpu"), gradient_checkpointing=False)
     config = model.backbone.config

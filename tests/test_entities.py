@@ -1,4 +1,4 @@
-"""Tests for santa.entities: identifier and product-noun extraction."""
+"""Tests for santa.method.entities: identifier and product-noun extraction."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from santa.data.schema import CODE_LANGUAGES
-from santa.entities import (
+from santa.method.entities import (
     UnparsableCodeError,
     extract_code_entities,
     extract_product_entities,
@@ -324,7 +324,7 @@ def test_missing_pos_tagger_names_the_install_command(tmp_path: Path) -> None:
         "import os, nltk.data\n"
         # Also hide NLTK's default locations (~/nltk_data, /usr/share/nltk_data, ...).
         "nltk.data.path[:] = [os.environ['NLTK_DATA']]\n"
-        "from santa.entities import ensure_pos_tagger\n"
+        "from santa.method.entities import ensure_pos_tagger\n"
         "try:\n"
         "    ensure_pos_tagger()\n"
         "except LookupError as error:\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from santa.errors import BAD_INPUT, RUNTIME_FAULT, describe, run_job
-from santa.storage import StorageError
+from santa.runtime.errors import BAD_INPUT, RUNTIME_FAULT, describe, run_job
+from santa.runtime.storage import StorageError
 
 
 def _raise(error: BaseException):

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from santa import eval as ev
-from santa import storage
-from santa.checkpoints import resolve_model
 from santa.data.beir import document_text, load_beir
-from santa.encoding import encode_corpus_ray, encode_texts
 from santa.eval import EvalConfig, evaluation
-from santa.model import DualEncoder
+from santa.models.checkpoints import resolve_model
+from santa.models.dual_encoder import DualEncoder
+from santa.models.encoding import encode_corpus_ray, encode_texts
+from santa.models.tokenizer import train_tokenizer
 from santa.recipes import get_recipe
-from santa.tokenizer import train_tokenizer
+from santa.runtime import storage
 from tests.conftest import REPO
 from tests.datagen import stdlib_python_records, write_csn_layout
 
@@ -339,7 +339,7 @@ def test_forcing_ray_routes_encoding_through_the_actor_pool(monkeypatch, tiny_mo
         return encode_texts(tiny_model, texts, max_length=kwargs["max_length"], progress=False)
 
     monkeypatch.setattr(evaluation, "encode_corpus_ray", fake_ray_encode)
-    monkeypatch.setattr("santa.ray_utils.init_ray", lambda address=None, **kw: None)
+    monkeypatch.setattr("santa.runtime.ray_utils.init_ray", lambda address=None, **kw: None)
     ev.evaluate(tiny_model, product_beir, EvalConfig(baseline=None, use_ray=True, progress=False))
     assert calls == [12, 2]  # documents, then the judged queries
     calls.clear()

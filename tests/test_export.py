@@ -1,4 +1,4 @@
-"""Checkpoint retrieval: santa.checkpoints, santa.load and ``python -m ray_jobs.export``.
+"""Checkpoint retrieval: santa.models.checkpoints, santa.load and ``python -m ray_jobs.export``.
 
 Runs against a real S3 API (moto's server on loopback). Checkpoint folders are laid out as
 santa's training loop and Ray Train V2 write them: ``checkpoint_<timestamp>/`` with
@@ -24,12 +24,13 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 import santa
-from santa import checkpoints, storage
-from santa.checkpoints import CheckpointError
 from santa.config import ModelConfig
-from santa.model import DualEncoder
-from santa.storage import StorageError
-from santa.tokenizer import train_tokenizer
+from santa.models import checkpoints
+from santa.models.checkpoints import CheckpointError
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.runtime import storage
+from santa.runtime.storage import StorageError
 from tests.conftest import REPO, free_port
 
 CORPUS = [
@@ -147,7 +148,7 @@ def store(moto_s3, models, tmp_path_factory) -> dict[str, str]:
 
 
 def test_snapshot_name_matches_ray() -> None:
-    """Checkpoint file names are defined once (santa.checkpoints); Ray's own must match."""
+    """Checkpoint file names are defined once (santa.models.checkpoints); Ray's own must match."""
     from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     assert checkpoints.RUN_SNAPSHOT_FILE == CHECKPOINT_MANAGER_SNAPSHOT_FILENAME

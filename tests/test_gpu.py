@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from santa.config import ModelConfig
-from santa.encoding import encode_texts
-from santa.losses import contrastive_loss, similarity_scores, total_loss
-from santa.model import DualEncoder
-from santa.tokenizer import train_tokenizer
+from santa.method.losses import contrastive_loss, similarity_scores, total_loss
+from santa.models.dual_encoder import DualEncoder
+from santa.models.encoding import encode_texts
+from santa.models.tokenizer import train_tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from santa import storage
 from santa.data.source import default_source_root
+from santa.runtime import storage
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")

@@ -1,7 +1,7 @@
 """Losses against hand computations, and the gathered loss on two gloo processes.
 
 The two-process test is the proof of the gradient-scaling decision in
-:mod:`santa.distributed`: with ``all_gather_with_grad`` (gradient to every rank) and DDP's
+:mod:`santa.method.distributed`: with ``all_gather_with_grad`` (gradient to every rank) and DDP's
 plain gradient average, N workers reproduce the single-process loss and gradients on the
 combined batch exactly. A local-only gather is run beside it to show the test can tell.
 """
@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from santa.distributed import all_gather_with_grad, identity_gather, is_distributed
-from santa.losses import contrastive_loss, mep_loss, similarity_scores, total_loss
+from santa.method.distributed import all_gather_with_grad, identity_gather, is_distributed
+from santa.method.losses import contrastive_loss, mep_loss, similarity_scores, total_loss
 from tests.conftest import free_port
 
 WORLD_SIZE = 2

@@ -1,4 +1,4 @@
-"""Tests for santa.masking: entity masking, random span masking and their inverse."""
+"""Tests for santa.method.masking: entity masking, random span masking and their inverse."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from santa.entities import UnparsableCodeError, extract_code_entities, token_spans
-from santa.masking import (
+from santa.method.entities import UnparsableCodeError, extract_code_entities, token_spans
+from santa.method.masking import (
     MAX_SENTINELS,
     MaskedText,
     contains_sentinel,

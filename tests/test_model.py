@@ -17,12 +17,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from santa import storage
 from santa.config import ModelConfig, SantaConfig, TrainConfig
-from santa.losses import contrastive_loss
-from santa.model import SANTA_CONFIG_FILE, DualEncoder
+from santa.method.losses import contrastive_loss
+from santa.models.dual_encoder import SANTA_CONFIG_FILE, DualEncoder
+from santa.models.tokenizer import train_tokenizer
 from santa.recipes import get_recipe, minilm_path
-from santa.tokenizer import train_tokenizer
+from santa.runtime import storage
 
 CORPUS = [
     'def add_one(value):\n    """Add one to a value."""\n    return value + 1\n',

@@ -140,7 +140,7 @@ def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path)
     from santa.data.beir import document_text
     from santa.data.kinds import CODE_PAIR, PRODUCT_JUDGMENT, PRODUCT_PRETRAIN, embedded_document
     from santa.data.schema import PAIR_SCHEMA, rows_to_table
-    from santa.tokenizer import train_tokenizer
+    from santa.models.tokenizer import train_tokenizer
     from santa.train.data import tokenize_pairs
 
     lamp = embedded_document(PRODUCT_JUDGMENT, " Acme Lamp ", "a desk lamp")

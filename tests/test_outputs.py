@@ -13,9 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from santa import storage
 from santa.data import outputs
 from santa.data.outputs import matching_manifest, published_root, read_manifest, staged_output
+from santa.runtime import storage
 from tests.datagen import stdlib_python_records, write_csn_layout, write_jsonl_gz
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from santa import storage
 from santa.data.outputs import published_root
 from santa.data.pipeline import PreprocessConfig, run_preprocess
 from santa.data.schema import PAIR_SCHEMA
-from santa.masking import fill_sentinels
+from santa.method.masking import fill_sentinels
+from santa.runtime import storage
 from tests.conftest import needs_tagger
 from tests.datagen import (
     stdlib_python_records,

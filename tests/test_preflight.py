@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from santa import storage
-from santa.errors import describe
-from santa.preflight import check_beir, check_input, check_pairs, check_writable
-from santa.storage import StorageError
+from santa.runtime import storage
+from santa.runtime.errors import describe
+from santa.runtime.preflight import check_beir, check_input, check_pairs, check_writable
+from santa.runtime.storage import StorageError
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def test_mine_negatives_and_finetune_warm_start_fail_before_work(tmp_path):
 def test_unreachable_s3_stays_a_runtime_fault_through_checkpoint_errors(
     silent_endpoint, monkeypatch
 ):
-    from santa import checkpoints
+    from santa.models import checkpoints
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", silent_endpoint.endpoint)
     monkeypatch.setenv("SANTA_S3_READ_TIMEOUT", "1")

@@ -16,7 +16,7 @@ from santa.data.records import (
     normalize_codesearchnet,
     parse_json_line,
 )
-from santa.masking import fill_sentinels
+from santa.method.masking import fill_sentinels
 from tests.conftest import needs_tagger
 from tests.datagen import other_language_records, stdlib_python_records
 
@@ -193,8 +193,8 @@ def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
 
     from santa.data.kinds import PRODUCT_PRETRAIN
     from santa.data.schema import PAIR_SCHEMA
+    from santa.models.tokenizer import train_tokenizer
     from santa.negatives.mining import load_mining_corpus
-    from santa.tokenizer import train_tokenizer
     from santa.train.data import IGNORE_INDEX, tokenize_pairs
     from tests.training import write_pairs
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from santa.encoding import encode_texts
-from santa.model import DualEncoder
+from santa.models.dual_encoder import DualEncoder
+from santa.models.encoding import encode_texts
+from santa.models.tokenizer import train_tokenizer
 from santa.negatives.encoders import (
     ShardEncoder,
     autocast_dtype,
@@ -20,7 +21,6 @@ from santa.negatives.encoders import (
 )
 from santa.negatives.miner import MinerSettings, NegativesClient, refresh_table
 from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
-from santa.tokenizer import train_tokenizer
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 SETTINGS = MinerSettings(
@@ -301,7 +301,7 @@ def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tmp_path) -> None:
-    from ray_jobs.pipeline import mine_negatives
+    from santa.negatives.offline import mine_negatives
 
     torch.set_num_threads(1)  # the actors' thread count: same arithmetic
 

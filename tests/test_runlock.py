@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from santa import storage
-from santa.runlock import S3_LEASE_FILE, RunLock, RunLockedError
+from santa.runtime import storage
+from santa.runtime.layout import S3_LEASE_FILE
+from santa.runtime.runlock import RunLock, RunLockedError
 
 
 def _holder(run: Path) -> subprocess.Popen:
@@ -22,7 +23,7 @@ def _holder(run: Path) -> subprocess.Popen:
     code = textwrap.dedent(
         f"""
         import sys, time
-        from santa.runlock import RunLock
+        from santa.runtime.runlock import RunLock
         lock = RunLock({str(run)!r}, description="pretrain").acquire()
         print("locked", flush=True)
         time.sleep(120)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from santa import storage
 from santa.data.asst_pairs import asst_row
 from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
+from santa.runtime import storage
 from santa.scoder.examples import build_listwise_rows, is_heldout, read_listwise, write_listwise
 from santa.scoder.soft_labels import summarize_scores
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
@@ -92,8 +92,8 @@ def test_score_summary_is_heldout_accuracy_and_entropy():
 def test_dual_encoder_scores_each_query_against_its_own_candidates():
     import torch
 
-    from santa.losses import similarity_scores
-    from santa.scoder.loops import own_candidate_scores
+    from santa.method.losses import similarity_scores
+    from santa.scoder.objectives import own_candidate_scores
 
     queries = torch.randn(3, 5)
     candidates = torch.randn(3, 4, 5)  # 3 queries × (positive + 3 negatives)
@@ -112,11 +112,11 @@ def test_offline_soft_labels_are_the_discriminators_scores(ray_cluster, tmp_path
     """The Ray Data actor pool writes, per example, what D_φ / D_ψ score in-process."""
     import torch
 
-    from santa.model import DualEncoder
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
     from santa.recipes import get_recipe
     from santa.scoder.discriminator import Discriminator, DiscriminatorPair
     from santa.scoder.soft_labels import write_soft_labels
-    from santa.tokenizer import train_tokenizer
 
     texts = [row["query"] for row in stdlib_pair_rows()[:20]]
     codes = [row["document"] for row in stdlib_pair_rows()[:20]]
@@ -197,7 +197,7 @@ def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs
     with a third iteration skips the warm-up and the two done iterations and adds the third,
     with online soft labels (the discriminators run in the training workers)."""
     from ray_jobs import scoder
-    from santa.model import DualEncoder
+    from santa.models.dual_encoder import DualEncoder
     from santa.scoder.discriminator import DiscriminatorPair
 
     dev = write_beir(tmp_path / "dev", stdlib_pair_rows()[-32:], "test")

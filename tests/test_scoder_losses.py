@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from santa.losses import (
+from santa.method.losses import (
     adversarial_loss,
     adversarial_weights,
     discriminator_loss,

@@ -1,6 +1,6 @@
 import pytest
 
-from santa import storage
+from santa.runtime import storage
 
 
 def test_local_roundtrip_and_listing(tmp_path):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from santa import storage
-from santa.checkpoints import best_checkpoint, latest_checkpoint, load
+from santa.models.checkpoints import best_checkpoint, latest_checkpoint, load
 from santa.recipes import get_recipe
+from santa.runtime import storage
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 from tuning import sweep
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from santa.masking import MAX_SENTINELS, mask_entities, sentinel
-from santa.tokenizer import train_tokenizer
+from santa.method.masking import MAX_SENTINELS, mask_entities, sentinel
+from santa.models.tokenizer import train_tokenizer
 
 CODE = [
     'def add_one(value):\n    """Add one to a value."""\n    return value + 1\n',

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from santa import storage
-from santa.model import DualEncoder
+from santa.models.dual_encoder import DualEncoder
 from santa.recipes import get_recipe
+from santa.runtime import storage
 from santa.train.trainer import RunSpec, fit
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 

@@ -31,7 +31,7 @@ def minilm_folder() -> str:
 
 
 def tiny_folder(tmp_path: Path) -> str:
-    from santa.tokenizer import train_tokenizer
+    from santa.models.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(TEXTS * 10, vocab_size=400)
     tokenizer.save_pretrained(tmp_path / "tiny")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.train.entry import FirstEpoch
+from santa.train.epochs import FirstEpoch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_driver_side_of_training_imports_neither_torch_models_nor_the_loop() -> 
     transformers and santa's model stay out of them (seconds on a small head node)."""
     probe = (
         "import sys, santa.train.trainer, santa.train.entry\n"
-        "print(sorted(m for m in ('transformers', 'santa.model', 'santa.train.loop', 'faiss')"
+        "print(sorted(m for m in ('transformers', 'santa.models.dual_encoder', 'santa.train.loop', 'faiss')"
         " if m in sys.modules))\n"
     )
     done = subprocess.run(

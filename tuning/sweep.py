@@ -33,108 +33,34 @@ import os
 import sys
 from typing import Any
 
-from ray.tune.integration.ray_train import TuneReportCallback
-
 from ray_jobs.args import recipe_config, run_parser
-from santa import storage
 from santa.config import SantaConfig
-from santa.errors import exit_with, run_job
-from santa.preflight import check_beir, check_pairs, check_writable
-from santa.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
+from santa.runtime import storage
+from santa.runtime.errors import exit_with, run_job
+from santa.runtime.layout import RunLayout
+from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
+from santa.runtime.preflight import check_beir, check_pairs, check_writable
+from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
+from tuning.trials import (
+    DEFAULT_LAMBDA_RANGES,
+    METRIC,
+    MODE,
+    OBJECTIVES,
+    TIME_ATTR,
+    lambda_field,
+    objective,
+    train_trial,
+    trial_config,
+    trial_layout,
+)
 
 logger = logging.getLogger(__name__)
 
 PROG = "python -m tuning.sweep"
-METRIC = "dev_mrr"
-MODE = "max"
-TIME_ATTR = "step"
-RUNS_DIR = "runs"
-BEST_FILE = "best.json"
 TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 128 * 1024**2}
 """The trial driver only waits on its trainer. Tune refuses an empty request, and even
 ``{"CPU": 0.01}`` deadlocks a cluster that the workers and Ray Data fill exactly (a 1-CPU
 read task no longer fits in the 0.99 CPU left): ask for a little memory instead."""
-
-# The weight λ of each training objective, as a santa config field; None: it has none.
-LAMBDA_FIELDS: dict[str, str | None] = {
-    "santa": "train.mep_weight",  # L = L_SDA + λ·L_MEP
-    "dr": None,  # SDA/DR contrastive loss only: encoder-only backbones, fine-tuning
-    "scoder": "scoder.adversarial_weight",  # L = λ·L_adv + (1 − λ)·L_distill (SCodeR Eq. 10)
-}
-OBJECTIVES = ("auto", *LAMBDA_FIELDS)
-# λ's range when --lambda-range is not given; SCodeR's λ mixes two losses: [0, 1].
-DEFAULT_LAMBDA_RANGES = {"santa": (0.0, 2.0), "dr": (0.0, 2.0), "scoder": (0.0, 1.0)}
-
-
-def objective(config: SantaConfig, requested: str = "auto") -> str:
-    """Which objective a trial trains: ``requested``, or for ``auto`` what ``config`` trains
-    with santa's trainer: ``santa`` (SDA + λ·MEP) or ``dr`` (no λ). ``scoder`` (Algorithm 2,
-    ``ray_jobs.scoder``) is only ever asked for."""
-    if requested != "auto":
-        if requested not in LAMBDA_FIELDS:
-            raise ValueError(f"unknown objective {requested!r}; objectives are {OBJECTIVES}")
-        return requested
-    if config.model.kind == "t5" and config.train.stage == "pretrain":
-        return "santa"
-    return "dr"
-
-
-def lambda_field(config: SantaConfig, requested: str = "auto") -> str | None:
-    """The config field λ sweeps for this config's objective, or None when there is none."""
-    return LAMBDA_FIELDS[objective(config, requested)]
-
-
-def run_name(sweep: str, trial_id: str) -> str:
-    """The Ray Train run name of one trial: unique, and the same again on restore."""
-    return f"{sweep}-{trial_id}"
-
-
-def trial_config(params: dict[str, Any]) -> SantaConfig:
-    """The santa config of one trial: the base config with the sampled lr (and λ)."""
-    base = SantaConfig.from_dict(params["sweep"]["santa"])
-    overrides = [f"train.learning_rate={params['lr']!r}"]
-    field = params["sweep"].get("lambda_field")
-    if field and "lambda" in params:
-        overrides.append(f"{field}={params['lambda']!r}")
-    return base.with_overrides(overrides)
-
-
-class EvalReportCallback(TuneReportCallback):
-    """``TuneReportCallback`` that forwards only the reports carrying the metric.
-
-    The loop also reports at every ``log_every`` step without dev metrics; Tune's strict
-    metric check (and ASHA) want the metric in every result, so those stay with Train
-    (and the run's TensorBoard). Rank 0's metrics are the ones forwarded.
-    """
-
-    def __init__(self, metric: str = METRIC):
-        super().__init__()
-        self.metric = metric
-
-    def after_report(self, run_context, metrics, checkpoint):
-        if metrics and self.metric in metrics[0]:
-            super().after_report(run_context, metrics, checkpoint)
-
-
-def train_trial(params: dict[str, Any]) -> None:
-    """The Tune function trainable: one santa training run with the trial's parameters."""
-    from ray import tune
-
-    from santa.train.trainer import RunSpec, fit
-
-    sweep = params["sweep"]
-    config = trial_config(params)
-    trial_id = tune.get_context().get_trial_id()
-    if sweep.get("objective") == "scoder":
-        from tuning.scoder_trial import train_scoder_trial
-
-        train_scoder_trial(config, sweep, run_name(sweep["name"], trial_id))
-        return
-    spec = RunSpec(**sweep["run"], name=run_name(sweep["name"], trial_id))
-    result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
-    if result.error is not None:
-        raise result.error
-
 
 # --------------------------------------------------------------------------- sizing
 
@@ -166,10 +92,8 @@ def checkpoint_uri(result, storage_root: str, run_uri: str) -> str:
     latest complete checkpoint."""
     path = (result.metrics or {}).get("checkpoint_path")
     if path:
-        if storage.is_s3(storage_root) and "://" not in path:
-            return "s3://" + path.lstrip("/")  # Ray's checkpoint paths drop the scheme
-        return path
-    from santa.checkpoints import latest_checkpoint
+        return layout_checkpoint_uri(path, storage_root)  # Ray's paths drop the scheme
+    from santa.models.checkpoints import latest_checkpoint
 
     found = latest_checkpoint(run_uri)
     return found.checkpoint_uri or found.model_uri
@@ -229,8 +153,7 @@ def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, An
     params = best.config
     sweep = params["sweep"]
     trial_id = best.metrics["trial_id"]
-    name = run_name(sweep["name"], trial_id)
-    run_uri = storage.join(sweep["run"]["storage"], name)
+    run_uri = trial_layout(sweep, trial_id).root
     config = trial_config(params)
     return {
         "checkpoint": checkpoint_uri(best, storage_root, run_uri),
@@ -373,7 +296,7 @@ def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse → check → sweep; errors as one line (``santa.errors.run_job``)."""
+    """Parse → check → sweep; errors as one line (``santa.runtime.errors.run_job``)."""
     args = build_parser().parse_args(argv)
     return run_job(lambda: run_sweep(args), argv)
 
@@ -394,7 +317,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     from santa.train.trainer import worker_cpus
 
     storage_root = storage.absolute(args.storage)
-    sweep_root = storage.join(storage_root, args.name)
+    layout = RunLayout.of(storage_root, args.name)
+    sweep_root = layout.root
     init_ray(args.address)
 
     # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml).
@@ -432,7 +356,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             "santa": config.to_dict(),
             "run": {
                 "data": storage.absolute(args.data),
-                "storage": storage.join(sweep_root, RUNS_DIR),
+                "storage": layout.trials,
                 "cpus_per_worker": cpus,
                 "max_failures": args.max_failures,
                 "eval_data": storage.absolute(args.eval_data),
@@ -474,13 +398,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     except RuntimeError as error:  # no trial reported the metric
         print(f"santa: error: no best trial: {error}", file=sys.stderr)
         return 1
-    storage.write_json(storage.join(sweep_root, BEST_FILE), best)
+    storage.write_json(layout.best, best)
     print(
         f"best: trial {best['trial_id']} {METRIC}={best['value']:.4f} at step {best['step']} "
         f"(lr={best['lr']:.3g}, λ={'-' if best['lambda'] is None else format(best['lambda'], '.3g')}) "
         f"-> {best['checkpoint']}"
     )
-    print(f"wrote {storage.join(sweep_root, BEST_FILE)}")
+    print(f"wrote {layout.best}")
     return 1 if result_grid.num_errors else 0
 
 

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from santa import storage
 from santa.data.kinds import document_text, row_kind
 from santa.data.outputs import published_root
+from santa.runtime import storage
 
 if TYPE_CHECKING:
     import ray.data

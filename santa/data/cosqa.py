@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from santa import storage
 from santa.data.beir import write_beir_files
 from santa.data.kinds import CODE_PAIR
+from santa.runtime import storage
 
 __all__ = ["CosqaBeir", "cosqa_beir", "read_cosqa", "write_cosqa_beir"]
 

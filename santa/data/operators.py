@@ -27,7 +27,7 @@ from santa.data.records import (
 )
 from santa.data.schema import PAIR_SCHEMA, RAW_SCHEMA, rows_to_table
 from santa.data.source import EXTENSIONS, decode_source, extract_functions
-from santa.entities import ensure_pos_tagger
+from santa.method.entities import ensure_pos_tagger
 
 # Marks rows of held-out splits read only for their keys; reported as filtered other_split.
 HELDOUT_MARK = "__heldout__"

@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from santa import storage
+from santa.runtime import storage
 
 __all__ = [
     "MANIFEST_FILE",

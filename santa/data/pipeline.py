@@ -22,7 +22,6 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
-from santa import storage
 from santa.data.beir import write_beir
 from santa.data.operators import (
     HELDOUT_MARK,
@@ -44,7 +43,8 @@ from santa.data.records import PairOptions, Reason
 from santa.data.report import build_report, summarize
 from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
-from santa.ray_utils import capacity_of, cluster_cpus
+from santa.runtime import storage
+from santa.runtime.ray_utils import capacity_of, cluster_cpus
 
 logger = logging.getLogger(__name__)
 

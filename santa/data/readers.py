@@ -18,9 +18,9 @@ import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from santa import storage
 from santa.data.records import Reason
 from santa.data.schema import CODE_LANGUAGES, RAW_SCHEMA
+from santa.runtime import storage
 
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "dev": "valid", "test": "test"}
 _SPLIT_IN_NAME = re.compile(r"(?:^|[/_.-])(train|valid|dev|test)(?:[/_.-]|$)")

@@ -21,8 +21,12 @@ from santa.data.cleaning import (
 )
 from santa.data.kinds import CODE_PAIR, PRODUCT_JUDGMENT, PRODUCT_PRETRAIN
 from santa.data.schema import CODE_LANGUAGES, ESCI_LABEL_GRADES
-from santa.entities import UnparsableCodeError, extract_code_entities, extract_product_entities
-from santa.masking import contains_sentinel, mask_entities, mask_random_spans
+from santa.method.entities import (
+    UnparsableCodeError,
+    extract_code_entities,
+    extract_product_entities,
+)
+from santa.method.masking import contains_sentinel, mask_entities, mask_random_spans
 
 CSN_FIELDS = (
     "repo",

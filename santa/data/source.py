@@ -48,7 +48,7 @@ from santa.data.cleaning import (
     strip_comment_markers,
 )
 from santa.data.schema import CODE_LANGUAGES
-from santa.entities import parser_for
+from santa.method.entities import parser_for
 
 __all__ = [
     "EXTENSIONS",

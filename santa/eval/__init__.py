@@ -3,7 +3,7 @@
 :mod:`~santa.eval.evaluation` runs it (:func:`evaluate`, :class:`EvalConfig`);
 :mod:`~santa.eval.retrieval`, :mod:`~santa.eval.bm25`, :mod:`~santa.eval.metrics` and
 :mod:`~santa.eval.report` are its parts. Reading BEIR folders is :mod:`santa.data.beir`,
-encoding is :mod:`santa.encoding`.
+encoding is :mod:`santa.models.encoding`.
 """
 
 from santa.eval.bm25 import bm25_rerank, bm25_retrieve, bm25_tokenize

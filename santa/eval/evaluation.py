@@ -15,23 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from santa import storage
-from santa.checkpoints import load_model, resolve_model
 from santa.data.beir import BeirData, load_beir
-from santa.encoding import (
-    DEFAULT_MAX_DOCUMENT_LENGTH,
-    DEFAULT_MAX_QUERY_LENGTH,
-    encode_corpus_ray,
-    encode_texts,
-)
 from santa.eval.bm25 import bm25_rerank, bm25_retrieve
 from santa.eval.metrics import compute_metrics
 from santa.eval.report import check_trec_ids, format_markdown, write_trec
 from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
 from santa.index import INDEX_KINDS
+from santa.models.checkpoints import load_model, resolve_model
+from santa.models.encoding import (
+    DEFAULT_MAX_DOCUMENT_LENGTH,
+    DEFAULT_MAX_QUERY_LENGTH,
+    encode_corpus_ray,
+    encode_texts,
+)
+from santa.runtime import storage
 
 if TYPE_CHECKING:
-    from santa.model import DualEncoder
+    from santa.models.dual_encoder import DualEncoder
 
 __all__ = [
     "DEFAULT_RAY_THRESHOLD",
@@ -76,7 +76,7 @@ class EvalConfig:
     ray_address: str | None = None
     """Ray cluster to connect to when Ray is used (None: local or the job's cluster)."""
     ray_options: Mapping[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments of :func:`~santa.encoding.encode_corpus_ray`."""
+    """Extra keyword arguments of :func:`~santa.models.encoding.encode_corpus_ray`."""
     index_kind: str = "flat"
     """The :class:`~santa.index.NegativeIndex` kind for full retrieval."""
     device: str = "auto"
@@ -254,7 +254,7 @@ def evaluate(
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a model (and BM25) on a BEIR split; return ``{system: metrics}``.
 
-    ``model``: a :class:`DualEncoder`, or anything :func:`santa.checkpoints.resolve_model`
+    ``model``: a :class:`DualEncoder`, or anything :func:`santa.models.checkpoints.resolve_model`
     accepts (a model folder, santa/Ray checkpoint, Ray Train run or sweep ``best.json``,
     local or ``s3://``; or a hub name). Lengths default to the model's saved
     ``santa_config.json`` (``train.max_query_length`` / ``max_document_length``), else
@@ -301,7 +301,7 @@ def evaluate(
     docs_on_ray = use_ray is True or (use_ray is None and len(doc_ids) > threshold)
     queries_on_ray = use_ray is True or (use_ray is None and len(query_ids) > threshold)
     if docs_on_ray or queries_on_ray:
-        from santa.ray_utils import init_ray
+        from santa.runtime.ray_utils import init_ray
 
         init_ray(config.ray_address)
     timings: dict[str, float] = {"load_s": time.perf_counter() - started}

@@ -6,9 +6,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from santa import storage
 from santa.eval.metrics import METRICS, NDCG_4CLASS
 from santa.eval.retrieval import Ranking
+from santa.runtime import storage
 
 __all__ = ["check_trec_ids", "format_markdown", "read_trec", "write_trec"]
 

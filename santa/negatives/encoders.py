@@ -4,7 +4,7 @@
 with bf16/fp16 autocast when it has a GPU, else CPU), takes a weights snapshot and embeds
 lists of pre-planned batches. :class:`EncoderPool` runs it as Ray actors: the refresh's
 texts are cut into fixed batches (:func:`plan_batches`, longest first, as
-:func:`santa.encoding.encode_texts` batches them), the batches are grouped into chunks,
+:func:`santa.models.encoding.encode_texts` batches them), the batches are grouped into chunks,
 and each chunk goes to whichever actor is free. Because the batches are the same whatever
 the number of actors, 1 or N actors give the same embeddings (bit for bit on CPU with the
 same thread count), hence the same table.
@@ -81,7 +81,7 @@ def plan_batches(texts: Sequence[str], batch_size: int) -> list[np.ndarray]:
 class ShardEncoder:
     """One model on one device that embeds batches of texts; plain PyTorch, no Ray.
 
-    ``model`` is a loaded :class:`~santa.model.DualEncoder` or a folder/URI to load (with
+    ``model`` is a loaded :class:`~santa.models.dual_encoder.DualEncoder` or a folder/URI to load (with
     ``model_config``, a :class:`~santa.config.ModelConfig` dict). ``num_gpus`` > 0 puts it
     on CUDA (when visible), 0 on CPU, ``None`` leaves a model object on its device; on CUDA
     it encodes under bf16/fp16 autocast. ``threads`` > 0 sets torch's CPU threads.
@@ -98,7 +98,7 @@ class ShardEncoder:
         import torch
 
         from santa.config import ModelConfig
-        from santa.model import DualEncoder
+        from santa.models.dual_encoder import DualEncoder
 
         if threads > 0:
             torch.set_num_threads(threads)

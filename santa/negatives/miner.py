@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from santa.config import SantaConfig
-from santa.distributed import all_reduce_min
 from santa.index import NegativeIndex
+from santa.method.distributed import all_reduce_min
 from santa.negatives.encoders import EncoderPool, LocalEncoder, ShardEncoder
 from santa.negatives.mining import (
     MiningCorpus,

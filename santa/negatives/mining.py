@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
 from santa.data.outputs import published_root
+from santa.runtime import storage
 
 __all__ = [
     "MiningCorpus",

@@ -6,7 +6,7 @@ texts in one sequence (the tokenizer's own pair format: ``[CLS] x [SEP] y [SEP]`
 The encoder is the backbone's encoder stack (a T5's encoder alone; an encoder-only model
 as it is), mean-pooled over real tokens, followed by one linear layer.
 
-Single-device code: the training loop lives in :mod:`santa.scoder.loops`.
+Single-device code: the training objectives live in :mod:`santa.scoder.objectives`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, T5EncoderModel
 
-from santa import storage
-from santa.model import T5_MODEL_TYPES, enable_activation_checkpointing
+from santa.models.dual_encoder import T5_MODEL_TYPES, enable_activation_checkpointing
+from santa.runtime import storage
 
 __all__ = [
     "CODE_CODE",

@@ -16,10 +16,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
 from santa.data.outputs import published_root
 from santa.negatives.mining import MiningCorpus, NegativesTable
+from santa.runtime import storage
 from santa.scoder.discriminator import discriminator_kind
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "build_listwise_rows",
     "is_heldout",
     "read_listwise",
+    "read_listwise_dataset",
     "write_listwise",
 ]
 
@@ -139,6 +140,23 @@ def read_listwise(uri: str) -> pa.Table:
         filesystem, path = storage.resolve(file_uri)
         tables.append(pq.read_table(path, filesystem=filesystem))
     return pa.concat_tables(tables)
+
+
+def read_listwise_dataset(uri: str):
+    """The listwise Parquet rows under ``uri/data`` as a Ray Dataset (the training input)."""
+    import ray.data
+
+    from santa.train.data import DATA_TASK_CPUS
+
+    root = storage.join(uri, "data")
+    if not storage.list_files(root, suffixes=(".parquet",)):
+        raise FileNotFoundError(f"no listwise examples under {root}")
+    context = ray.data.DataContext.get_current()
+    use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:  # see santa.train.data: the V2 reader's listing task asks a whole CPU
+        return ray.data.read_parquet(root, num_cpus=DATA_TASK_CPUS)
+    finally:
+        context.use_datasource_v2 = use_v2
 
 
 def pair_kinds(data_uri: str) -> set[str]:

@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from santa import storage
 from santa.config import SantaConfig
-from santa.losses import (
+from santa.method.losses import (
     adversarial_loss,
     discriminator_loss,
     distillation_loss,
     soft_labeled_loss,
 )
-from santa.model import DualEncoder
+from santa.models.dual_encoder import DualEncoder
+from santa.runtime import storage
 from santa.scoder.discriminator import DiscriminatorPair
 from santa.train.state import (
     OPTIMIZER_FILE,
@@ -461,7 +461,7 @@ def fit_stage(
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchTrainer
 
-    from santa.ray_utils import ray_log_level
+    from santa.runtime.ray_utils import ray_log_level
     from santa.train.trainer import worker_cpus
 
     train = spec.config.train

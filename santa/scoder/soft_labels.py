@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from santa import storage
+from santa.runtime import storage
 from santa.scoder.discriminator import DISCRIMINATOR_KINDS
 
 __all__ = ["score_examples", "summarize_scores", "write_soft_labels"]
@@ -74,7 +74,7 @@ def score_examples(
     import ray.data
     from ray.data.expressions import col
 
-    from santa.scoder.loops import read_listwise_dataset
+    from santa.scoder.examples import read_listwise_dataset
 
     dataset = read_listwise_dataset(examples)
     if heldout_only:

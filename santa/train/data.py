@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from santa import storage
 from santa.data.kinds import embedded_document, is_training_row, row_kind
 from santa.data.outputs import published_root
+from santa.runtime import storage
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.

@@ -1,13 +1,19 @@
-"""The per-worker training loop run by Ray Train's ``TorchTrainer`` (Train V2).
+"""The one per-worker training loop run by Ray Train's ``TorchTrainer`` (Train V2).
 
 Plain PyTorch: Ray is touched only through ``prepare_model``, the dataset shard, the
-checkpoint API and ``ray.train.report``. One forward per step through the DDP-wrapped
-:class:`~santa.model.DualEncoder`; the contrastive loss sees the global batch through
-``all_gather_with_grad``.
+checkpoint API and ``ray.train.report``. What is trained is an *objective*
+(:class:`Objective`): SANTA's SDA/DR + MEP (:mod:`santa.train.objectives`) or SCodeR's
+discriminators and soft-labeled dual encoder (:mod:`santa.scoder.objectives`). An objective
+builds its model, turns a batch into losses, and saves and loads its model; everything else
+is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA) and the warm-up
+schedule, DDP, ``torch.compile``, bf16 autocast, exact resume with fallback past a broken
+checkpoint, metrics (``metrics.jsonl``, TensorBoard, progress lines), dev evaluation and
+checkpoints.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -22,56 +28,95 @@ from typing import Any
 import numpy as np
 import torch
 
-from santa import storage
 from santa.config import SantaConfig
-from santa.distributed import all_gather_with_grad, identity_gather
-from santa.losses import contrastive_loss, total_loss
-from santa.model import DualEncoder
-from santa.negatives.miner import NegativesClient
-from santa.negatives.mining import NegativesTable
-from santa.train.entry import FirstEpoch, LoopConfig, epoch_batches
+from santa.method.distributed import all_gather_with_grad, identity_gather
+from santa.runtime import storage
+from santa.train.epochs import FirstEpoch, epoch_batches
+from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
-    load_training_state,
+    load_loop_state,
     local_checkpoint,
-    save_training_checkpoint,
+    save_loop_state,
     seed_everything,
     total_steps,
 )
 
 logger = logging.getLogger(__name__)
 
-BATCH_KEYS = {
-    "hard_negative_input_ids": "hard_negative_input_ids",
-    "hard_negative_attention_mask": "hard_negative_attention_mask",
-    "query_input_ids": "query_input_ids",
-    "query_attention_mask": "query_attention_mask",
-    "document_input_ids": "document_input_ids",
-    "document_attention_mask": "document_attention_mask",
-    "masked_input_ids": "masked_document_input_ids",
-    "masked_attention_mask": "masked_document_attention_mask",
-    "labels": "mep_labels",
-}
+
+class Objective:
+    """What one kind of training adds to the loop. Subclasses override the parts they need.
+
+    The loop calls, in order: :meth:`build_model` (before DDP), :meth:`setup` (after DDP,
+    with the trainer built), then per step :meth:`losses` (inside autocast; the ``loss``
+    entry is back-propagated, every entry is averaged into the logged window) and
+    :meth:`after_step`; at reports :meth:`report_metrics` and :meth:`progress_line`; at
+    checkpoints :meth:`save_model` / :meth:`load_model`.
+    """
+
+    tag = "train"
+    """The progress lines' tag (``[train] step ...``)."""
+
+    def __init__(self, loop: LoopConfig) -> None:
+        self.loop = loop
+        self.config: SantaConfig = loop.santa
+
+    def learning_rate(self) -> float:
+        """The peak learning rate of the optimizer."""
+        return self.config.train.learning_rate
+
+    def build_model(self) -> torch.nn.Module:
+        """The module to train, on CPU (the loop moves and wraps it)."""
+        raise NotImplementedError
+
+    def find_unused_parameters(self, model: torch.nn.Module) -> bool:
+        """Whether some parameters get no gradient (DDP must be told; the search costs)."""
+        return False
+
+    def setup(self, trainer: WorkerTrainer) -> None:
+        """After the model is wrapped: anything that needs the device or the rank."""
+
+    def losses(self, trainer: WorkerTrainer, batch: Any) -> dict[str, torch.Tensor | float]:
+        """One batch's forward: ``{"loss": tensor to back-propagate, other metrics...}``."""
+        raise NotImplementedError
+
+    def after_step(self, trainer: WorkerTrainer) -> None:
+        """After the optimizer step (the step counter already advanced)."""
+
+    def report_metrics(self, trainer: WorkerTrainer) -> dict[str, float]:
+        """Extra metrics of a report (e.g. hard negatives')."""
+        return {}
+
+    def progress_line(self, metrics: dict[str, float], steps: int) -> str:
+        """One line of progress for the job's log (rank 0, every report)."""
+        line = f"[{self.tag}] step {int(metrics['step'])}/{steps} loss {metrics['loss']:.4f}"
+        for key in ("accuracy", "soft_label_entropy", "dev_mrr"):
+            if key in metrics:
+                line += f" {key} {metrics[key]:.4f}"
+        return line
+
+    def save_model(self, directory: str, model: torch.nn.Module) -> None:
+        """Write the model into a checkpoint folder."""
+        raise NotImplementedError
+
+    def load_model(self, directory: str, model: torch.nn.Module) -> None:
+        """Load the weights :meth:`save_model` wrote into ``model``."""
+        raise NotImplementedError
+
+    def evaluates(self) -> bool:
+        """Whether dev metrics can be computed for this objective's model."""
+        return False
+
+    def close(self) -> None:
+        """Release what :meth:`setup` took."""
 
 
-def to_tensors(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]:
-    """The model inputs of a numpy batch as long tensors on ``device`` (id strings stay)."""
-    return {
-        key: torch.as_tensor(value, dtype=torch.long).to(device)
-        for key, value in arrays.items()
-        if key in BATCH_KEYS
-    }
-
-
-def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, device):
-    """Tokenize hard-negative documents (``batch * n`` texts, query-major) for the model,
-    as the training input tokenizes documents (fixed length, the backbone's own rules)."""
-    encoded = model.tokenize(texts, max_length, padding="max_length")
-    return {
-        "hard_negative_input_ids": encoded["input_ids"].to(device),
-        "hard_negative_attention_mask": encoded["attention_mask"].to(device),
-    }
+def objective_class(name: str) -> type[Objective]:
+    """The objective class registered under ``name`` in ``santa.train.loop_config.OBJECTIVES``."""
+    module_name, _, class_name = OBJECTIVES[name][0].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def _dev_set(loop: LoopConfig):
@@ -83,7 +128,7 @@ def _dev_set(loop: LoopConfig):
     return load_beir(loop.eval_data, loop.eval_split or "test")
 
 
-def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float]:
+def dev_metrics(model, dev, config: SantaConfig) -> dict[str, float]:
     """``dev_mrr`` (MRR@100), ``dev_ndcg`` (NDCG@100), ``dev_recall@10`` on the dev split."""
     from santa.eval import evaluate_model
 
@@ -102,42 +147,6 @@ def dev_metrics(model: DualEncoder, dev, config: SantaConfig) -> dict[str, float
         "dev_recall@10": float(result["recall@10"]),
         "dev_eval_s": time.perf_counter() - started,
     }
-
-
-def _negatives_client(loop: LoopConfig, config: SantaConfig, rank: int, world: int):
-    """The worker's hard-negatives client, or None when training with in-batch negatives."""
-    source = config.train.hard_negatives
-    if source == "none":
-        return None
-    return NegativesClient(
-        source,
-        data_uri=loop.data_uri,
-        n=config.train.hard_negatives_per_query,
-        seed=config.train.seed,
-        rank=rank,
-        world_size=world,
-        miner_name=loop.miner_name,
-        refresh_every=config.train.negatives_refresh_every,
-    )
-
-
-def compute_losses(
-    ddp_model: torch.nn.Module, batch: dict[str, torch.Tensor], config: SantaConfig, gather
-) -> dict[str, torch.Tensor]:
-    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
-    inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
-    output = ddp_model(**inputs)
-    sda = contrastive_loss(
-        output.query_embeddings,
-        output.doc_embeddings,
-        output.hard_negative_embeddings,
-        gather=gather,
-        similarity=config.model.similarity,
-        temperature=config.model.temperature,
-    )
-    loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
-    mep = output.mep_loss if output.mep_loss is not None else torch.zeros(())
-    return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
 
 
 def train_loop_per_worker(
@@ -163,6 +172,7 @@ class WorkerTrainer:
 
         config = self.config = loop.santa
         self.loop = loop
+        self.objective = objective_class(loop.objective)(loop)
         if os.environ.get("SANTA_QUIET"):
             _quiet_train_reports()
         context = ray.train.get_context()
@@ -170,15 +180,13 @@ class WorkerTrainer:
         seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
         torch.set_num_threads(loop.torch_threads)
 
-        model = self.model = DualEncoder.from_pretrained(loop.init_model, config.model)
-        if config.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        use_gpu = config.train.use_gpu and torch.cuda.is_available()
+        model = self.model = self.objective.build_model()
+        self.use_gpu = config.train.use_gpu and torch.cuda.is_available()
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=config.train.learning_rate,
+            lr=self.objective.learning_rate(),
             weight_decay=config.train.weight_decay,
-            fused=use_gpu or None,  # one kernel for all parameters on CUDA
+            fused=self.use_gpu or None,  # one kernel for all parameters on CUDA
         )
         self.steps = total_steps(config, loop.train_rows)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
@@ -189,24 +197,22 @@ class WorkerTrainer:
         # train up to this step, checkpoint, and return; the schedule still spans `steps`.
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
-        # A T5 trained without MEP leaves an untied LM head (T5 v1.1) without gradient: DDP
-        # must be told, or it waits for it. A tied head is the input embedding, and
-        # encoder-only models use every parameter (their pooler is removed); the search
-        # for unused parameters costs a pass over the graph every step.
-        tied = getattr(model.backbone.config, "tie_word_embeddings", True)
-        unused = model.is_t5 and not config.train.uses_mep and not tied
         self.ddp_model = ray.train.torch.prepare_model(
-            model, parallel_strategy_kwargs={"find_unused_parameters": unused}
+            model,
+            parallel_strategy_kwargs={
+                "find_unused_parameters": self.objective.find_unused_parameters(model)
+            },
         )
         self.device = next(self.ddp_model.parameters()).device
         # The forward the steps run: compiled (kernels fused, fewer launches), or DDP's own.
         # Checkpoints save `self.model`, whose state_dict keys stay those of the backbone.
         self.forward_model = self.ddp_model
-        if config.train.compile == "always" or (config.train.compile == "gpu" and use_gpu):
+        compile_mode = config.train.compile
+        if compile_mode == "always" or (compile_mode == "gpu" and self.use_gpu):
             self.forward_model = torch.compile(self.ddp_model, backend=config.train.compile_backend)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16)
-            if use_gpu and config.train.bf16
+            if self.use_gpu and config.train.bf16
             else nullcontext()
         )
         self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
@@ -216,16 +222,12 @@ class WorkerTrainer:
         if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
             text = storage.read_bytes(loop.metrics_uri).decode()
             self.history = [json.loads(line) for line in text.splitlines() if line.strip()]
-        self.negatives = _negatives_client(loop, config, self.rank, self.world_size)
         # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
         # the held-out BEIR split at every eval step; the other ranks wait at the report
         # barrier.
-        self.dev = _dev_set(loop) if self.rank == 0 else None
+        self.dev = _dev_set(loop) if self.rank == 0 and self.objective.evaluates() else None
         self.eval_every = config.train.eval_every or config.train.checkpoint_every or self.steps
-        if self.negatives is not None and self.negatives.is_async:
-            self.negatives.maybe_send_weights(self.state["step"], model, force=True)
-            if config.train.negatives_wait_for_first:
-                self.negatives.wait_for_first()
+        self.objective.setup(self)
         self._reset_window()
 
     def _resume(self) -> dict[str, Any]:
@@ -238,9 +240,8 @@ class WorkerTrainer:
 
             def load(candidate) -> dict[str, Any]:
                 with local_checkpoint(candidate) as directory:
-                    return load_training_state(
-                        directory, self.model, self.optimizer, self.scheduler
-                    )
+                    self.objective.load_model(directory, self.model)
+                    return load_loop_state(directory, self.optimizer, self.scheduler)
 
             state, _ = load_newest_loadable(
                 checkpoint, list(self.loop.registered_checkpoints), load, announce=self.rank == 0
@@ -250,26 +251,27 @@ class WorkerTrainer:
         return state
 
     def _reset_window(self) -> None:
-        self.window: dict[str, list[float]] = {
-            "loss": [],
-            "loss_sda": [],
-            "loss_mep": [],
-            "time": [],
-        }
+        self.window: dict[str, list[float]] = {"time": []}
         self.window_started = time.perf_counter()
 
-    def _batches(self) -> Iterator[dict[str, np.ndarray]]:
+    def _batches(self) -> Iterator[Any]:
         """This epoch's batches of the shard, past those trained before a resume."""
         if self.first_epoch is not None and self.state["epoch"] == 0:
             batches, self.first_epoch = self.first_epoch.batches(), None
         else:
-            batches = epoch_batches(self.shard, self.config.train, self.rank, self.state["epoch"])
+            batches = epoch_batches(
+                self.shard,
+                self.config.train,
+                self.rank,
+                self.state["epoch"],
+                self.loop.batch_format,
+            )
         skip = self.state["batches_in_epoch"]
-        for arrays in batches:
+        for batch in batches:
             if skip:
                 skip -= 1
                 continue
-            yield arrays
+            yield batch
 
     def train(self) -> None:
         """Step through the shard, epoch after epoch, up to the stop step."""
@@ -277,61 +279,54 @@ class WorkerTrainer:
         # checkpoints), unlike the per-window `pairs_per_s`.
         self.run_started, self.run_first_step = time.perf_counter(), self.state["step"]
         while self.state["step"] < self.stop_at:
-            for arrays in self._batches():
-                table = self.train_step(arrays)
-                if self.report(table):
+            trained = False
+            for batch in self._batches():
+                trained = True
+                self.train_step(batch)
+                if self.report():
                     return
+            if not trained and self.state["batches_in_epoch"] == 0:
+                raise ValueError(
+                    "a worker's shard has less than one batch: fewer rows than "
+                    f"train.global_batch_size={self.config.train.global_batch_size}"
+                )
             self.state["epoch"] += 1
             self.state["batches_in_epoch"] = 0
 
-    def train_step(self, arrays: dict[str, np.ndarray]) -> NegativesTable | None:
-        """One optimizer step on a batch; returns the hard-negatives table it used."""
-        config, negatives = self.config, self.negatives
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One optimizer step on a batch; returns its losses and metrics as floats."""
+        train = self.config.train
         started = time.perf_counter()
-        batch = to_tensors(arrays, self.device)
-        table = None
-        if negatives is not None:
-            negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
-            table = negatives.agreed_table(self.device)
-            if table is not None:
-                texts = negatives.negatives_for(
-                    table, arrays["query_id"], arrays["doc_id"], self.state["step"]
-                )
-                batch.update(
-                    hard_negative_batch(
-                        self.model, texts, config.train.max_document_length, self.device
-                    )
-                )
         self.model.train()
         with self.autocast:
-            losses = compute_losses(self.forward_model, batch, config, self.gather)
+            losses = self.objective.losses(self, batch)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
-        if config.train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.ddp_model.parameters(), config.train.grad_clip)
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.ddp_model.parameters(), train.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.state["step"] += 1
-        if negatives is not None:
-            negatives.maybe_send_weights(self.state["step"], self.model)
         self.state["batches_in_epoch"] += 1
-        for key in ("loss", "loss_sda", "loss_mep"):
-            self.window[key].append(float(losses[key].detach()))
+        self.objective.after_step(self)
+        values = {
+            key: float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+            for key, value in losses.items()
+        }
+        for key, value in values.items():
+            self.window.setdefault(key, []).append(value)
         self.window["time"].append(time.perf_counter() - started)
-        return table
+        return values
 
-    def report(self, table: NegativesTable | None) -> bool:
+    def report(self) -> bool:
         """Log, evaluate, report and checkpoint when the step calls for it; True at the end."""
         train, step = self.config.train, self.state["step"]
         last = step >= self.stop_at
-        checkpoint_now = last or (train.checkpoint_every and step % train.checkpoint_every == 0)
+        checkpoint_now = last or bool(train.checkpoint_every and step % train.checkpoint_every == 0)
         if not (last or checkpoint_now or step % train.log_every == 0):
             return False
-        metrics = _window_metrics(
-            self.window, self.window_started, self.state, self.scheduler, self.config
-        )
-        if self.negatives is not None:
-            metrics.update(self.negatives.metrics(step, table))
+        metrics = self._window_metrics()
+        metrics.update(self.objective.report_metrics(self))
         run_s = time.perf_counter() - self.run_started
         pairs = train.global_batch_size * (step - self.run_first_step)
         metrics["run_pairs_per_s"] = pairs / run_s if run_s > 0 else 0.0
@@ -341,19 +336,44 @@ class WorkerTrainer:
         if self.rank == 0:
             # Ray Train patches print() to log *and* tee it (two lines per call); the
             # process's own stdout is printed once and still reaches the driver.
-            print(_progress_line(metrics, self.steps), file=sys.__stdout__, flush=True)
+            line = self.objective.progress_line(metrics, self.steps)
+            print(line, file=sys.__stdout__, flush=True)
             self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
-        _report(
-            metrics,
-            self.state,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.config,
-            self.rank,
-            checkpoint_now,
-        )
+        self._report(metrics, checkpoint_now)
         return last
+
+    def _window_metrics(self) -> dict[str, float]:
+        """Means over the steps since the last report; throughput includes waiting for data."""
+        import resource
+
+        window = self.window
+        steps = max(1, len(window["time"]))
+        elapsed = time.perf_counter() - self.window_started
+        metrics: dict[str, float] = {"step": self.state["step"], "epoch": self.state["epoch"]}
+        metrics.update(
+            {key: float(np.mean(values)) for key, values in window.items() if key != "time"}
+        )
+        metrics["learning_rate"] = float(self.scheduler.get_last_lr()[0])
+        metrics["step_time_s"] = sum(window["time"]) / steps
+        batch = self.config.train.global_batch_size
+        metrics["pairs_per_s"] = batch * steps / elapsed if elapsed else 0.0
+        metrics["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return metrics
+
+    def _report(self, metrics: dict[str, float], with_checkpoint: bool) -> None:
+        """``ray.train.report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
+        import ray.train
+
+        if not with_checkpoint:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="santa-ckpt-") as directory:
+            checkpoint = None
+            if self.rank == 0:
+                self.objective.save_model(directory, self.model)
+                save_loop_state(directory, self.optimizer, self.scheduler, self.state)
+                checkpoint = ray.train.Checkpoint.from_directory(directory)
+            ray.train.report(metrics, checkpoint=checkpoint)
 
     def _keep_history(self, metrics: dict[str, float], publish_tensorboard: bool) -> None:
         """Rank 0: TensorBoard scalars, the JSON-lines history, the storage copy of events."""
@@ -372,60 +392,14 @@ class WorkerTrainer:
             storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
 
     def close(self) -> None:
-        """Close the TensorBoard writer (and publish its last events)."""
-        if self.writer is not None:
-            self.writer.close()
-            if self.loop.tensorboard_uri and self.loop.tensorboard_dir:
-                storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
-
-
-def _window_metrics(window, started, state, scheduler, config: SantaConfig) -> dict[str, float]:
-    """Means over the steps since the last report; throughput includes waiting for data."""
-    import resource
-
-    steps = max(1, len(window["time"]))
-    step_time = sum(window["time"]) / steps
-    elapsed = time.perf_counter() - started
-    return {
-        "step": state["step"],
-        "epoch": state["epoch"],
-        "loss": float(np.mean(window["loss"])),
-        "loss_sda": float(np.mean(window["loss_sda"])),
-        "loss_mep": float(np.mean(window["loss_mep"])),
-        "learning_rate": float(scheduler.get_last_lr()[0]),
-        "step_time_s": step_time,
-        "pairs_per_s": config.train.global_batch_size * steps / elapsed if elapsed else 0.0,
-        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-
-
-def _progress_line(metrics: dict[str, float], steps: int) -> str:
-    """One line of progress for the job's log (rank 0, every report)."""
-    line = (
-        f"[train] step {int(metrics['step'])}/{steps} loss {metrics['loss']:.4f} "
-        f"(sda {metrics['loss_sda']:.4f}, mep {metrics['loss_mep']:.4f}) "
-        f"{metrics['pairs_per_s']:.1f} pairs/s lr {metrics['learning_rate']:.2e}"
-    )
-    if "dev_mrr" in metrics:
-        line += f" dev_mrr {metrics['dev_mrr']:.4f}"
-    if "negatives_step" in metrics:
-        line += f" negatives@{int(metrics['negatives_step'])}"
-    return line
-
-
-def _report(metrics, state, model, optimizer, scheduler, config, rank, with_checkpoint) -> None:
-    """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint."""
-    import ray.train
-
-    if not with_checkpoint:
-        ray.train.report(metrics)
-        return
-    with tempfile.TemporaryDirectory(prefix="santa-ckpt-") as directory:
-        checkpoint = None
-        if rank == 0:
-            save_training_checkpoint(directory, model, optimizer, scheduler, state, config)
-            checkpoint = ray.train.Checkpoint.from_directory(directory)
-        ray.train.report(metrics, checkpoint=checkpoint)
+        """Close the TensorBoard writer (and publish its last events), then the objective."""
+        try:
+            if self.writer is not None:
+                self.writer.close()
+                if self.loop.tensorboard_uri and self.loop.tensorboard_dir:
+                    storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
+        finally:
+            self.objective.close()
 
 
 def _tensorboard_writer(directory: str):
@@ -444,3 +418,12 @@ def _quiet_train_reports() -> None:
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+__all__ = [
+    "Objective",
+    "WorkerTrainer",
+    "dev_metrics",
+    "objective_class",
+    "train_loop_per_worker",
+]

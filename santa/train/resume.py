@@ -22,8 +22,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from santa import storage
-from santa.checkpoints import CHECKPOINT_PREFIX, RUN_SNAPSHOT_FILE, _snapshot_candidates
+from santa.models.checkpoints import _snapshot_candidates
+from santa.runtime import storage
+from santa.runtime.layout import CHECKPOINT_PREFIX, RUN_SNAPSHOT_FILE, RunLayout
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ def registered_checkpoints(run_uri: str) -> list[str]:
     location = storage.open_location(run_uri)
     snapshot = storage.read_json_or_none(location.child(RUN_SNAPSHOT_FILE), invalid_ok=True)
     names = _snapshot_candidates(snapshot) if snapshot is not None else None
-    return [storage.join(run_uri, name) for name, _ in names or []]
+    layout = RunLayout(run_uri)
+    return [layout.checkpoint(name) for name, _ in names or []]
 
 
 def remove_unregistered_checkpoints(run_uri: str) -> list[str]:
@@ -64,7 +66,7 @@ def remove_unregistered_checkpoints(run_uri: str) -> list[str]:
             and name not in registered
         ):
             location.fs.delete_dir(entry.path)
-            removed.append(storage.join(run_uri, name))
+            removed.append(RunLayout(run_uri).checkpoint(name))
     for uri in removed:
         logger.warning("removed %s: an unregistered (incomplete) checkpoint", uri)
     return removed

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from santa.checkpoints import MODEL_DIR, STATE_FILE
 from santa.config import SantaConfig
-from santa.model import DualEncoder
+from santa.models.dual_encoder import DualEncoder
+from santa.runtime.layout import MODEL_DIR, STATE_FILE
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -46,16 +46,10 @@ def linear_warmup_schedule(optimizer, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def save_training_checkpoint(
-    directory: str,
-    model: DualEncoder,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    state: dict[str, Any],
-    config: SantaConfig,
+def save_loop_state(
+    directory: str, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]
 ) -> None:
-    """Write model (HF folder), optimizer, scheduler and loop state into ``directory``."""
-    model.save_pretrained(os.path.join(directory, MODEL_DIR), santa_config=config)
+    """Write optimizer, scheduler, RNG and loop state into a checkpoint ``directory``."""
     torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
     torch.save(scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
     # Dropout draws from these: a resumed run repeats the uninterrupted one only with them.
@@ -71,12 +65,8 @@ def save_training_checkpoint(
         json.dump(state, handle)
 
 
-def load_training_state(
-    directory: str, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler
-) -> dict[str, Any]:
-    """Restore what :func:`save_training_checkpoint` wrote; returns the loop state."""
-    restored = DualEncoder.from_pretrained(os.path.join(directory, MODEL_DIR))
-    model.load_state_dict(restored.state_dict())
+def load_loop_state(directory: str, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
+    """Restore what :func:`save_loop_state` wrote; returns the loop state."""
     optimizer.load_state_dict(
         torch.load(os.path.join(directory, OPTIMIZER_FILE), weights_only=False)
     )
@@ -85,12 +75,37 @@ def load_training_state(
     )
     rng = torch.load(os.path.join(directory, RNG_FILE), weights_only=False)
     torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    # Checkpoints of SCodeR's discriminators from before the one loop kept torch's only.
+    if "numpy" in rng:
+        np.random.set_state(rng["numpy"])
+    if "python" in rng:
+        random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     with open(os.path.join(directory, STATE_FILE)) as handle:
         return json.load(handle)
+
+
+def save_training_checkpoint(
+    directory: str,
+    model: DualEncoder,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    state: dict[str, Any],
+    config: SantaConfig,
+) -> None:
+    """Write model (HF folder), optimizer, scheduler and loop state into ``directory``."""
+    model.save_pretrained(os.path.join(directory, MODEL_DIR), santa_config=config)
+    save_loop_state(directory, optimizer, scheduler, state)
+
+
+def load_training_state(
+    directory: str, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler
+) -> dict[str, Any]:
+    """Restore what :func:`save_training_checkpoint` wrote; returns the loop state."""
+    restored = DualEncoder.from_pretrained(os.path.join(directory, MODEL_DIR))
+    model.load_state_dict(restored.state_dict())
+    return load_loop_state(directory, optimizer, scheduler)
 
 
 def total_steps(config: SantaConfig, rows: int | None) -> int:

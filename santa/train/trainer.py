@@ -9,13 +9,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from santa import storage
-from santa.checkpoints import resolve_model
 from santa.config import SantaConfig
 from santa.data.outputs import published_root
-from santa.ray_utils import capacity_of, head_placement, ray_log_level
+from santa.models.checkpoints import resolve_model
+from santa.runtime import storage
+from santa.runtime.layout import RunLayout
+from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.train.data import build_train_dataset
-from santa.train.entry import LoopConfig, train_loop_per_worker
+from santa.train.entry import train_loop_per_worker
+from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -26,8 +28,6 @@ TOKENIZER_SAMPLE_ROWS = 20_000
 # to the controller; santa's default is 0.5 s (a few small RPCs a second), unless set.
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 POLL_INTERVAL_S = "0.5"
-# Every logged step's metrics, one JSON object a line, in the run folder.
-METRICS_FILE = "metrics.jsonl"
 # What fit() imports first (torch, by Ray Train's torch side): for init_ray(preload=...).
 FIT_IMPORTS = ("ray.train.torch", "ray.data")
 
@@ -64,17 +64,31 @@ class RunSpec:
     config's ``train.negatives_encoder_gpus`` (``--miner-gpus``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
+    objective: str = "santa"
+    """What the loop trains (``santa.train.loop_config.OBJECTIVES``): SANTA's SDA/DR + MEP on
+    tokenized pairs, or SCodeR's ``discriminators`` / ``dual_encoder`` on listwise rows."""
+    discriminators: str = ""
+    """``dual_encoder`` with online soft labels: the discriminators' folder."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
         # (and Train V2 rejects a relative storage_path outright).
         for name in ("data", "storage", "eval_data"):
             object.__setattr__(self, name, storage.absolute(getattr(self, name)))
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}"
+            )
+
+    @property
+    def layout(self) -> RunLayout:
+        """Where the run keeps its files."""
+        return RunLayout.of(self.storage, self.name)
 
     @property
     def run_uri(self) -> str:
         """The run's folder under the storage path."""
-        return storage.join(self.storage, self.name)
+        return self.layout.root
 
 
 def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
@@ -103,14 +117,18 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     same weights.
     """
     if spec.warm_start:
+        if spec.objective == "discriminators":  # their own folder (DiscriminatorPair)
+            return spec.warm_start
         return resolve_model(spec.warm_start).model_uri
+    if spec.objective == "discriminators":
+        raise ValueError("training discriminators needs their starting folder (warm_start)")
     if not config.model.is_tiny:
         return config.model.backbone
-    init_uri = storage.join(spec.run_uri, "init_model")
+    init_uri = spec.layout.init_model
     if storage.exists(storage.join(init_uri, "config.json")):
         return init_uri
-    from santa.model import DualEncoder
-    from santa.tokenizer import train_tokenizer
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(read_texts(spec.data), vocab_size=config.model.tiny_vocab_size)
     model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
@@ -161,20 +179,21 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     from ray.train.torch import TorchTrainer
 
     train = config.train
+    layout = spec.layout
     set_poll_interval()
     init_model = prepare_initial_model(config, spec)
     # Same order every run: what makes a resumed run repeat the uninterrupted one.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    dataset = build_train_dataset(spec.data, init_model, tokenization_settings(config))
+    if OBJECTIVES[spec.objective][1] == "numpy":  # tokenized pairs, streamed by Ray Data
+        dataset = build_train_dataset(spec.data, init_model, tokenization_settings(config))
+    else:  # listwise rows the objective tokenizes in the worker
+        from santa.scoder.examples import read_listwise_dataset
+
+        dataset = read_listwise_dataset(spec.data)
     rows = dataset.count() if not train.max_steps else None
     cpus = worker_cpus(spec.cpus_per_worker, train.num_workers)
-    tensorboard_dir = (
-        storage.join(spec.run_uri, "tensorboard")
-        if not storage.is_s3(spec.storage)
-        else os.path.join(os.path.expanduser("~/santa-runs"), spec.name, "tensorboard")
-    )
     # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
-    remove_unregistered_checkpoints(spec.run_uri)
+    remove_unregistered_checkpoints(layout.root)
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if train.hard_negatives == "async":
@@ -196,21 +215,21 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         train_loop_config=LoopConfig(
             santa=config,
             init_model=init_model,
+            objective=spec.objective,
+            discriminators=spec.discriminators,
             train_rows=rows,
             torch_threads=max(1, int(cpus)),
-            tensorboard_dir=tensorboard_dir,
+            tensorboard_dir=layout.tensorboard_dir,
             # On S3 the events are written on the rank-0 node and copied into the run at
             # every checkpoint: the autoscaler may remove that node once the run is done.
-            tensorboard_uri=storage.join(spec.run_uri, "tensorboard")
-            if storage.is_s3(spec.storage)
-            else "",
-            metrics_uri=storage.join(spec.run_uri, METRICS_FILE),
+            tensorboard_uri=layout.tensorboard_copy,
+            metrics_uri=layout.metrics,
             stop_at_step=spec.stop_at_step,
             data_uri=spec.data,
             miner_name=miner_name,
             eval_data=spec.eval_data,
             eval_split=spec.eval_split,
-            registered_checkpoints=tuple(registered_checkpoints(spec.run_uri)),
+            registered_checkpoints=tuple(registered_checkpoints(layout.root)),
         ).to_dict(),
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
@@ -218,8 +237,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             resources_per_worker={"CPU": cpus, **({"GPU": 1} if train.use_gpu else {})},
         ),
         run_config=RunConfig(
-            name=spec.name,
-            storage_path=spec.storage,
+            name=layout.name,
+            storage_path=layout.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             callbacks=callbacks or None,

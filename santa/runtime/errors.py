@@ -43,7 +43,7 @@ def _root_cause(error: BaseException) -> BaseException:
 
 
 def _is_bad_input(error: BaseException) -> bool:
-    from santa.storage import StorageError
+    from santa.runtime.storage import StorageError
 
     if isinstance(error, StorageError):
         # A missing object or bucket is bad input; an unreachable endpoint is a fault.
@@ -57,7 +57,7 @@ def describe(error: BaseException) -> tuple[str, int]:
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
-    from santa.storage import StorageError
+    from santa.runtime.storage import StorageError
 
     if isinstance(error, StorageError) and message:  # its message names the URI and why
         return f"santa: error: {message}", RUNTIME_FAULT

@@ -7,8 +7,9 @@ import io
 import math
 from typing import Any
 
-from santa import storage
 from santa.eval import format_markdown
+from santa.runtime import storage
+from santa.runtime.layout import RunLayout
 
 
 def is_number(value: Any) -> bool:
@@ -20,7 +21,7 @@ def read_history(run_uri: str) -> list[dict[str, Any]]:
     """Every logged step of one training run (``RUN/metrics.jsonl``), oldest first."""
     import json
 
-    uri = storage.join(run_uri, "metrics.jsonl")
+    uri = RunLayout(run_uri).metrics
     if not storage.exists(uri):
         return []
     lines = storage.read_bytes(uri).decode().splitlines()
@@ -67,7 +68,7 @@ def plot_history(stages: list[dict[str, Any]], run_uri: str) -> str | None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
-    target = storage.join(run_uri, "training.png")
+    target = RunLayout(run_uri).training_plot
     storage.write_bytes(target, buffer.getvalue())
     return target
 
@@ -136,7 +137,7 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
         "",
         f"- run: `{report['run']}` (TensorBoard: `tensorboard --logdir {report['run']}`)",
         *(f"- {s['stage']} checkpoint: `{s['checkpoint']}`" for s in report["stages"]),
-        f"- metrics and TREC runs: `{storage.join(report['run'], 'eval')}`",
+        f"- metrics and TREC runs: `{RunLayout(report['run']).eval()}`",
         "",
     ]
     return "\n".join(lines)

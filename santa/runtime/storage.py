@@ -2,7 +2,7 @@
 
 All file access of santa goes through here: whole files (bytes, JSON), listings, folder
 copies to and from S3, and :class:`Location` (a filesystem with a path) for code that walks
-storage, such as :mod:`santa.checkpoints`.
+storage, such as :mod:`santa.models.checkpoints`.
 
 S3 endpoints and credentials come from the standard AWS chain (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, instance profiles, ...); nothing here reads, prints or logs them.

@@ -10,7 +10,7 @@ Encoder-only (BERT, RoBERTa, MiniLM): CLS or attention-mask-aware mean pooling; 
 loss only.
 
 Single-device code: parallelism (DDP, gathering) lives in the training loop and in
-:mod:`santa.distributed`; nothing here calls ``torch.distributed``.
+:mod:`santa.method.distributed`; nothing here calls ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
-from santa import losses, storage
-from santa.backbones import read_sentence_transformers_layout
-from santa.checkpoints import SANTA_CONFIG_FILE
 from santa.config import ModelConfig, SantaConfig
+from santa.method import losses
+from santa.models.backbones import read_sentence_transformers_layout
+from santa.runtime import storage
+from santa.runtime.layout import SANTA_CONFIG_FILE
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 
@@ -363,7 +364,7 @@ class DualEncoder(nn.Module):
         """Build ``model_config.backbone``: a tiny T5 (needs ``tokenizer``) or a load."""
         if model_config.is_tiny:
             if tokenizer is None:
-                raise ValueError("the 'tiny' backbone needs a tokenizer (santa.tokenizer)")
+                raise ValueError("the 'tiny' backbone needs a tokenizer (santa.models.tokenizer)")
             return cls.build_tiny(model_config, tokenizer, seed=seed)
         model = cls.from_pretrained(model_config.backbone, model_config)
         if tokenizer is not None:

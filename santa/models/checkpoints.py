@@ -14,7 +14,7 @@ What is found where:
 
 A folder without weights (an upload cut short, a deleted model) is never taken for a
 checkpoint. Locations are local paths or ``s3://bucket/key`` URIs, read through
-:mod:`santa.storage` (credentials from the standard AWS chain only, fast-failing S3 calls);
+:mod:`santa.runtime.storage` (credentials from the standard AWS chain only, fast-failing S3 calls);
 its errors surface here as :class:`CheckpointError`.
 
 :func:`resolve_model` is the one way santa turns a user's model argument (folder,
@@ -38,12 +38,20 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import pyarrow.fs as pafs
 
-from santa import storage
-from santa.storage import Location, StorageError
+from santa.runtime import storage
+from santa.runtime.layout import (
+    BEST_FILE,
+    CHECKPOINT_PREFIX,
+    MODEL_DIR,
+    RUN_SNAPSHOT_FILE,
+    SANTA_CONFIG_FILE,
+    STATE_FILE,
+)
+from santa.runtime.storage import Location, StorageError
 
 if TYPE_CHECKING:
     from santa.config import ModelConfig
-    from santa.model import DualEncoder
+    from santa.models.dual_encoder import DualEncoder
 
 __all__ = [
     "BEST_FILE",
@@ -63,15 +71,8 @@ __all__ = [
     "resolve_model",
 ]
 
-# A santa checkpoint (written by santa.train.loop): the HF model folder and the step.
-MODEL_DIR = "model"
-STATE_FILE = "trainer_state.json"
-# What DualEncoder.save_pretrained writes beside the HF files: the model and train config.
-SANTA_CONFIG_FILE = "santa_config.json"
-# ray.train.v2._internal.constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME (Ray 2.60).
-RUN_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
-CHECKPOINT_PREFIX = "checkpoint_"
-BEST_FILE = "best.json"
+# A santa checkpoint (written by santa.train.loop): the HF model folder, santa's config
+# beside it, and the loop state; a run's and a sweep's files (santa.runtime.layout).
 HF_CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -398,7 +399,7 @@ def resolve_model(source: Any) -> ResolvedModel:
 
 @_checkpoint_errors
 def load(source: Any, model_config: ModelConfig | None = None) -> DualEncoder:
-    """A :class:`~santa.model.DualEncoder` from a model folder, checkpoint, run, sweep or hub.
+    """A :class:`~santa.models.dual_encoder.DualEncoder` from a model folder, checkpoint, run, sweep or hub.
 
     ``source`` is anything :func:`resolve_model` takes: a local path or ``s3://`` URI of an
     HF folder, a santa/Ray checkpoint folder, a Ray Train run folder (its newest complete
@@ -406,8 +407,8 @@ def load(source: Any, model_config: ModelConfig | None = None) -> DualEncoder:
     ``ray.train.Checkpoint`` or a :class:`ResolvedModel`. A string that is none of these but
     looks like ``name`` or ``org/name`` is loaded as a Hugging Face hub model.
     """
-    # Lazy: santa.model imports torch and transformers, too slow for the export CLI.
-    from santa.model import DualEncoder
+    # Lazy: santa.models.dual_encoder imports torch and transformers, too slow for the export CLI.
+    from santa.models.dual_encoder import DualEncoder
 
     resolved = resolve_model(source)
     if resolved.is_hub_name:

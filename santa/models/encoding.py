@@ -1,4 +1,4 @@
-"""Embed texts with a :class:`~santa.model.DualEncoder`, in-process or on a Ray Data pool.
+"""Embed texts with a :class:`~santa.models.dual_encoder.DualEncoder`, in-process or on a Ray Data pool.
 
 Evaluation, the hard-negative miner and training's dev metrics all encode through here.
 """
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from santa.checkpoints import resolve_model
+from santa.models.checkpoints import resolve_model
 
 if TYPE_CHECKING:
-    from santa.model import DualEncoder
+    from santa.models.dual_encoder import DualEncoder
 
 __all__ = [
     "DEFAULT_MAX_DOCUMENT_LENGTH",
@@ -86,7 +86,7 @@ class _EncodeActor:
         import ray
         import torch
 
-        from santa.model import DualEncoder
+        from santa.models.dual_encoder import DualEncoder
 
         if threads > 0:
             torch.set_num_threads(threads)
@@ -129,13 +129,13 @@ def encode_corpus_ray(
     cluster has some) every actor takes one; otherwise CPU actors of
     ``num_cpus_per_actor``. ``num_actors=0``: one per GPU, or enough CPU actors to leave
     one cluster CPU free (at least one), so a 2-CPU machine never deadlocks.
-    Needs Ray initialised (:func:`santa.ray_utils.init_ray`).
+    Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`).
     """
     import pyarrow as pa
     import ray
     import ray.data
 
-    from santa.ray_utils import capacity_of, cluster_capacity
+    from santa.runtime.ray_utils import capacity_of, cluster_capacity
 
     texts = [str(text) for text in texts]
     if not texts:

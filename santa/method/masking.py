@@ -23,7 +23,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from santa.entities import token_spans
+from santa.method.entities import token_spans
 
 __all__ = [
     "MAX_SENTINELS",

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from santa.masking import MAX_SENTINELS, sentinel
+from santa.method.masking import MAX_SENTINELS, sentinel
 
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "SENTINELS", "UNK_TOKEN", "train_tokenizer"]
 

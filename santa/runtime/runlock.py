@@ -25,12 +25,10 @@ import time
 import uuid
 from typing import Any
 
-from santa import storage
+from santa.runtime import storage
+from santa.runtime.layout import RunLayout
 
 __all__ = ["RunLock", "RunLockedError"]
-
-LOCAL_LOCK_FILE = ".santa-lock"
-S3_LEASE_FILE = ".santa-lock.json"
 
 
 class RunLockedError(ValueError):
@@ -105,7 +103,7 @@ class RunLock:
         import fcntl
 
         os.makedirs(self.run_uri, exist_ok=True)
-        path = os.path.join(self.run_uri, LOCAL_LOCK_FILE)
+        path = RunLayout(self.run_uri).local_lock
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -124,7 +122,7 @@ class RunLock:
 
     @property
     def _lease_uri(self) -> str:
-        return storage.join(self.run_uri, S3_LEASE_FILE)
+        return RunLayout(self.run_uri).s3_lease
 
     def _read_lease(self) -> dict[str, Any] | None:
         # A read racing the holder's heartbeat can see a torn object (pyarrow sizes the

@@ -13,8 +13,8 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from santa import storage
-from santa.storage import StorageError
+from santa.runtime import storage
+from santa.runtime.storage import StorageError
 
 __all__ = ["check_beir", "check_input", "check_pairs", "check_writable"]
 

@@ -16,15 +16,15 @@ Randomness comes only from the ``random.Random`` passed in (or seeded from an ``
 the same seed gives the same split.
 
 Tokens, for ``l_min`` and the ICT spans, are word and punctuation tokens (regex
-``\\w+|[^\\w\\s]``, :func:`santa.entities.token_spans`). The paper does not state its
+``\\w+|[^\\w\\s]``, :func:`santa.method.entities.token_spans`). The paper does not state its
 ``l_min``; :data:`DEFAULT_MIN_TOKENS` is our choice.
 
-Grammars and parsers come from :mod:`santa.entities` (Java, Go, JavaScript, Ruby, PHP,
+Grammars and parsers come from :mod:`santa.method.entities` (Java, Go, JavaScript, Ruby, PHP,
 with its wrappers for methods cut out of a class). It extracts Python identifiers with
 ``tokenize`` and so has no Python tree-sitter grammar; the Python grammar is built here
 with the same helpers. Snippets whose syntax errors cover more than
-:data:`santa.entities.MAX_ERROR_FRACTION` of them raise
-:class:`santa.entities.UnparsableCodeError`, as entity extraction does.
+:data:`santa.method.entities.MAX_ERROR_FRACTION` of them raise
+:class:`santa.method.entities.UnparsableCodeError`, as entity extraction does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import tree_sitter
 
-from santa.entities import (
+from santa.method.entities import (
     CODE_LANGUAGES,
     _Grammar,
     _grammar,
@@ -202,7 +202,7 @@ _STRING_TYPES = _types("string concatenated_string template_string encapsed_stri
 
 
 # --------------------------------------------------------------------------------------
-# Parsing: santa.entities' grammars, plus Python
+# Parsing: santa.method.entities' grammars, plus Python
 # --------------------------------------------------------------------------------------
 
 _PYTHON_SPEC = _GrammarSpec(
@@ -237,7 +237,7 @@ def _grammar_and_parser(language: str) -> tuple[_Grammar, tree_sitter.Parser]:
 def _parse(code: str, language: str) -> tuple[tree_sitter.Node, int, int]:
     """Parse ``code``; return the root, and the byte range of the snippet in the parsed text.
 
-    Wrappers are tried as :mod:`santa.entities` does: the first error-free parse wins,
+    Wrappers are tried as :mod:`santa.method.entities` does: the first error-free parse wins,
     otherwise the one with the fewest ERROR/MISSING nodes.
     """
     if language not in SUBTREE_TYPES:
@@ -338,7 +338,7 @@ def extract_subtree(
 
     Args:
         code: one function (a CodeSearchNet ``code`` field).
-        language: one of :data:`santa.entities.CODE_LANGUAGES`.
+        language: one of :data:`santa.method.entities.CODE_LANGUAGES`.
         rng: the source of randomness, or an ``int`` seed for a fresh ``random.Random``.
         min_tokens: ``l_min``, the fewest word/punctuation tokens of the sub-tree's code.
         max_attempts: leaves tried (without replacement) before returning ``None``.

@@ -1,6 +1,6 @@
 """SANTA's losses as pure functions of embeddings and logits.
 
-Encoding lives in :mod:`santa.model`; gathering across workers in :mod:`santa.distributed`
+Encoding lives in :mod:`santa.models.dual_encoder`; gathering across workers in :mod:`santa.method.distributed`
 (passed in as ``gather``, the identity by default). Nothing here knows about processes.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from santa.distributed import Gather, identity_gather
+from santa.method.distributed import Gather, identity_gather
 
 __all__ = ["contrastive_loss", "mep_loss", "similarity_scores", "total_loss"]
 
@@ -64,9 +64,9 @@ def contrastive_loss(
     other workers' documents and hard negatives as negatives. Its positive sits at row
     ``offset + i`` of the gathered documents, ``offset`` being what ``gather`` returns.
 
-    With ``gather=santa.distributed.all_gather_with_grad`` under DDP, the average over
+    With ``gather=santa.method.distributed.all_gather_with_grad`` under DDP, the average over
     workers of this loss and of its gradients equals the single-process loss and gradients
-    on the combined batch (see :mod:`santa.distributed`); no rescaling by world size.
+    on the combined batch (see :mod:`santa.method.distributed`); no rescaling by world size.
 
     Args:
         query_embeddings: the queries ``p`` (docstrings, bullet points, search queries).

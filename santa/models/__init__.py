@@ -1,0 +1,1 @@
+"""The dual encoder, its backbones and tokenizer, checkpoint loading, and batch encoding."""

@@ -1,0 +1,7 @@
+"""The staged pipeline (corpus → pretrain → fine-tune → ANCE → evaluation), callable from
+Python: :func:`run_pipeline` with a :class:`PipelineSpec`; ``ray_jobs.pipeline`` is its
+command line."""
+
+from santa.pipeline.stages import DEFAULT_STEPS, PipelineSpec, run_pipeline, stage_config
+
+__all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]

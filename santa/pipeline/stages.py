@@ -1,0 +1,357 @@
+"""The paper's staged recipe as one call: corpus → pretrain → fine-tune → ANCE → evaluation.
+
+Each stage starts from the previous stage's checkpoint: ``pretrain`` (SDA + MEP, in-batch
+negatives only), ``finetune`` (the DR loss, in-batch negatives) and ``ance`` (one hard
+negative per query sampled from the top 100 the fine-tuned model retrieves, positives
+removed, at a lower learning rate; ``hard_negatives="async"`` re-mines them while training
+goes on instead). Stage settings come from the recipe family (``<recipe>``,
+``<recipe>-finetune``, ``<recipe>-ance``).
+
+Without preprocessed data it builds the default corpus (a source tree, by default this
+interpreter's standard library, as CodeSearchNet-format records): training pairs and the
+dev / test BEIR sets, split by file, held-out rows never in the training pairs. Every
+stage's model is evaluated on the test split beside the untrained model and BM25. Where
+everything lands: :class:`~santa.runtime.layout.RunLayout`. A rerun with the same run
+folder reuses the corpus, the mined table and every finished stage, and resumes training.
+
+    from santa.pipeline import PipelineSpec, run_pipeline
+    report = run_pipeline(PipelineSpec(name="csn", recipe="codet5-base-code", data=..., ...))
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from santa.config import SantaConfig
+from santa.negatives.offline import mine_negatives
+from santa.pipeline.report import format_report, is_number, plot_history, read_history
+from santa.recipes import PIPELINE_STAGES, stage_recipe
+from santa.runtime import storage
+from santa.runtime.layout import RunLayout, checkpoint_model
+
+__all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
+
+# The default run: sized to finish in under 10 minutes on a 2-core laptop.
+DEFAULT_STEPS = {"tiny": {"pretrain": 150, "finetune": 100, "ance": 50}}
+HARD_NEGATIVE_MODES = ("table", "async")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSpec:
+    """What one pipeline run does and where (the command line's options, as data)."""
+
+    name: str = "default"
+    """Run name: the run folder is ``storage/name`` (same name = reuse and resume)."""
+    storage: str = "./runs"
+    """Local path or ``s3://`` URI."""
+    recipe: str = "tiny"
+    """The recipe family of the stages."""
+    stages: tuple[str, ...] = PIPELINE_STAGES
+    """Stages to run, a prefix-ordered subset of ``pretrain, finetune, ance``."""
+    input: str = ""
+    """Source tree for the default corpus (empty: this Python's standard library)."""
+    data: str = ""
+    """Preprocessed training pairs (skips the corpus; needs ``eval_data``)."""
+    finetune_data: str = ""
+    """Pairs of the finetune and ance stages (empty: the pretraining pairs)."""
+    eval_data: str = ""
+    """A BEIR set to evaluate on (with ``data``)."""
+    eval_split: str = "test"
+    hard_negatives: str = "table"
+    """The ance stage: mine once with the fine-tuned model (``table``, the paper) or re-mine
+    while training (``async``)."""
+    baseline: str = "bm25"
+    """``bm25`` or ``none``."""
+    max_steps: int | None = None
+    """Steps of every stage (default: the recipe's epochs; tiny: 150/100/50)."""
+    num_workers: int = 2
+    cpus_per_worker: float = 0.0
+    cluster_overrides: tuple[str, ...] = ()
+    """Config overrides of the cluster flags (``--gpu``, ``--miner-*``): before the stages'."""
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+    """The user's ``section.field=value`` overrides: after everything else."""
+
+    def __post_init__(self) -> None:
+        for name in ("storage", "data", "finetune_data", "eval_data", "input"):
+            object.__setattr__(self, name, storage.absolute(getattr(self, name)))
+        stages = tuple(self.stages)
+        unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
+        if unknown or not stages:
+            raise ValueError(f"stages must be among {', '.join(PIPELINE_STAGES)}; got {stages}")
+        if list(stages) != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(
+            stages
+        ):
+            raise ValueError(f"stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
+        object.__setattr__(self, "stages", stages)
+        if bool(self.data) != bool(self.eval_data):
+            raise ValueError("data and eval_data go together (or neither: the default corpus)")
+        if self.hard_negatives not in HARD_NEGATIVE_MODES:
+            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("max_steps must be a positive number of steps")
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run folder."""
+        return RunLayout.of(self.storage, self.name)
+
+
+def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> SantaConfig:
+    """The stage's recipe with the cluster flags, its step budget and the user's --set."""
+    config = stage_recipe(spec.recipe, stage)
+    overrides = [f"train.num_workers={spec.num_workers}", *spec.cluster_overrides]
+    steps = spec.max_steps or DEFAULT_STEPS.get(spec.recipe, {}).get(stage)
+    if steps:
+        overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
+    if stage == "ance":
+        overrides.append(f"train.hard_negatives={negatives}")
+        if negatives == "async":
+            overrides.append(f"train.negatives_refresh_every={max(1, (steps or 400) // 4)}")
+    return config.with_overrides([*overrides, *spec.overrides])
+
+
+def preflight(spec: PipelineSpec) -> None:
+    """Inputs present, eval data loadable, storage writable: before any Ray work."""
+    from santa.runtime.preflight import check_beir, check_input, check_pairs, check_writable
+
+    if spec.input:
+        check_input(spec.input, "--input")
+    for name in ("data", "finetune_data"):
+        if getattr(spec, name):
+            check_pairs(getattr(spec, name), "--" + name.replace("_", "-"))
+    if spec.data and spec.eval_data:
+        check_beir(spec.eval_data, spec.eval_split)
+    check_writable(spec.storage, "--storage")
+
+
+def run_pipeline(
+    spec: PipelineSpec, *, address: str | None = None, verbose: bool = False, force: bool = False
+) -> dict[str, Any]:
+    """Check, lock the run folder, start or join Ray, run the stages; returns the report
+    (also written as ``report.json`` / ``report.md``)."""
+    from santa.runtime.runlock import RunLock
+
+    configs = {stage: stage_config(spec, stage) for stage in spec.stages}  # fail fast
+    preflight(spec)
+    with RunLock(spec.layout.root, force=force, description="ray_jobs.pipeline"):
+        from santa.runtime.ray_utils import init_ray
+
+        print(init_ray(address, verbose=verbose), flush=True)
+        return _run(spec, configs)
+
+
+def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
+    layout = spec.layout
+    started = time.time()
+    phases: dict[str, float] = {}
+    if spec.data:
+        train_uri, dev_uri, test_uri, corpus_reports = spec.data, "", spec.eval_data, {}
+    else:
+        train_uri, dev_uri, test_uri, corpus_reports = build_corpus(spec, layout)
+    phases["corpus_s"] = time.time() - started
+
+    stages: list[dict[str, Any]] = []
+    previous = ""  # the model folder the next stage starts from
+    for stage in spec.stages:
+        data = train_uri if stage == "pretrain" else (spec.finetune_data or train_uri)
+        negatives = "none"
+        if stage == "ance":
+            negatives = "async" if spec.hard_negatives == "async" else ""
+            if not negatives and storage.exists(layout.negatives_table):  # mined already
+                negatives = f"table:{layout.negatives_table}"
+            if not negatives:
+                mined_at = time.time()
+                negatives = "table:" + mine_negatives(
+                    previous, data, layout.negatives, configs["ance"]
+                )
+                phases["mine_s"] = time.time() - mined_at
+        config = stage_config(spec, stage, negatives) if stage == "ance" else configs[stage]
+        stages.append(train_stage(spec, stage, config, data, dev_uri, previous))
+        phases[f"{stage}_s"] = stages[-1]["seconds"]
+        previous = checkpoint_model(stages[-1]["checkpoint"])
+
+    print(f"[eval] {test_uri} ({spec.eval_split})", flush=True)
+    evaluated_at = time.time()
+    first = spec.stages[0]
+    metrics, evaluated_with = evaluate_systems(
+        trained={f"santa ({s['stage']})": checkpoint_model(s["checkpoint"]) for s in stages},
+        untrained=_initial_model(configs[first], layout.stage(first))
+        if first == "pretrain"
+        else None,
+        data=test_uri,
+        split=spec.eval_split,
+        layout=layout,
+        baseline=None if spec.baseline == "none" else spec.baseline,
+    )
+    phases["evaluate_s"] = time.time() - evaluated_at
+    phases["total_s"] = time.time() - started
+
+    report = {
+        "name": spec.name,
+        "recipe": spec.recipe,
+        "run": layout.root,
+        "checkpoint": stages[-1]["checkpoint"],
+        "data": {"train": train_uri, "dev": dev_uri, "test": test_uri},
+        "corpus": {k: _corpus_summary(v) for k, v in corpus_reports.items()},
+        "stages": [{k: v for k, v in s.items() if k != "history"} for s in stages],
+        "final_metrics": stages[-1]["final_metrics"],
+        "metrics": metrics,
+        "evaluated_with": evaluated_with,
+        "phases": phases,
+    }
+    storage.write_json(layout.report, report)
+    plot = plot_history(stages, layout.root)
+    markdown = format_report(report, plot)
+    storage.write_bytes(layout.report_markdown, markdown.encode())
+    print(markdown)
+    print(f"outputs: {layout.root} (report.md, checkpoint {report['checkpoint']})", flush=True)
+    return report
+
+
+def build_corpus(spec: PipelineSpec, layout: RunLayout) -> tuple[str, str, str, dict]:
+    """Preprocess the source tree: training pairs, dev (valid) and test BEIR sets."""
+    from santa.data.outputs import matching_manifest
+    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.source import default_source_root
+
+    source = spec.input or default_source_root()
+    outputs = {
+        "pretrain": (layout.data("pretrain"), "pretrain", "train"),
+        "dev": (layout.data("dev"), "eval", "valid"),
+        "test": (layout.data("test"), "eval", "test"),
+    }
+    reports = {}
+    for key, (output, stage, split) in outputs.items():
+        config = PreprocessConfig(
+            dataset="source",
+            input=source,
+            output=output,
+            stage=stage,
+            split=split,
+            languages=("python",) if not spec.input else (),
+            # The stdlib's own test suite is a third of its files and few docstrings.
+            skip_tests=not spec.input,
+        )
+        # Reused only when published whole and made with these options (not when an
+        # interrupted run left parts, or the corpus came from other settings).
+        manifest = matching_manifest(output, _corpus_options(config))
+        if manifest is not None:
+            print(f"[corpus] {key}: reusing {output}", flush=True)
+            reports[key] = manifest
+            continue
+        print(f"[corpus] {key}: {source} → {output} ({stage}, {split})", flush=True)
+        reports[key] = run_preprocess(config)
+        print(
+            f"[corpus] {key}: {reports[key]['rows_written']:,} rows in "
+            f"{reports[key]['wall_time_s']:.1f}s",
+            flush=True,
+        )
+    return outputs["pretrain"][0], outputs["dev"][0], outputs["test"][0], reports
+
+
+def _corpus_options(config) -> dict[str, Any]:
+    """The options that decide a corpus's rows (not how fast it was made)."""
+    keys = ("dataset", "input", "stage", "split", "languages", "mask", "seed", "skip_tests")
+    keys += ("max_query_chars", "max_document_chars", "esci_version", "locale")
+    payload = config.to_dict()
+    return {key: payload[key] for key in keys}
+
+
+def train_stage(
+    spec: PipelineSpec,
+    stage: str,
+    config: SantaConfig,
+    data: str,
+    dev_uri: str,
+    warm_start: str,
+) -> dict[str, Any]:
+    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
+    from santa.train.trainer import RunSpec, fit
+
+    train = config.train
+    print(
+        f"[{stage}] {spec.recipe}: {train.max_steps or f'{train.epochs} epochs of'} steps, "
+        f"lr {train.learning_rate:g}, {train.num_workers} workers, "
+        f"hard negatives {train.hard_negatives}" + (f", from {warm_start}" if warm_start else ""),
+        flush=True,
+    )
+    stage_layout = spec.layout.stage(stage)
+    run = RunSpec(
+        data=data,
+        storage=stage_layout.storage_path,
+        name=stage_layout.name,
+        cpus_per_worker=spec.cpus_per_worker,
+        eval_data=dev_uri,
+        eval_split="valid",
+        warm_start=warm_start,
+    )
+    started = time.time()
+    result = fit(config, run)
+    if result.error is not None or result.checkpoint is None:
+        raise RuntimeError(f"{stage} training failed: {result.error}")
+    return {
+        "stage": stage,
+        "checkpoint": stage_layout.checkpoint_uri(result.checkpoint),
+        "learning_rate": train.learning_rate,
+        "hard_negatives": train.hard_negatives.split(":", 1)[0],
+        "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},
+        "history": read_history(stage_layout.root),
+        "seconds": time.time() - started,
+    }
+
+
+def evaluate_systems(
+    *,
+    trained: dict[str, str],
+    untrained: str | None,
+    data: str,
+    split: str,
+    layout: RunLayout,
+    baseline: str | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every stage's model, the untrained one and the baseline on the same BEIR split."""
+    from santa.eval import EvalConfig, evaluate
+
+    systems: dict[str, dict[str, Any]] = {}
+    evaluated_with: dict[str, Any] = {}
+    if untrained:
+        config = EvalConfig(
+            split=split,
+            output=layout.eval("untrained"),
+            baseline=None,
+            progress=sys.stderr.isatty(),
+        )
+        systems["untrained"] = evaluate(untrained, data, config)["model"]
+    last = list(trained)[-1]
+    for name, model in trained.items():
+        folder = name.removeprefix("santa (").removesuffix(")")
+        config = EvalConfig(
+            split=split,
+            output=layout.eval(folder),
+            baseline=baseline if name == last else None,
+            progress=sys.stderr.isatty(),
+        )
+        results = evaluate(model, data, config)
+        systems[name] = results.pop("model")
+        if name == last:
+            systems.update(results)  # the baseline, once
+            evaluated_with = storage.read_json(storage.join(layout.eval(folder), "info.json"))
+    return systems, {
+        key: evaluated_with.get(key)
+        for key in ("similarity", "pooling", "max_query_length", "max_document_length")
+    }
+
+
+def _initial_model(config: SantaConfig, stage: RunLayout) -> str | None:
+    """The untrained model: the tiny init saved in the first stage's run, or the backbone."""
+    if config.model.is_tiny:
+        return stage.init_model
+    return config.model.backbone
+
+
+def _corpus_summary(report: dict[str, Any]) -> dict[str, Any]:
+    keys = ("rows_read", "rows_written", "dropped", "filtered", "entity_ratio", "wall_time_s")
+    return {k: report.get(k) for k in keys}

@@ -1,0 +1,199 @@
+"""SCodeR's two objectives for the one worker loop: the discriminators (Eq. 6-7) and the
+soft-labeled dual encoder (Eq. 8-10).
+
+Both read listwise examples (:mod:`santa.scoder.examples`) as raw rows and tokenize them in
+the worker: a discriminator reads each ``[x; y]`` pair, the dual encoder the query and every
+candidate apart. The dual encoder takes the discriminators' scores over ``{x⁺} ∪ X⁻`` as
+soft labels, either from a ``scores`` column precomputed offline
+(:mod:`santa.scoder.soft_labels`) or by running the discriminators in the worker without
+gradient (``online``).
+
+The loop itself (optimizer, schedule, DDP, compile, autocast, resume, metrics,
+checkpoints) is :mod:`santa.train.loop`, shared with SANTA's objective.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import torch
+
+from santa.config import SantaConfig
+from santa.method.losses import (
+    adversarial_loss,
+    discriminator_loss,
+    distillation_loss,
+    soft_labeled_loss,
+)
+from santa.models.dual_encoder import DualEncoder
+from santa.scoder.discriminator import DiscriminatorPair
+from santa.train.loop import Objective
+from santa.train.objectives import DualEncoderObjective
+
+__all__ = [
+    "DISCRIMINATORS_DIR",
+    "DiscriminatorObjective",
+    "SoftLabelObjective",
+    "listwise_entropy",
+    "own_candidate_scores",
+    "pair_length",
+]
+
+DISCRIMINATORS_DIR = "discriminators"  # inside a discriminator-stage checkpoint
+
+
+def listwise_entropy(scores: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over each row's candidates: ``(batch,)`` (nats)."""
+    log_p = torch.log_softmax(scores.float(), dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def own_candidate_scores(every: torch.Tensor, width: int) -> torch.Tensor:
+    """Each query's scores against its own candidates: ``(batch, batch * width)`` scores of
+    every query against all candidates (query-major, ``width`` each) → ``(batch, width)``."""
+    batch = every.shape[0]
+    if every.shape[1] != batch * width:
+        raise ValueError(f"expected {batch} × {width} candidates, got {every.shape[1]}")
+    rows = torch.arange(batch, device=every.device)
+    return every.reshape(batch, batch, width)[rows, rows]
+
+
+def pair_length(config: SantaConfig) -> int:
+    """Tokens of a discriminator's ``[x; y]`` input."""
+    return config.scoder.max_pair_length or (
+        config.train.max_query_length + config.train.max_document_length
+    )
+
+
+def _rows(batch: pa.Table | dict) -> dict[str, list]:
+    """A batch of listwise rows as lists per column."""
+    return batch.to_pydict() if isinstance(batch, pa.Table) else batch
+
+
+class DiscriminatorObjective(Objective):
+    """Eq. 6-7 for D_φ (text–code rows) and D_ψ (code–code rows) in one DDP module."""
+
+    tag = "discriminators"
+
+    def learning_rate(self) -> float:
+        return self.config.scoder.discriminator_learning_rate
+
+    def build_model(self) -> DiscriminatorPair:
+        pair = DiscriminatorPair.from_pretrained(self.loop.init_model)
+        config = self.config
+        if (
+            config.scoder.discriminator_gradient_checkpointing
+            or config.model.gradient_checkpointing
+        ):
+            pair.gradient_checkpointing_enable()
+        return pair
+
+    def find_unused_parameters(self, model) -> bool:
+        return True  # a batch may hold rows of one kind only: the other model gets no grad
+
+    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+        rows = _rows(batch)
+        pair: DiscriminatorPair = trainer.model
+        train = self.config.train
+        inputs: dict[str, torch.Tensor] = {}
+        counts: dict[str, int] = {}
+        for kind, model in pair.by_kind.items():
+            index = [i for i, k in enumerate(rows["kind"]) if k == kind]
+            if not index:
+                continue
+            width = len(rows["candidates"][index[0]])
+            encoded = model.tokenize_pairs(
+                [rows["query"][i] for i in index for _ in range(width)],
+                [text for i in index for text in rows["candidates"][i]],
+                max_first=train.max_query_length,
+                max_length=pair_length(self.config),
+            )
+            for key in ("input_ids", "attention_mask"):
+                value = encoded[key].to(trainer.device)
+                inputs[f"{kind}_{key}"] = value.reshape(len(index), width, -1)
+            counts[kind] = len(index)
+        unknown = set(rows["kind"]) - set(pair.by_kind)
+        if unknown:
+            raise ValueError(f"examples of kind {sorted(unknown)} but no discriminator for it")
+        scores = trainer.forward_model(**inputs)  # {kind: (rows of kind, 1 + n)}
+        total = sum(counts.values())
+        loss = sum(discriminator_loss(s) * (counts[k] / total) for k, s in scores.items())
+        correct = sum(int((s.argmax(dim=1) == 0).sum()) for s in scores.values())
+        return {"loss": loss, "accuracy": correct / total}
+
+    def save_model(self, directory: str, model: DiscriminatorPair) -> None:
+        model.save_pretrained(os.path.join(directory, DISCRIMINATORS_DIR))
+
+    def load_model(self, directory: str, model: DiscriminatorPair) -> None:
+        restored = DiscriminatorPair.from_pretrained(os.path.join(directory, DISCRIMINATORS_DIR))
+        model.load_state_dict(restored.state_dict())
+
+
+class SoftLabelObjective(DualEncoderObjective):
+    """Eq. 8-10: ``λ·L_adv + (1 − λ)·L_distill`` against the discriminators' soft labels."""
+
+    tag = "dual_encoder"
+
+    def find_unused_parameters(self, model: DualEncoder) -> bool:
+        # No MEP here: a T5's untied LM head gets no gradient (see SantaObjective).
+        tied = getattr(model.backbone.config, "tie_word_embeddings", True)
+        return model.is_t5 and not tied
+
+    def setup(self, trainer) -> None:
+        self.teacher = None
+        if self.config.scoder.soft_labels == "online":
+            teacher = DiscriminatorPair.from_pretrained(self.loop.discriminators).eval()
+            teacher.requires_grad_(False)
+            self.teacher = teacher.to(trainer.device)
+
+    def soft_labels(self, rows: dict[str, list], device) -> torch.Tensor:
+        """The discriminators' scores ``(batch, 1 + n)``: read, or computed without grad."""
+        if self.teacher is None:
+            if "scores" not in rows:
+                raise ValueError("offline soft labels need a 'scores' column (soft_labels.py)")
+            return torch.tensor(rows["scores"], dtype=torch.float32, device=device)
+        width = len(rows["candidates"][0])
+        scores = torch.empty(len(rows["query"]), width, device=device)
+        with torch.no_grad():  # a constant for G_θ (no_grad: the result enters the loss)
+            for kind, model in self.teacher.by_kind.items():
+                index = [i for i, k in enumerate(rows["kind"]) if k == kind]
+                if index:
+                    scores[index] = model.score_lists(
+                        [rows["query"][i] for i in index],
+                        [rows["candidates"][i] for i in index],
+                        max_first=self.config.train.max_query_length,
+                        max_length=pair_length(self.config),
+                    ).float()
+        return scores
+
+    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+        rows = _rows(batch)
+        train = self.config.train
+        model: DualEncoder = trainer.model
+        queries, candidates = rows["query"], rows["candidates"]
+        width = len(candidates[0])
+        encoded_queries = model.tokenize(queries, train.max_query_length, "max_length")
+        encoded_documents = model.tokenize(
+            [text for row in candidates for text in row], train.max_document_length, "max_length"
+        )
+        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
+        device = trainer.device
+        output = trainer.forward_model(
+            query_input_ids=encoded_queries["input_ids"].to(device),
+            query_attention_mask=encoded_queries["attention_mask"].to(device),
+            document_input_ids=encoded_documents["input_ids"].to(device),
+            document_attention_mask=encoded_documents["attention_mask"].to(device),
+        )
+        every = model.similarity(output.query_embeddings, output.doc_embeddings)
+        scores = own_candidate_scores(every, width)  # (batch, 1 + n)
+        weight = self.config.scoder.adversarial_weight
+        loss = soft_labeled_loss(scores, teacher, adversarial_weight=weight)
+        with torch.no_grad():
+            return {
+                "loss": loss,
+                "loss_adv": float(adversarial_loss(scores, teacher)),
+                "loss_distill": float(distillation_loss(scores, teacher)),
+                "soft_label_entropy": float(listwise_entropy(teacher).mean()),
+                "accuracy": float((scores.argmax(dim=1) == 0).float().mean()),
+            }
