@@ -98,7 +98,6 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     common = {
         "stage": "finetune",
         "log_every": 10,
-        "hard_negatives_per_query": 1,
         "global_batch_size": batch,
     }
     warm = fit(
@@ -117,9 +116,12 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
         config = tiny_config(
             max_steps=steps,
             checkpoint_every=window,
-            hard_negatives=source,
-            negatives_refresh_every=refresh_every,
-            negatives_wait_for_first="true",
+            negatives={
+                "source": source,
+                "per_query": 1,
+                "refresh_every": refresh_every,
+                "wait_for_first": True,
+            },
             num_workers=2,
             **common,
         )

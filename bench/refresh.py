@@ -12,7 +12,7 @@
     python bench/refresh.py [--pairs 2000] [--docs 50000] [--queries 5000] [--actors 1,2]
     python bench/refresh.py --encoder-only --gpus 1 --docs 50000   # no Ray, no faiss
 
-``--encoder-only`` times one :class:`~santa.negatives.encoders.ShardEncoder` (what each
+``--encoder-only`` times one :class:`~santa.models.encoding.TextEncoder` (what each
 encoder actor runs; on CUDA under bf16 autocast with ``--gpus`` > 0) on the synthetic
 documents in this process: documents/s, no Ray or faiss needed.
 
@@ -39,10 +39,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from santa.config import SantaConfig  # noqa: E402
 from santa.models.dual_encoder import DualEncoder  # noqa: E402
 from santa.models.tokenizer import train_tokenizer  # noqa: E402
 from santa.negatives.encoders import EncoderPool  # noqa: E402
-from santa.negatives.miner import MinerSettings, refresh_table  # noqa: E402
+from santa.negatives.miner import refresh_table  # noqa: E402
 from santa.negatives.mining import MiningCorpus, load_mining_corpus  # noqa: E402
 from santa.recipes import get_recipe  # noqa: E402
 
@@ -132,12 +133,14 @@ def tiny_model(work: Path, corpus: MiningCorpus) -> str:
 
 
 def time_refreshes(
-    model_dir: str, corpus: MiningCorpus, settings: MinerSettings, actors: int, repeats: int
+    model_dir: str, corpus: MiningCorpus, settings: SantaConfig, actors: int, repeats: int
 ) -> dict:
     """Refresh ``repeats`` times with a pool of ``actors`` (started and loaded beforehand)."""
     import ray
 
-    pool = EncoderPool(model_dir, None, actors=actors, num_cpus=1, batch_size=settings.batch_size)
+    pool = EncoderPool(
+        model_dir, None, actors=actors, num_cpus=1, batch_size=settings.negatives.batch_size
+    )
     try:
         started = pool.wait_ready()
         state = DualEncoder.from_pretrained(model_dir).state_dict()
@@ -160,7 +163,7 @@ def time_refreshes(
 
 
 def step_times_during_refresh(
-    model_dir: str, corpus: MiningCorpus, settings: MinerSettings, actors: int, steps: int
+    model_dir: str, corpus: MiningCorpus, settings: SantaConfig, actors: int, steps: int
 ) -> dict:
     """Mean training-step time in this process: idle, then while a refresh runs."""
     import ray
@@ -172,8 +175,8 @@ def step_times_during_refresh(
     documents = [
         corpus.documents[next(iter(corpus.positives[q]))] for q in list(corpus.queries)[:32]
     ]
-    query_batch = model.tokenize(queries, settings.max_query_length)
-    doc_batch = model.tokenize(documents, settings.max_document_length)
+    query_batch = model.tokenize(queries, settings.train.max_query_length)
+    doc_batch = model.tokenize(documents, settings.train.max_document_length)
 
     def step() -> float:
         started = time.perf_counter()
@@ -188,7 +191,9 @@ def step_times_during_refresh(
 
     step()  # warm-up
     idle = [step() for _ in range(steps)]
-    pool = EncoderPool(model_dir, None, actors=actors, num_cpus=1, batch_size=settings.batch_size)
+    pool = EncoderPool(
+        model_dir, None, actors=actors, num_cpus=1, batch_size=settings.negatives.batch_size
+    )
     try:
         pool.wait_ready()
         pool.set_weights(ray.put(model.state_dict()), step=1)
@@ -213,12 +218,12 @@ def step_times_during_refresh(
 
 
 def encoder_only(args: argparse.Namespace) -> dict:
-    """Documents/s of one ShardEncoder in this process (the per-actor work, no Ray)."""
-    from santa.negatives.encoders import ShardEncoder
+    """Documents/s of one TextEncoder in this process (the per-actor work, no Ray)."""
+    from santa.models.encoding import TextEncoder
 
     corpus = synthetic_corpus(args.docs, args.queries)
     work = Path(tempfile.mkdtemp(prefix="santa-bench-encoder-"))
-    encoder = ShardEncoder(tiny_model(work, corpus), None, num_gpus=args.gpus, threads=1)
+    encoder = TextEncoder(tiny_model(work, corpus), None, num_gpus=args.gpus, threads=1)
     texts = list(corpus.documents.values())
     encoder.encode(texts[: args.batch], args.doc_length, args.batch)  # warm-up
     started = time.perf_counter()
@@ -253,7 +258,7 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=20, help="idle steps timed")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--encoder-only", action="store_true", help="one ShardEncoder, no Ray")
+    parser.add_argument("--encoder-only", action="store_true", help="one TextEncoder, no Ray")
     parser.add_argument("--gpus", type=float, default=0.0, help="--encoder-only: GPU (> 0)")
     args = parser.parse_args()
     if args.encoder_only:
@@ -266,12 +271,14 @@ def main() -> int:
     import ray
 
     actor_counts = [int(a) for a in args.actors.split(",")]
-    settings = MinerSettings(
-        hard_negatives_per_query=1,
-        negatives_top_k=100,
-        max_query_length=args.query_length,
-        max_document_length=args.doc_length,
-        batch_size=args.batch,
+    settings = get_recipe("tiny").with_overrides(
+        [
+            "negatives.per_query=1",
+            "negatives.top_k=100",
+            f"negatives.batch_size={args.batch}",
+            f"train.max_query_length={args.query_length}",
+            f"train.max_document_length={args.doc_length}",
+        ]
     )
     load_before = load_average()
     work = Path(tempfile.mkdtemp(prefix="santa-bench-refresh-"))

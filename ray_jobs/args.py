@@ -32,14 +32,14 @@ def run_parser(
         type=int,
         default=None,
         help="async hard negatives: encoder actors per refresh "
-        "(train.negatives_encoder_actors, default 1)",
+        "(negatives.encoder_actors, default 1)",
     )
     parser.add_argument(
         "--miner-gpus",
         type=float,
         default=None,
         help="async hard negatives: GPUs per encoder actor, fractions allowed "
-        "(train.negatives_encoder_gpus, default 0: CPU)",
+        "(negatives.encoder_gpus, default 0: CPU)",
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     parser.add_argument(
@@ -57,9 +57,9 @@ def cluster_overrides(args: argparse.Namespace) -> list[str]:
     """The config overrides of the cluster flags: ``--gpu``, ``--miner-actors``, ``--miner-gpus``."""
     overrides = ["train.use_gpu=true"] if args.gpu else []
     if getattr(args, "miner_actors", None) is not None:
-        overrides.append(f"train.negatives_encoder_actors={args.miner_actors}")
+        overrides.append(f"negatives.encoder_actors={args.miner_actors}")
     if getattr(args, "miner_gpus", None) is not None:
-        overrides.append(f"train.negatives_encoder_gpus={args.miner_gpus}")
+        overrides.append(f"negatives.encoder_gpus={args.miner_gpus}")
     return overrides
 
 

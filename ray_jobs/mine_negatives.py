@@ -16,9 +16,10 @@ import argparse
 import json
 import logging
 
+from santa.config import SantaConfig
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
-from santa.negatives.miner import MinerSettings, refresh_table
+from santa.negatives.miner import refresh_table
 from santa.negatives.mining import load_mining_corpus
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.preflight import check_pairs, check_writable
@@ -49,23 +50,28 @@ def mine(args: argparse.Namespace) -> int:
     check_writable(args.output, "--output")
     model, train = load_model(args.checkpoint)
     corpus = load_mining_corpus(args.data)
-    settings = MinerSettings(
-        hard_negatives_per_query=args.sample,
-        negatives_top_k=args.top_k,
-        negatives_skip_top=args.skip_top,
-        seed=args.seed,
-        negatives_index=args.index,
-        max_query_length=args.max_query_length
-        or train.get("max_query_length", DEFAULT_MAX_QUERY_LENGTH),
-        max_document_length=args.max_document_length
-        or train.get("max_document_length", DEFAULT_MAX_DOCUMENT_LENGTH),
-        batch_size=args.batch_size,
+    config = SantaConfig().with_overrides(
+        [
+            f"negatives.per_query={args.sample}",
+            f"negatives.top_k={args.top_k}",
+            f"negatives.skip_top={args.skip_top}",
+            f"negatives.index={args.index}",
+            f"negatives.batch_size={args.batch_size}",
+            f"train.seed={args.seed}",
+            "train.max_query_length="
+            f"{args.max_query_length or train.get('max_query_length', DEFAULT_MAX_QUERY_LENGTH)}",
+            "train.max_document_length="
+            + str(
+                args.max_document_length
+                or train.get("max_document_length", DEFAULT_MAX_DOCUMENT_LENGTH)
+            ),
+        ]
     )
     print(
         f"mining {args.sample} negative(s) per query for {len(corpus.queries)} queries "
         f"among {len(corpus.documents)} documents (top {args.top_k})"
     )
-    table = refresh_table(model, corpus, settings)
+    table = refresh_table(model, corpus, config)
     target = table.write_parquet(args.output)
     counts = [len(ids) for ids in table.negatives.values()]
     summary = {

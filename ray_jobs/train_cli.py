@@ -47,8 +47,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.hard_negatives != "none":
         overrides += [
-            f"train.hard_negatives={args.hard_negatives}",
-            f"train.hard_negatives_per_query={args.negatives_per_query}",
+            f"negatives.source={args.hard_negatives}",
+            f"negatives.per_query={args.negatives_per_query}",
         ]
     config = recipe_config(args, overrides)  # a bad value is one line, exit 2 (run_job)
     # Cheap checks before any Ray work, and before importing torch and Ray (seconds): each

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "SantaConfig", "ScoderConfig", "TrainConfig"]
+__all__ = ["ModelConfig", "NegativesConfig", "SantaConfig", "ScoderConfig", "TrainConfig"]
 
 TINY_BACKBONE = "tiny"
 MODEL_KINDS = ("t5", "encoder")
@@ -28,7 +28,8 @@ PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 COMPILE_MODES = ("gpu", "always", "never")
 SOFT_LABEL_MODES = ("offline", "online")
-SECTIONS = ("model", "train", "scoder")
+SECTIONS = ("model", "train", "negatives", "scoder")
+NEGATIVE_INDEXES = ("flat", "ivf", "hnsw", "auto")
 
 
 def _fail(message: str) -> None:
@@ -219,42 +220,6 @@ class TrainConfig:
     """Weight of L_SDA (the DR loss in fine-tuning). 0 trains MEP alone: the paper's
     "w/ MEP" ablation (Table 3), pretraining only."""
 
-    hard_negatives_per_query: int = 0
-    """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
-
-    hard_negatives: str = "none"
-    """Where hard negatives come from: ``"none"``, ``"table:URI"`` (a table written by
-    ``ray_jobs.mine_negatives``) or ``"async"`` (a miner actor re-mines them with the newest
-    weights while training goes on)."""
-
-    negatives_refresh_every: int = 100
-    """``async``: send the miner a weights snapshot every this many steps."""
-
-    negatives_top_k: int = 100
-    """Hits retrieved per query to sample hard negatives from (the paper: top 100)."""
-
-    negatives_skip_top: int = 0
-    """Skip this many top hits (after removing positives): fewer false negatives."""
-
-    negatives_wait_for_first: bool = False
-    """``async``: wait once, before the first step, for the first table."""
-
-    negatives_index: str = "flat"
-    """faiss index the miner builds: ``flat`` (exact), ``ivf``, ``hnsw`` or ``auto`` (flat,
-    IVF from 500,000 documents on: exact search grows as queries × documents)."""
-
-    negatives_encoder_actors: int = 1
-    """Encoder actors a refresh shards the corpus over (``--miner-actors``): the pool asks for
-    this many and starts encoding as soon as one is up, so an autoscaler can add the rest."""
-
-    negatives_encoder_gpus: float = 0.0
-    """GPUs per encoder actor (``--miner-gpus``; fractions such as 0.25 share a GPU); 0:
-    encode on CPU. On a GPU the encoder runs under bf16 (fp16 without bf16) autocast."""
-
-    negatives_encoder_cpus: float = 0.0
-    """CPUs reserved per encoder actor; a CPU encoder runs that many torch threads (at least
-    1). 0 fits beside trainers that hold every CPU but Ray Data's (they share cores)."""
-
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this; ``None`` turns clipping off."""
 
@@ -322,35 +287,6 @@ class TrainConfig:
                 f"(stage='pretrain' and mep_weight > 0; got stage={self.stage!r}, "
                 f"mep_weight={self.mep_weight})"
             )
-        if self.hard_negatives_per_query < 0:
-            _fail(
-                "TrainConfig.hard_negatives_per_query must be >= 0, "
-                f"got {self.hard_negatives_per_query}"
-            )
-        source = self.hard_negatives
-        if source not in ("none", "async") and not source.startswith("table:"):
-            _fail(
-                f"TrainConfig.hard_negatives must be 'none', 'async' or 'table:URI', got {source!r}"
-            )
-        if source == "table:":
-            _fail("TrainConfig.hard_negatives='table:' needs a URI after 'table:'")
-        if source != "none" and self.hard_negatives_per_query < 1:
-            _fail(f"TrainConfig.hard_negatives={source!r} needs hard_negatives_per_query >= 1")
-        if self.negatives_index not in ("flat", "ivf", "hnsw", "auto"):
-            _fail(
-                "TrainConfig.negatives_index must be flat, ivf, hnsw or auto, "
-                f"got {self.negatives_index!r}"
-            )
-        _check_positive(
-            self, "negatives_refresh_every", "negatives_top_k", "negatives_encoder_actors"
-        )
-        if self.negatives_encoder_gpus < 0 or self.negatives_encoder_cpus < 0:
-            _fail(
-                "TrainConfig.negatives_encoder_gpus and negatives_encoder_cpus must be >= 0, got "
-                f"{self.negatives_encoder_gpus} and {self.negatives_encoder_cpus}"
-            )
-        if self.negatives_skip_top < 0:
-            _fail(f"TrainConfig.negatives_skip_top must be >= 0, got {self.negatives_skip_top}")
         if self.global_batch_size % self.num_workers:
             _fail(
                 f"TrainConfig.global_batch_size={self.global_batch_size} is not divisible by "
@@ -376,6 +312,101 @@ class TrainConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
         return _from_dict(cls, values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NegativesConfig:
+    """Hard negatives: where they come from, how they are mined, the miner's encoder pool.
+
+    Read by the training loop (``source``, ``per_query``), the asynchronous miner actor and
+    the offline miner (``ray_jobs.mine_negatives``, the pipeline's ANCE step, SCodeR's
+    refresh) alike. Lengths and the seed are the ``train`` section's.
+    """
+
+    source: str = "none"
+    """Where hard negatives come from: ``"none"``, ``"table:URI"`` (a table written by
+    ``ray_jobs.mine_negatives``) or ``"async"`` (a miner actor re-mines them with the newest
+    weights while training goes on)."""
+
+    per_query: int = 0
+    """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
+
+    refresh_every: int = 100
+    """``async``: send the miner a weights snapshot every this many steps."""
+
+    top_k: int = 100
+    """Hits retrieved per query to sample hard negatives from (the paper: top 100)."""
+
+    skip_top: int = 0
+    """Skip this many top hits (after removing positives): fewer false negatives."""
+
+    wait_for_first: bool = False
+    """``async``: wait once, before the first step, for the first table."""
+
+    index: str = "flat"
+    """faiss index the miner builds: ``flat`` (exact), ``ivf``, ``hnsw`` or ``auto`` (flat,
+    IVF from 500,000 documents on: exact search grows as queries × documents)."""
+
+    encoder_actors: int = 1
+    """Encoder actors a refresh shards the corpus over (``--miner-actors``): the pool asks for
+    this many and starts encoding as soon as one is up, so an autoscaler can add the rest."""
+
+    encoder_gpus: float = 0.0
+    """GPUs per encoder actor (``--miner-gpus``; fractions such as 0.25 share a GPU); 0:
+    encode on CPU. On a GPU the encoder runs under bf16 (fp16 without bf16) autocast."""
+
+    encoder_cpus: float = 0.0
+    """CPUs reserved per encoder actor; a CPU encoder runs that many torch threads (at least
+    1). 0 fits beside trainers that hold every CPU but Ray Data's (they share cores)."""
+
+    batch_size: int = 64
+    """Texts per encoder batch when mining."""
+
+    def __post_init__(self) -> None:
+        if self.per_query < 0:
+            _fail(f"NegativesConfig.per_query must be >= 0, got {self.per_query}")
+        source = self.source
+        if source not in ("none", "async") and not source.startswith("table:"):
+            _fail(f"NegativesConfig.source must be 'none', 'async' or 'table:URI', got {source!r}")
+        if source == "table:":
+            _fail("NegativesConfig.source='table:' needs a URI after 'table:'")
+        if source != "none" and self.per_query < 1:
+            _fail(f"NegativesConfig.source={source!r} needs per_query >= 1")
+        if self.index not in NEGATIVE_INDEXES:
+            _fail(f"NegativesConfig.index must be one of {NEGATIVE_INDEXES}, got {self.index!r}")
+        _check_positive(self, "refresh_every", "top_k", "encoder_actors", "batch_size")
+        if self.encoder_gpus < 0 or self.encoder_cpus < 0:
+            _fail(
+                "NegativesConfig.encoder_gpus and encoder_cpus must be >= 0, got "
+                f"{self.encoder_gpus} and {self.encoder_cpus}"
+            )
+        if self.skip_top < 0:
+            _fail(f"NegativesConfig.skip_top must be >= 0, got {self.skip_top}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> NegativesConfig:
+        """Build from a dict made by :meth:`to_dict`; unknown keys are an error."""
+        return _from_dict(cls, values)
+
+
+# The hard-negative fields that lived in the train section before the negatives section:
+# stored configs (checkpoints, sweeps) are read into the new place, overrides are told it.
+MOVED_TO_NEGATIVES = {
+    "hard_negatives": "source",
+    "hard_negatives_per_query": "per_query",
+    "negatives_refresh_every": "refresh_every",
+    "negatives_top_k": "top_k",
+    "negatives_skip_top": "skip_top",
+    "negatives_wait_for_first": "wait_for_first",
+    "negatives_index": "index",
+    "negatives_encoder_actors": "encoder_actors",
+    "negatives_encoder_gpus": "encoder_gpus",
+    "negatives_encoder_cpus": "encoder_cpus",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -485,6 +516,9 @@ class SantaConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """Stage, optimisation, batch and loss weights."""
 
+    negatives: NegativesConfig = field(default_factory=NegativesConfig)
+    """Hard negatives: their source, mining and the miner's encoder pool."""
+
     scoder: ScoderConfig = field(default_factory=ScoderConfig)
     """SCodeR's soft-labeled training (``ray_jobs.scoder`` only)."""
 
@@ -497,7 +531,7 @@ class SantaConfig:
             )
         if (
             self.train.uses_mep
-            and self.train.hard_negatives != "none"
+            and self.negatives.source != "none"
             and not self.model.embed_unmasked_document
         ):
             # Single-pass MEP embeds positives from the *masked* document (sentinels inside)
@@ -508,10 +542,11 @@ class SantaConfig:
             object.__setattr__(self, "model", model)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"model": {...}, "train": {...}, "scoder": {...}}`` of plain values."""
+        """Return ``{"model": {...}, "train": {...}, "negatives": {...}, "scoder": {...}}``."""
         return {
             "model": self.model.to_dict(),
             "train": self.train.to_dict(),
+            "negatives": self.negatives.to_dict(),
             "scoder": self.scoder.to_dict(),
         }
 
@@ -521,9 +556,15 @@ class SantaConfig:
         unknown = set(values) - set(SECTIONS)
         if unknown:
             _fail(f"unknown SantaConfig keys {sorted(unknown)}; expected {', '.join(SECTIONS)}")
+        train = dict(values.get("train", {}))
+        negatives = dict(values.get("negatives", {}))
+        for old, new in MOVED_TO_NEGATIVES.items():  # a config stored by an older santa
+            if old in train:
+                negatives.setdefault(new, train.pop(old))
         return cls(
             model=ModelConfig.from_dict(values.get("model", {})),
-            train=TrainConfig.from_dict(values.get("train", {})),
+            train=TrainConfig.from_dict(train),
+            negatives=NegativesConfig.from_dict(negatives),
             # Checkpoints from before SCodeR have no such section.
             scoder=ScoderConfig.from_dict(values.get("scoder", {})),
         )
@@ -542,6 +583,11 @@ class SantaConfig:
                 _fail(f"override {override!r} must look like 'train.learning_rate=1e-4'")
             if section not in changes:
                 _fail(f"override {override!r}: section must be one of {', '.join(SECTIONS)}")
+            if section == "train" and name in MOVED_TO_NEGATIVES:
+                _fail(
+                    f"override {override!r}: train.{name} is now negatives."
+                    f"{MOVED_TO_NEGATIVES[name]} (--set negatives.{MOVED_TO_NEGATIVES[name]}=...)"
+                )
             section_class = type(getattr(self, section))
             types_by_name = typing.get_type_hints(section_class)
             field_names = [f.name for f in dataclasses.fields(section_class)]
@@ -551,6 +597,7 @@ class SantaConfig:
         return SantaConfig(
             model=dataclasses.replace(self.model, **changes["model"]),
             train=dataclasses.replace(self.train, **changes["train"]),
+            negatives=dataclasses.replace(self.negatives, **changes["negatives"]),
             scoder=dataclasses.replace(self.scoder, **changes["scoder"]),
         )
 

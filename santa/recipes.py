@@ -155,8 +155,9 @@ def _finetune(base: SantaConfig, **train: Any) -> SantaConfig:
 
 def _ance(base: SantaConfig, **train: Any) -> SantaConfig:
     """``base`` as the hard-negative stage: one mined negative per query from the top 100."""
-    changes = {"hard_negatives_per_query": 1, "negatives_top_k": 100, **train}
-    return _finetune(base, **changes)
+    stage = _finetune(base, **train)
+    negatives = dataclasses.replace(stage.negatives, per_query=1, top_k=100)
+    return dataclasses.replace(stage, negatives=negatives)
 
 
 # SCodeR (Algorithm 2, run by ray_jobs.scoder): a warm-up with in-batch negatives (the

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.config import ModelConfig, SantaConfig, TrainConfig
+from santa.config import ModelConfig, NegativesConfig, SantaConfig, TrainConfig
 from santa.recipes import PIPELINE_STAGES, RECIPES, get_recipe, minilm_path, stage_recipe
 
 
@@ -73,19 +73,44 @@ def test_model_config_validation(kwargs: dict, message: str) -> None:
         ({"sda_weight": -1.0}, "sda_weight must be >= 0"),
         ({"sda_weight": 0.0, "mep_weight": 0.0}, "sda_weight=0 leaves no loss to train"),
         ({"sda_weight": 0.0, "stage": "finetune"}, "sda_weight=0 leaves no loss to train"),
-        ({"hard_negatives_per_query": -1}, "hard_negatives_per_query must be >= 0"),
         ({"max_steps": 0}, "max_steps must be positive"),
-        ({"hard_negatives": "sometimes"}, "must be 'none', 'async' or 'table:URI'"),
-        ({"hard_negatives": "table:"}, "needs a URI after 'table:'"),
-        ({"hard_negatives": "async"}, "needs hard_negatives_per_query >= 1"),
-        ({"negatives_index": "lsh"}, "negatives_index must be flat, ivf, hnsw or auto"),
-        ({"negatives_refresh_every": 0}, "negatives_refresh_every must be positive"),
-        ({"negatives_skip_top": -1}, "negatives_skip_top must be >= 0"),
     ],
 )
 def test_train_config_validation(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"per_query": -1}, "per_query must be >= 0"),
+        ({"source": "sometimes"}, "must be 'none', 'async' or 'table:URI'"),
+        ({"source": "table:"}, "needs a URI after 'table:'"),
+        ({"source": "async"}, "needs per_query >= 1"),
+        ({"index": "lsh"}, "index must be one of"),
+        ({"refresh_every": 0}, "refresh_every must be positive"),
+        ({"skip_top": -1}, "skip_top must be >= 0"),
+        ({"encoder_gpus": -0.5}, "encoder_gpus and encoder_cpus must be >= 0"),
+    ],
+)
+def test_negatives_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        NegativesConfig(**kwargs)
+
+
+def test_old_negatives_keys_are_read_from_stored_configs_and_named_in_overrides() -> None:
+    """Configs stored before the negatives section (checkpoints, sweeps) still load, with
+    their values in the new place; a --set of an old key says the new name in one line."""
+    stored = get_recipe("tiny").to_dict()
+    stored.pop("negatives")
+    stored["train"].update(hard_negatives="async", hard_negatives_per_query=2, negatives_top_k=50)
+    config = SantaConfig.from_dict(stored)
+    assert (config.negatives.source, config.negatives.per_query) == ("async", 2)
+    assert config.negatives.top_k == 50
+    with pytest.raises(ValueError, match=r"train.negatives_top_k is now negatives.top_k"):
+        get_recipe("tiny").with_overrides(["train.negatives_top_k=10"])
+    assert get_recipe("tiny").with_overrides(["negatives.top_k=10"]).negatives.top_k == 10
 
 
 def test_pooling_defaults_by_kind() -> None:
@@ -151,7 +176,7 @@ def test_overrides_switching_to_an_encoder_baseline() -> None:
     [
         ("train.learning_rate", "must look like"),
         ("learning_rate=1", "must look like"),
-        ("optim.learning_rate=1", "section must be one of model, train, scoder"),
+        ("optim.learning_rate=1", "section must be one of model, train, negatives, scoder"),
         ("train.lr=1", "unknown field"),
         ("train.global_batch_size=big", "expected int"),
         ("train.use_gpu=maybe", "expected true or false"),
@@ -221,9 +246,9 @@ def test_paper_stage_recipes(family: str, expected: list) -> None:
         assert train.stage == ("pretrain" if stage == "pretrain" else "finetune")
         assert (train.learning_rate, train.global_batch_size, train.epochs) == (lr, batch, epochs)
         assert train.uses_mep is mep
-        assert train.hard_negatives_per_query == negatives
+        assert config.negatives.per_query == negatives
         # Pretraining uses in-batch negatives only (the paper's appendix).
-        assert stage != "pretrain" or train.hard_negatives == "none"
+        assert stage != "pretrain" or config.negatives.source == "none"
     with pytest.raises(ValueError, match="unknown stage"):
         stage_recipe(family, "distill")
 
@@ -239,10 +264,8 @@ def test_single_pass_mep_with_hard_negatives_embeds_positives_unmasked() -> None
     plain text. With hard negatives, positives must be embedded unmasked as well."""
     base = get_recipe("codet5-base-code")
     assert base.model.embed_unmasked_document is False  # in-batch only: the paper's one pass
-    with_negatives = base.with_overrides(
-        ["train.hard_negatives=async", "train.hard_negatives_per_query=1"]
-    )
+    with_negatives = base.with_overrides(["negatives.source=async", "negatives.per_query=1"])
     assert with_negatives.model.embed_unmasked_document is True
     assert with_negatives.train.uses_mep
-    finetune = get_recipe("codet5-base-code-ance").with_overrides(["train.hard_negatives=async"])
+    finetune = get_recipe("codet5-base-code-ance").with_overrides(["negatives.source=async"])
     assert finetune.model.embed_unmasked_document is False  # no MEP, nothing masked

@@ -42,10 +42,7 @@ def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
         max_steps=60,
         log_every=5,
         checkpoint_every=60,
-        hard_negatives="async",
-        hard_negatives_per_query=1,
-        negatives_refresh_every=5,
-        negatives_wait_for_first="true",
+        negatives={"source": "async", "per_query": 1, "refresh_every": 5, "wait_for_first": True},
         num_workers=2,
     )
     spec = RunSpec(data=train_data, storage=str(tmp_path), name="async", cpus_per_worker=0.5)
@@ -72,9 +69,7 @@ def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, t
         max_steps=150,
         log_every=10,
         checkpoint_every=150,
-        hard_negatives="async",
-        hard_negatives_per_query=1,
-        negatives_refresh_every=5,
+        negatives={"source": "async", "per_query": 1, "refresh_every": 5},
         num_workers=2,
     )
     spec = RunSpec(data=train_data, storage=str(tmp_path), name="killminer", cpus_per_worker=0.5)
@@ -174,5 +169,5 @@ def test_bad_hard_negative_sources_are_rejected_before_training(train_data, tmp_
     )
     assert code == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("santa: error: TrainConfig.hard_negatives must be 'none'")
+    assert captured.err.startswith("santa: error: NegativesConfig.source must be 'none'")
     assert captured.err.count("\n") == 1 and "Ray:" not in captured.out  # before any Ray work

@@ -10,21 +10,21 @@ import pytest
 import torch
 
 from santa.models.dual_encoder import DualEncoder
-from santa.models.encoding import encode_texts
-from santa.models.tokenizer import train_tokenizer
-from santa.negatives.encoders import (
-    ShardEncoder,
+from santa.models.encoding import (
+    TextEncoder,
     autocast_dtype,
-    encoder_actor_options,
+    encode_texts,
     plan_batches,
     select_device,
 )
-from santa.negatives.miner import MinerSettings, NegativesClient, refresh_table
+from santa.models.tokenizer import train_tokenizer
+from santa.negatives.encoders import encoder_actor_options
+from santa.negatives.miner import NegativesClient, refresh_table
 from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
-SETTINGS = MinerSettings(
-    hard_negatives_per_query=2, negatives_top_k=20, max_query_length=24, max_document_length=64
+SETTINGS = tiny_config(
+    negatives={"per_query": 2, "top_k": 20}, max_query_length=24, max_document_length=64
 )
 
 
@@ -69,11 +69,11 @@ def test_device_selection_and_autocast_dtype() -> None:
     assert autocast_dtype("cuda", bf16_supported=False) == torch.float16
 
 
-def test_shard_encoder_equals_encode_texts_on_cpu(model_dir, pairs) -> None:
+def test_text_encoder_equals_encode_texts_on_cpu(model_dir, pairs) -> None:
     torch.set_num_threads(1)
     texts = list(load_mining_corpus(pairs).documents.values())[:70]
     # Asked for a quarter GPU on a machine without one: CPU, fp32 (what the actor does).
-    encoder = ShardEncoder(model_dir, None, num_gpus=0.25, threads=1)
+    encoder = TextEncoder(model_dir, None, num_gpus=0.25, threads=1)
     assert (encoder.device, encoder.dtype) == ("cpu", None)
     expected = encode_texts(encoder.model, texts, max_length=64, batch_size=16, progress=False)
     np.testing.assert_array_equal(encoder.encode(texts, 64, batch_size=16), expected)
@@ -91,8 +91,8 @@ def test_shard_encoder_runs_without_ray_or_faiss(model_dir) -> None:
 
     code = (
         "import sys; sys.modules['ray'] = None; sys.modules['faiss'] = None\n"
-        "from santa.negatives.encoders import ShardEncoder\n"
-        f"encoder = ShardEncoder({model_dir!r}, None, num_gpus=1, threads=1)\n"
+        "from santa.models.encoding import TextEncoder\n"
+        f"encoder = TextEncoder({model_dir!r}, None, num_gpus=1, threads=1)\n"
         "print(encoder.device, encoder.encode(['def f(): pass', 'x'], 16).shape)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -158,17 +158,14 @@ def test_miner_flags_reach_the_encoder_actor_options() -> None:
         ["--data", "d", "--storage", "s", "--name", "n", "--miner-gpus", "0.25"]
         + ["--miner-actors", "3"]
     )
-    config = recipe_config(args)
-    settings = MinerSettings.from_config(config)
-    assert (settings.negatives_encoder_gpus, settings.negatives_encoder_actors) == (0.25, 3)
-    options = encoder_actor_options(
-        num_cpus=settings.negatives_encoder_cpus, num_gpus=settings.negatives_encoder_gpus
-    )
+    settings = recipe_config(args).negatives
+    assert (settings.encoder_gpus, settings.encoder_actors) == (0.25, 3)
+    options = encoder_actor_options(num_cpus=settings.encoder_cpus, num_gpus=settings.encoder_gpus)
     assert options["num_gpus"] == 0.25 and options["num_cpus"] == 0.0
-    default = MinerSettings.from_config(recipe_config(parser.parse_args(args_without_miner())))
-    assert (default.negatives_encoder_gpus, default.negatives_encoder_actors) == (0.0, 1)
-    with pytest.raises(ValueError, match="negatives_encoder_gpus"):
-        tiny_config(negatives_encoder_gpus=-1)
+    default = recipe_config(parser.parse_args(args_without_miner())).negatives
+    assert (default.encoder_gpus, default.encoder_actors) == (0.0, 1)
+    with pytest.raises(ValueError, match="encoder_gpus"):
+        tiny_config(negatives={"encoder_gpus": -1})
 
 
 def args_without_miner() -> list[str]:
@@ -243,10 +240,7 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
     bigger = [dict(row, doc_id=f"{row['doc_id']}-{i}") for i in range(2) for row in rows]
     data = write_pairs(tmp_path / "pairs", bigger)
     config = tiny_config(
-        stage="finetune",
-        hard_negatives="async",
-        hard_negatives_per_query=1,
-        max_document_length=64,
+        stage="finetune", negatives={"source": "async", "per_query": 1}, max_document_length=64
     )
     name = "santa-miner-test-refresh"
     miner = start_miner(name, data_uri=data, model_uri=model_dir, config=config)
@@ -295,7 +289,7 @@ def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
     assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS - 1) == "flat"
     assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS) == "ivf"
     assert index_kind("hnsw", 10) == "hnsw" and index_kind("flat", 10**7) == "flat"
-    assert tiny_config(negatives_index="auto").train.negatives_index == "auto"
+    assert tiny_config(negatives={"index": "auto"}).negatives.index == "auto"
 
 
 @pytest.mark.slow
@@ -307,10 +301,7 @@ def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tm
 
     def mined(actors: int) -> NegativesTable:
         config = tiny_config(
-            stage="finetune",
-            hard_negatives_per_query=1,
-            negatives_top_k=20,
-            negatives_encoder_actors=actors,
+            stage="finetune", negatives={"per_query": 1, "top_k": 20, "encoder_actors": actors}
         )
         return read_negatives_table(
             mine_negatives(model_dir, pairs, str(tmp_path / f"{actors}"), config)

@@ -14,9 +14,11 @@ from santa.recipes import get_recipe
 from tests.datagen import stdlib_python_records
 
 
-def tiny_config(**train: Any) -> SantaConfig:
-    """The tiny recipe at test size (batch 8, short sequences), with ``train.*`` overrides."""
+def tiny_config(negatives: dict[str, Any] | None = None, **train: Any) -> SantaConfig:
+    """The tiny recipe at test size (batch 8, short sequences), with ``train.*`` overrides
+    and ``negatives.*`` ones (``negatives={"source": "async", "per_query": 1}``)."""
     overrides = [f"train.{key}={value}" for key, value in train.items()]
+    overrides += [f"negatives.{key}={value}" for key, value in (negatives or {}).items()]
     return get_recipe("tiny").with_overrides(
         [
             "train.global_batch_size=8",

@@ -1,11 +1,16 @@
-"""Embed texts with a :class:`~santa.models.dual_encoder.DualEncoder`, in-process or on a Ray Data pool.
+"""santa's one encoder: embed texts with a :class:`~santa.models.dual_encoder.DualEncoder`.
 
-Evaluation, the hard-negative miner and training's dev metrics all encode through here.
+:class:`TextEncoder` holds a model on one device and embeds texts in planned batches
+(longest first). Evaluation and training's dev metrics (:func:`encode_texts`), the Ray Data
+pool of the evaluator and the index job (:func:`encode_corpus_ray`) and the hard-negative
+miner's actors (:mod:`santa.negatives.encoders`) all encode through it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,13 +25,155 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_DOCUMENT_LENGTH",
     "DEFAULT_MAX_QUERY_LENGTH",
+    "TextEncoder",
+    "autocast_dtype",
     "encode_corpus_ray",
     "encode_texts",
+    "plan_batches",
+    "select_device",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Token lengths used when neither the caller nor the model's santa_config.json sets them.
 DEFAULT_MAX_QUERY_LENGTH = 50
 DEFAULT_MAX_DOCUMENT_LENGTH = 240
+
+
+def select_device(num_gpus: float, *, cuda_available: bool | None = None) -> str:
+    """``"cuda"`` when the actor was given GPUs and CUDA is visible, else ``"cpu"``."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if num_gpus > 0 and not cuda_available:
+        logger.warning("encoder asked for %g GPU(s) but CUDA is not available: using CPU", num_gpus)
+    return "cuda" if num_gpus > 0 and cuda_available else "cpu"
+
+
+def autocast_dtype(device: str, *, bf16_supported: bool | None = None):
+    """The autocast dtype for encoding on ``device``: bf16 (fp16 without it) on CUDA, else None."""
+    import torch
+
+    if device != "cuda":
+        return None
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16_supported else torch.float16
+
+
+def plan_batches(texts: Sequence[str], batch_size: int) -> list[np.ndarray]:
+    """Row indices of ``texts`` cut into batches, longest text first (less padding)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    order = np.array(sorted(range(len(texts)), key=lambda i: -len(texts[i])), dtype=np.int64)
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+class TextEncoder:
+    """One model on one device that embeds texts; plain PyTorch, no Ray. santa's one encoder:
+    evaluation, the hard-negative miner's actors and the index job all embed through it.
+
+    ``model`` is a loaded :class:`~santa.models.dual_encoder.DualEncoder` or a folder/URI to
+    load (with ``model_config``, a :class:`~santa.config.ModelConfig` dict). ``num_gpus`` > 0
+    puts it on CUDA (when visible), 0 on CPU, ``None`` leaves a model object on its device.
+    ``half``: on CUDA, encode under bf16 (fp16 without it) autocast, as the miner does for
+    speed; False keeps float32 (evaluation's exact scores). ``threads`` > 0 sets torch's CPU
+    threads.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        model_config: dict | None = None,
+        *,
+        num_gpus: float | None = 0.0,
+        threads: int = 1,
+        half: bool = True,
+    ) -> None:
+        import torch
+
+        from santa.config import ModelConfig
+        from santa.models.dual_encoder import DualEncoder
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        if isinstance(model, str):
+            config = ModelConfig.from_dict(model_config) if model_config else None
+            model = DualEncoder.from_pretrained(model, config)
+            num_gpus = num_gpus or 0.0
+        if num_gpus is None:  # a model object stays where the caller put it
+            self.device = next(model.parameters()).device.type
+        else:
+            self.device = select_device(num_gpus)
+            model = model.to(self.device)
+        self.dtype = autocast_dtype(self.device) if half else None
+        self.model = model
+        self.weights_step: int | None = None
+
+    @property
+    def embedding_dim(self) -> int:
+        """Size of the vectors it returns."""
+        return self.model.embedding_dim
+
+    def load_weights(self, state: dict, step: int | None = None) -> None:
+        """Load a weights snapshot (a state dict of CPU tensors) taken at training ``step``."""
+        self.model.load_state_dict(state)
+        self.weights_step = step
+
+    def encode_batches(self, batches: Sequence[Sequence[str]], max_length: int) -> np.ndarray:
+        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated."""
+        import torch
+
+        out = np.empty((sum(len(b) for b in batches), self.embedding_dim), dtype=np.float32)
+        autocast = (
+            torch.autocast(self.device, dtype=self.dtype)
+            if self.dtype is not None
+            else contextlib.nullcontext()
+        )
+        row = 0
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), autocast:
+                for batch in batches:
+                    encoded = self.model.tokenize(list(batch), max_length)
+                    embeddings = self.model.encode(
+                        encoded["input_ids"].to(self.device),
+                        encoded["attention_mask"].to(self.device),
+                    )  # (batch, dim)
+                    out[row : row + len(batch)] = embeddings.float().cpu().numpy()
+                    row += len(batch)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        max_length: int,
+        batch_size: int = 64,
+        *,
+        progress: bool = False,
+        desc: str = "",
+    ) -> np.ndarray:
+        """Embed ``texts`` in input order: ``(len(texts), dim)`` float32. Batched longest
+        text first (less padding); the same embeddings whatever the batch size or order."""
+        out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
+        batches = plan_batches(texts, batch_size)
+        if not batches:
+            return out
+        if not progress:
+            rows = np.concatenate(batches)
+            out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
+            return out
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(texts), desc=desc or None, unit="text") as bar:
+            for rows in batches:
+                out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
+                bar.update(len(rows))
+        return out
 
 
 def encode_texts(
@@ -38,76 +185,37 @@ def encode_texts(
     desc: str = "",
     progress: bool = True,
 ) -> np.ndarray:
-    """Embed ``texts`` in-process: ``(len(texts), dim)`` float32, in input order.
+    """Embed ``texts`` in-process, in float32 on the model's device: ``(len(texts), dim)``,
+    in input order (a :class:`TextEncoder` around ``model``).
 
     Texts are batched longest first (less padding); the model is put in eval mode and
     its previous mode restored afterwards.
     """
-    import torch
-    from tqdm.auto import tqdm
-
     if model.tokenizer is None:
         raise ValueError("the model has no tokenizer: load it from a folder that has one")
     if batch_size < 1 or max_length < 1:
         raise ValueError("batch_size and max_length must be positive")
-    texts = list(texts)
-    out = np.empty((len(texts), model.embedding_dim), dtype=np.float32)
-    if not texts:
-        return out
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with (
-            torch.inference_mode(),
-            tqdm(total=len(texts), desc=desc or None, disable=not progress, unit="text") as bar,
-        ):
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                # The backbone's own lower-casing and length limit (sentence-transformers).
-                encoded = model.tokenize([texts[i] for i in rows], max_length)
-                embeddings = model.encode(
-                    encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
-                )  # (batch, dim)
-                out[rows] = embeddings.float().cpu().numpy()
-                bar.update(len(rows))
-    finally:
-        model.train(was_training)
-    return out
+    encoder = TextEncoder(model, num_gpus=None, threads=0, half=False)
+    return encoder.encode(list(texts), max_length, batch_size, progress=progress, desc=desc)
 
 
 class _EncodeActor:
-    """Ray Data actor UDF: loads the model once, embeds batches of ``text`` rows."""
+    """Ray Data actor UDF: a :class:`TextEncoder` loaded once, embedding ``text`` rows."""
 
     def __init__(
         self, model: Any, max_length: int, batch_size: int, use_gpu: bool, threads: int
     ) -> None:
         import ray
-        import torch
 
-        from santa.models.dual_encoder import DualEncoder
-
-        if threads > 0:
-            torch.set_num_threads(threads)
         if isinstance(model, ray.ObjectRef):
             model = ray.get(model)
-        if isinstance(model, str):
-            model = DualEncoder.from_pretrained(model)
-        if use_gpu:
-            model = model.to("cuda")
-        self.model = model.eval()
+        self.encoder = TextEncoder(model, num_gpus=1 if use_gpu else 0, threads=threads, half=False)
         self.max_length = max_length
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        embeddings = encode_texts(
-            self.model,
-            [str(text) for text in batch["text"]],
-            max_length=self.max_length,
-            batch_size=self.batch_size,
-            progress=False,
-        )
+        texts = [str(text) for text in batch["text"]]
+        embeddings = self.encoder.encode(texts, self.max_length, self.batch_size)
         return {"row": batch["row"], "embedding": embeddings}
 
 

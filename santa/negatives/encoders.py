@@ -1,10 +1,10 @@
 """Sharded encoding for the hard-negative refresh: a plain batch encoder and an actor pool.
 
-:class:`ShardEncoder` is plain PyTorch (no Ray): it holds one model on one device (CUDA
-with bf16/fp16 autocast when it has a GPU, else CPU), takes a weights snapshot and embeds
-lists of pre-planned batches. :class:`EncoderPool` runs it as Ray actors: the refresh's
-texts are cut into fixed batches (:func:`plan_batches`, longest first, as
-:func:`santa.models.encoding.encode_texts` batches them), the batches are grouped into chunks,
+:class:`~santa.models.encoding.TextEncoder` (santa's one encoder, plain PyTorch) holds one
+model on one device (CUDA with bf16/fp16 autocast when it has a GPU, else CPU), takes a
+weights snapshot and embeds lists of pre-planned batches. :class:`EncoderPool` runs it as
+Ray actors: the refresh's texts are cut into fixed batches
+(:func:`~santa.models.encoding.plan_batches`, longest first), the batches are grouped into chunks,
 and each chunk goes to whichever actor is free. Because the batches are the same whatever
 the number of actors, 1 or N actors give the same embeddings (bit for bit on CPU with the
 same thread count), hence the same table.
@@ -27,17 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from santa.models.encoding import TextEncoder, plan_batches
+
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "EncoderPool",
-    "LocalEncoder",
-    "ShardEncoder",
-    "autocast_dtype",
-    "encoder_actor_options",
-    "plan_batches",
-    "select_device",
-]
+__all__ = ["EncoderActor", "EncoderPool", "LocalEncoder", "encoder_actor_options"]
 
 # Chunks per actor a refresh is cut into (load balance vs round trips), and chunks an actor
 # holds at once (the next one is queued while it encodes the current one).
@@ -48,122 +42,9 @@ IN_FLIGHT_PER_ACTOR = 2
 START_TIMEOUT_S = 600.0
 
 
-def select_device(num_gpus: float, *, cuda_available: bool | None = None) -> str:
-    """``"cuda"`` when the actor was given GPUs and CUDA is visible, else ``"cpu"``."""
-    if cuda_available is None:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-    if num_gpus > 0 and not cuda_available:
-        logger.warning("encoder asked for %g GPU(s) but CUDA is not available: using CPU", num_gpus)
-    return "cuda" if num_gpus > 0 and cuda_available else "cpu"
-
-
-def autocast_dtype(device: str, *, bf16_supported: bool | None = None):
-    """The autocast dtype for encoding on ``device``: bf16 (fp16 without it) on CUDA, else None."""
-    import torch
-
-    if device != "cuda":
-        return None
-    if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported()
-    return torch.bfloat16 if bf16_supported else torch.float16
-
-
-def plan_batches(texts: Sequence[str], batch_size: int) -> list[np.ndarray]:
-    """Row indices of ``texts`` cut into batches, longest text first (less padding)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    order = np.array(sorted(range(len(texts)), key=lambda i: -len(texts[i])), dtype=np.int64)
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
-class ShardEncoder:
-    """One model on one device that embeds batches of texts; plain PyTorch, no Ray.
-
-    ``model`` is a loaded :class:`~santa.models.dual_encoder.DualEncoder` or a folder/URI to load (with
-    ``model_config``, a :class:`~santa.config.ModelConfig` dict). ``num_gpus`` > 0 puts it
-    on CUDA (when visible), 0 on CPU, ``None`` leaves a model object on its device; on CUDA
-    it encodes under bf16/fp16 autocast. ``threads`` > 0 sets torch's CPU threads.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        model_config: dict | None = None,
-        *,
-        num_gpus: float | None = 0.0,
-        threads: int = 1,
-    ) -> None:
-        import torch
-
-        from santa.config import ModelConfig
-        from santa.models.dual_encoder import DualEncoder
-
-        if threads > 0:
-            torch.set_num_threads(threads)
-        if isinstance(model, str):
-            config = ModelConfig.from_dict(model_config) if model_config else None
-            model = DualEncoder.from_pretrained(model, config)
-            num_gpus = num_gpus or 0.0
-        if num_gpus is None:  # a model object stays where the caller put it
-            self.device = next(model.parameters()).device.type
-        else:
-            self.device = select_device(num_gpus)
-            model = model.to(self.device)
-        self.dtype = autocast_dtype(self.device)
-        self.model = model
-        self.weights_step: int | None = None
-
-    @property
-    def embedding_dim(self) -> int:
-        """Size of the vectors it returns."""
-        return self.model.embedding_dim
-
-    def load_weights(self, state: dict, step: int | None = None) -> None:
-        """Load a weights snapshot (a state dict of CPU tensors) taken at training ``step``."""
-        self.model.load_state_dict(state)
-        self.weights_step = step
-
-    def encode_batches(self, batches: Sequence[Sequence[str]], max_length: int) -> np.ndarray:
-        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated."""
-        import torch
-
-        out = np.empty((sum(len(b) for b in batches), self.embedding_dim), dtype=np.float32)
-        autocast = (
-            torch.autocast(self.device, dtype=self.dtype)
-            if self.dtype is not None
-            else contextlib.nullcontext()
-        )
-        row = 0
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode(), autocast:
-                for batch in batches:
-                    encoded = self.model.tokenize(list(batch), max_length)
-                    embeddings = self.model.encode(
-                        encoded["input_ids"].to(self.device),
-                        encoded["attention_mask"].to(self.device),
-                    )  # (batch, dim)
-                    out[row : row + len(batch)] = embeddings.float().cpu().numpy()
-                    row += len(batch)
-        finally:
-            self.model.train(was_training)
-        return out
-
-    def encode(self, texts: Sequence[str], max_length: int, batch_size: int = 64) -> np.ndarray:
-        """Embed ``texts`` in input order: ``(len(texts), dim)`` float32."""
-        out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
-        batches = plan_batches(texts, batch_size)
-        if batches:
-            rows = np.concatenate(batches)
-            out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
-        return out
-
-
-class EncoderActor(ShardEncoder):
-    """The Ray actor body: a :class:`ShardEncoder` with a readiness probe."""
+class EncoderActor(TextEncoder):
+    """The Ray actor body: a :class:`~santa.models.encoding.TextEncoder` with a readiness
+    probe."""
 
     def ready(self) -> str:
         """The device it encodes on (answers once the model is loaded)."""
@@ -181,9 +62,10 @@ class EncoderActor(ShardEncoder):
 
 
 class LocalEncoder:
-    """The pool's interface in-process: encode jobs with one :class:`ShardEncoder`."""
+    """The pool's interface in-process: encode jobs with one
+    :class:`~santa.models.encoding.TextEncoder`."""
 
-    def __init__(self, encoder: ShardEncoder, batch_size: int = 64) -> None:
+    def __init__(self, encoder: TextEncoder, batch_size: int = 64) -> None:
         self.encoder = encoder
         self.batch_size = batch_size
 

@@ -29,7 +29,6 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,8 @@ import numpy as np
 from santa.config import SantaConfig
 from santa.index import NegativeIndex
 from santa.method.distributed import all_reduce_min
-from santa.negatives.encoders import EncoderPool, LocalEncoder, ShardEncoder
+from santa.models.encoding import TextEncoder
+from santa.negatives.encoders import EncoderPool, LocalEncoder
 from santa.negatives.mining import (
     MiningCorpus,
     NegativesTable,
@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HardNegativeMiner",
-    "MinerSettings",
     "NegativesClient",
     "index_kind",
     "refresh_table",
@@ -62,40 +61,7 @@ __all__ = [
 KEPT_TABLES = 4
 
 
-@dataclass(frozen=True, kw_only=True)
-class MinerSettings:
-    """How the miner mines; the fields shared with ``TrainConfig`` carry its names."""
-
-    hard_negatives_per_query: int = 1
-    """Negatives kept per query."""
-    negatives_top_k: int = 100
-    """Hits retrieved per query, before positives and skipped hits are dropped."""
-    negatives_skip_top: int = 0
-    """Top hits skipped after the positives (likely unlabelled positives)."""
-    seed: int = 42
-    negatives_index: str = "flat"
-    """The faiss index kind: flat, ivf, hnsw or auto (:func:`index_kind`)."""
-    max_query_length: int = 50
-    max_document_length: int = 240
-    batch_size: int = 64
-    """Texts per encoder batch."""
-    torch_threads: int = 1
-    """torch threads of an in-process refresh (the pool's actors: ``negatives_encoder_cpus``)."""
-    negatives_encoder_actors: int = 1
-    """Encoder actors a refresh shards the corpus over."""
-    negatives_encoder_gpus: float = 0.0
-    """GPUs per encoder actor (fractions share a GPU); 0: CPU."""
-    negatives_encoder_cpus: float = 0.0
-    """CPUs reserved per encoder actor."""
-
-    @classmethod
-    def from_config(cls, config: SantaConfig) -> MinerSettings:
-        """Settings from a :class:`~santa.config.SantaConfig` (its same-named fields)."""
-        shared = {f.name for f in fields(cls)} & {f.name for f in fields(config.train)}
-        return cls(**{name: getattr(config.train, name) for name in shared})
-
-
-# ``negatives_index="auto"``: exact search up to this many documents, IVF from here on.
+# ``negatives.index="auto"``: exact search up to this many documents, IVF from here on.
 AUTO_IVF_MIN_DOCUMENTS = 500_000
 
 
@@ -110,7 +76,7 @@ def index_kind(setting: str, documents: int) -> str:
 def refresh_table(
     model,
     corpus: MiningCorpus,
-    settings: MinerSettings,
+    config: SantaConfig,
     *,
     step: int = 0,
     version: int = 0,
@@ -118,35 +84,35 @@ def refresh_table(
 ) -> NegativesTable:
     """Encode corpus and queries, search top-K, mine: one table carrying its negatives' texts.
 
-    ``encoder`` is an :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh)
-    or anything with its ``encode(jobs)``; without one, ``model`` encodes in this process.
+    How it mines is ``config.negatives``; lengths and seed are ``config.train``'s. ``encoder``
+    is an :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh) or anything
+    with its ``encode(jobs)``; without one, ``model`` encodes in this process.
     """
     started = time.perf_counter()
+    settings, train = config.negatives, config.train
     if encoder is None:
-        encoder = LocalEncoder(ShardEncoder(model, num_gpus=None, threads=0), settings.batch_size)
+        encoder = LocalEncoder(TextEncoder(model, num_gpus=None, threads=0), settings.batch_size)
     doc_ids = list(corpus.documents)
     query_ids = list(corpus.queries)
     doc_vectors, query_vectors = encoder.encode(
         [
-            ([corpus.documents[d] for d in doc_ids], settings.max_document_length),
-            ([corpus.queries[q] for q in query_ids], settings.max_query_length),
+            ([corpus.documents[d] for d in doc_ids], train.max_document_length),
+            ([corpus.queries[q] for q in query_ids], train.max_query_length),
         ]
     )
     encoded_s = time.perf_counter() - started
-    kind = index_kind(settings.negatives_index, len(doc_ids))
+    kind = index_kind(settings.index, len(doc_ids))
     index = NegativeIndex.build(doc_vectors, doc_ids, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
-    extra = settings.negatives_skip_top + max(
-        (len(p) for p in corpus.positives.values()), default=1
-    )
-    hits, _ = index.search(query_vectors, settings.negatives_top_k + extra)
+    extra = settings.skip_top + max((len(p) for p in corpus.positives.values()), default=1)
+    hits, _ = index.search(query_vectors, settings.top_k + extra)
     negatives = mine_hard_negatives(
         query_ids,
         hits,
         corpus.positives,
-        n=settings.hard_negatives_per_query,
-        seed=settings.seed + step,
-        skip_top=settings.negatives_skip_top,
+        n=settings.per_query,
+        seed=train.seed + step,
+        skip_top=settings.skip_top,
         duplicate_of=corpus.duplicate_of,
     )
     documents = {doc: corpus.documents[doc] for ids in negatives.values() for doc in ids}
@@ -168,21 +134,21 @@ class HardNegativeMiner:
         self,
         data_uri: str,
         model_uri: str,
-        model_config: dict,
-        settings: dict,
+        config: dict,
         encoder_resources: dict[str, float] | None = None,
     ) -> None:
         self.incarnation = uuid.uuid4().hex[:12]
-        self.settings = MinerSettings(**settings)
+        self.config = SantaConfig.from_dict(config)
         self.corpus = load_mining_corpus(data_uri)
+        negatives = self.config.negatives
         # The encoders are this actor's children: they die and come back with it.
         self.pool = EncoderPool(
             model_uri,
-            model_config,
-            actors=self.settings.negatives_encoder_actors,
-            num_cpus=self.settings.negatives_encoder_cpus,
-            num_gpus=self.settings.negatives_encoder_gpus,
-            batch_size=self.settings.batch_size,
+            self.config.model.to_dict(),
+            actors=negatives.encoder_actors,
+            num_cpus=negatives.encoder_cpus,
+            num_gpus=negatives.encoder_gpus,
+            batch_size=negatives.batch_size,
             resources=encoder_resources,
         )
         self._lock = threading.Condition()
@@ -256,7 +222,7 @@ class HardNegativeMiner:
                 table = refresh_table(
                     None,
                     self.corpus,
-                    self.settings,
+                    self.config,
                     step=step,
                     version=self._version + 1,
                     encoder=self.pool,
@@ -302,14 +268,13 @@ def start_miner(
     """Start (or replace) the named miner actor; returns its handle.
 
     ``num_gpus``/``resources`` are the miner's own (index build and search: faiss uses a GPU
-    when it has one); its encoder actors take ``config.train.negatives_encoder_*`` and
+    when it has one); its encoder actors take ``config.negatives.encoder_*`` and
     ``encoder_resources``.
     """
     import ray
 
     with contextlib.suppress(ValueError):
         ray.kill(ray.get_actor(name))
-    settings = MinerSettings.from_config(config)
     actor_class = ray.remote(HardNegativeMiner)
     return actor_class.options(
         name=name,
@@ -318,9 +283,7 @@ def start_miner(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         resources=resources or None,
-    ).remote(
-        data_uri, model_uri, config.model.to_dict(), asdict(settings), encoder_resources or None
-    )
+    ).remote(data_uri, model_uri, config.to_dict(), encoder_resources or None)
 
 
 class NegativesClient:

@@ -16,34 +16,34 @@ def mine_negatives(
     line. A pool of encoder actors shards the encoding when the config asks for more than
     one or for GPUs (``negatives.encoder_actors``, ``negatives.encoder_gpus``)."""
     from santa.models.checkpoints import load_model
-    from santa.negatives.miner import MinerSettings, refresh_table
+    from santa.negatives.miner import refresh_table
     from santa.negatives.mining import load_mining_corpus
 
     if not model_uri:
         raise ValueError("the ance stage mines with the previous stage's model: run finetune first")
     model, _ = load_model(model_uri)
     corpus = load_mining_corpus(data)
-    settings = MinerSettings.from_config(config)
+    negatives = config.negatives
     print(
-        f"[{label}] mining {settings.hard_negatives_per_query} negative(s) per query for "
+        f"[{label}] mining {negatives.per_query} negative(s) per query for "
         f"{len(corpus.queries):,} queries among {len(corpus.documents):,} documents "
-        f"(top {settings.negatives_top_k}) with {model_uri}",
+        f"(top {negatives.top_k}) with {model_uri}",
         flush=True,
     )
     encoder = None
-    if settings.negatives_encoder_actors > 1 or settings.negatives_encoder_gpus > 0:
+    if negatives.encoder_actors > 1 or negatives.encoder_gpus > 0:
         from santa.negatives.encoders import EncoderPool
 
         encoder = EncoderPool(
             model_uri,
             None,
-            actors=settings.negatives_encoder_actors,
-            num_cpus=settings.negatives_encoder_cpus,
-            num_gpus=settings.negatives_encoder_gpus,
-            batch_size=settings.batch_size,
+            actors=negatives.encoder_actors,
+            num_cpus=negatives.encoder_cpus,
+            num_gpus=negatives.encoder_gpus,
+            batch_size=negatives.batch_size,
         )
     try:
-        table = refresh_table(model, corpus, settings, encoder=encoder)
+        table = refresh_table(model, corpus, config, encoder=encoder)
     finally:
         if encoder is not None:
             encoder.shutdown()

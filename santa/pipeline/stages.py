@@ -107,9 +107,9 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
     if steps:
         overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
     if stage == "ance":
-        overrides.append(f"train.hard_negatives={negatives}")
+        overrides.append(f"negatives.source={negatives}")
         if negatives == "async":
-            overrides.append(f"train.negatives_refresh_every={max(1, (steps or 400) // 4)}")
+            overrides.append(f"negatives.refresh_every={max(1, (steps or 400) // 4)}")
     return config.with_overrides([*overrides, *spec.overrides])
 
 
@@ -275,7 +275,8 @@ def train_stage(
     print(
         f"[{stage}] {spec.recipe}: {train.max_steps or f'{train.epochs} epochs of'} steps, "
         f"lr {train.learning_rate:g}, {train.num_workers} workers, "
-        f"hard negatives {train.hard_negatives}" + (f", from {warm_start}" if warm_start else ""),
+        f"hard negatives {config.negatives.source}"
+        + (f", from {warm_start}" if warm_start else ""),
         flush=True,
     )
     stage_layout = spec.layout.stage(stage)
@@ -296,7 +297,7 @@ def train_stage(
         "stage": stage,
         "checkpoint": stage_layout.checkpoint_uri(result.checkpoint),
         "learning_rate": train.learning_rate,
-        "hard_negatives": train.hard_negatives.split(":", 1)[0],
+        "hard_negatives": config.negatives.source.split(":", 1)[0],
         "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},
         "history": read_history(stage_layout.root),
         "seconds": time.time() - started,

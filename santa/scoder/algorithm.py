@@ -185,8 +185,8 @@ def run_iteration(
     clock = time.time()
     mining_config = config.with_overrides(
         [
-            f"train.hard_negatives_per_query={scoder.negatives_pool}",
-            f"train.negatives_top_k={scoder.negatives_top_k}",
+            f"negatives.per_query={scoder.negatives_pool}",
+            f"negatives.top_k={scoder.negatives_top_k}",
             f"train.seed={train.seed + iteration}",
         ]
     )

@@ -115,7 +115,7 @@ class SantaObjective(DualEncoderObjective):
         self.table = None
         if self.negatives is not None and self.negatives.is_async:
             self.negatives.maybe_send_weights(trainer.state["step"], trainer.model, force=True)
-            if self.config.train.negatives_wait_for_first:
+            if self.config.negatives.wait_for_first:
                 self.negatives.wait_for_first()
 
     def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -160,18 +160,18 @@ class SantaObjective(DualEncoderObjective):
 
 def _negatives_client(loop, rank: int, world: int):
     """The worker's hard-negatives client, or None when training with in-batch negatives."""
-    train = loop.santa.train
-    if train.hard_negatives == "none":
+    negatives = loop.santa.negatives
+    if negatives.source == "none":
         return None
     from santa.negatives.miner import NegativesClient
 
     return NegativesClient(
-        train.hard_negatives,
+        negatives.source,
         data_uri=loop.data_uri,
-        n=train.hard_negatives_per_query,
-        seed=train.seed,
+        n=negatives.per_query,
+        seed=loop.santa.train.seed,
         rank=rank,
         world_size=world,
         miner_name=loop.miner_name,
-        refresh_every=train.negatives_refresh_every,
+        refresh_every=negatives.refresh_every,
     )

@@ -61,7 +61,7 @@ class RunSpec:
     miner_gpu: bool = False
     """``async`` hard negatives: give the miner actor (index build and search, faiss GPU when
     installed) a GPU of its own (with ``train.use_gpu``). Its encoder actors' GPUs are the
-    config's ``train.negatives_encoder_gpus`` (``--miner-gpus``)."""
+    config's ``negatives.encoder_gpus`` (``--miner-gpus``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
     objective: str = "santa"
@@ -196,7 +196,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     remove_unregistered_checkpoints(layout.root)
     miner = None
     miner_name = f"santa-miner-{spec.name}"
-    if train.hard_negatives == "async":
+    if config.negatives.source == "async":
         from santa.negatives.miner import start_miner
 
         miner = start_miner(
