@@ -8,12 +8,19 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 from santa.data.asst_pairs import asst_row
 from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
 from santa.runtime import storage
-from santa.scoder.examples import build_listwise_rows, is_heldout, read_listwise, write_listwise
+from santa.scoder.examples import (
+    LISTWISE_SCHEMA,
+    build_listwise_rows,
+    is_heldout,
+    read_listwise,
+    write_listwise,
+)
 from santa.scoder.soft_labels import summarize_scores
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
@@ -263,3 +270,79 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["santa: error: ScoderConfig.adversarial_weight must be in [0, 1], got 1.5"]
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
+
+
+@pytest.mark.slow
+def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
+    ray_cluster, tmp_path, capsys
+):
+    """SCodeR's stages are objectives of santa's one worker loop: they run under
+    ``train.compile=always`` and resume, like SANTA's, from the newest checkpoint that loads."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+    from santa.recipes import get_recipe
+    from santa.scoder.discriminator import Discriminator, DiscriminatorPair
+    from santa.train.resume import registered_checkpoints
+    from santa.train.trainer import RunSpec, fit
+
+    rows = stdlib_pair_rows()[:48]
+    texts, codes = [r["query"] for r in rows], [r["document"] for r in rows]
+    tokenizer = train_tokenizer(texts + codes, vocab_size=600)
+    backbone = str(tmp_path / "backbone")
+    DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer).save_pretrained(backbone)
+    DiscriminatorPair({"text_code": Discriminator.from_backbone(backbone, seed=1)}).save_pretrained(
+        str(tmp_path / "discriminators")
+    )
+    examples = [
+        {
+            "query_id": f"q{i}",
+            "kind": "text_code",
+            "query": texts[i],
+            "candidates": [codes[i], codes[(i + 1) % 48], codes[(i + 2) % 48]],
+            "heldout": False,
+            "scores": [2.0, 0.5, 0.1],
+        }
+        for i in range(48)
+    ]
+    schema = pa.schema([*LISTWISE_SCHEMA, ("scores", pa.list_(pa.float32()))])
+    (tmp_path / "examples" / "data").mkdir(parents=True)
+    pa.parquet.write_table(
+        pa.Table.from_pylist(examples, schema=schema), tmp_path / "examples" / "data" / "a.parquet"
+    )
+    config = get_recipe("tiny-scoder").with_overrides(
+        [
+            "train.global_batch_size=8",
+            "train.max_query_length=24",
+            "train.max_document_length=64",
+            "scoder.max_pair_length=80",
+            "train.max_steps=3",
+            "train.checkpoint_every=1",
+            "train.log_every=1",
+            "train.compile=always",
+            "train.compile_backend=aot_eager",
+            "train.num_workers=1",
+        ]
+    )
+    common = {"data": str(tmp_path / "examples"), "storage": str(tmp_path / "runs")}
+    common |= {"cpus_per_worker": 0.5, "num_to_keep": 10}
+    discriminators = dict(objective="discriminators", warm_start=str(tmp_path / "discriminators"))
+    first = fit(config, RunSpec(name="d", stop_at_step=2, **discriminators, **common))
+    assert first.error is None and first.metrics["step"] == 2
+    assert 0.0 <= first.metrics["accuracy"] <= 1.0 and math.isfinite(first.metrics["loss"])
+    newest = registered_checkpoints(str(tmp_path / "runs" / "d"))[0]
+    optimizer = Path(newest, "optimizer.pt")
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    capsys.readouterr()
+    second = fit(config, RunSpec(name="d", **discriminators, **common))
+    assert second.error is None and second.metrics["step"] == 3
+    state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
+    assert state["resumed_at"] == [1]  # the broken step-2 checkpoint skipped
+    assert f"checkpoint {newest} cannot be loaded" in capsys.readouterr().err
+    DiscriminatorPair.from_pretrained(str(Path(second.checkpoint.path, "discriminators")))
+
+    dual = fit(config, RunSpec(name="g", objective="dual_encoder", warm_start=backbone, **common))
+    assert dual.error is None and dual.metrics["step"] == 3
+    assert math.isfinite(dual.metrics["loss_distill"]) and dual.metrics["soft_label_entropy"] > 0
+    history = [json.loads(line) for line in (tmp_path / "runs" / "g" / "metrics.jsonl").open()]
+    assert [h["step"] for h in history] == [1, 2, 3]
+    DualEncoder.from_pretrained(str(Path(dual.checkpoint.path, "model")))
