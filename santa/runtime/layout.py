@@ -87,18 +87,12 @@ class RunLayout:
     @property
     def name(self) -> str:
         """The run's name (its folder's name)."""
-        return (
-            posixpath.basename(self.root.rstrip("/"))
-            if self.is_s3
-            else (os.path.basename(self.root.rstrip(os.sep)))
-        )
+        return posixpath.basename(self.root.rstrip("/"))
 
     @property
     def storage_path(self) -> str:
         """The folder holding the run (Ray Train's ``storage_path``)."""
-        if self.is_s3:
-            return posixpath.dirname(self.root.rstrip("/"))
-        return os.path.dirname(self.root.rstrip(os.sep))
+        return posixpath.dirname(self.root.rstrip("/"))
 
     @property
     def is_s3(self) -> bool:
