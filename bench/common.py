@@ -46,7 +46,7 @@ __all__ = [
     "load_average",
     "machine_report",
     "new_figure",
-    "parse_table",
+    "parse_tables",
     "plot_intervals",
     "save_figure",
     "write_json",
@@ -298,24 +298,24 @@ def format_table(
     return "\n".join(lines)
 
 
-def parse_table(text: str) -> list[dict[str, str]]:
-    """The rows of the first markdown table in ``text`` as dicts by column title."""
-    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
-    if len(lines) < 2:
-        raise ValueError("no markdown table in the text")
+def parse_tables(text: str) -> list[list[dict[str, str]]]:
+    """Every markdown table in ``text`` (runs of lines starting with ``|``), each as its
+    rows keyed by column title, cells stripped and unescaped."""
 
     def cells(line: str) -> list[str]:
         parts = re.split(r"(?<!\\)\|", line.strip()[1:-1])
         return [part.strip().replace("\\|", "|") for part in parts]
 
-    header = cells(lines[0])
-    rows = []
-    for line in lines[2:]:
-        values = cells(line)
-        if len(values) != len(header):
-            break  # the next table
-        rows.append(dict(zip(header, values, strict=True)))
-    return rows
+    tables, block = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.strip().startswith("|"):
+            block.append(line)
+            continue
+        if len(block) >= 2:
+            header = cells(block[0])
+            tables.append([dict(zip(header, cells(row), strict=True)) for row in block[2:]])
+        block = []
+    return tables
 
 
 # --------------------------------------------------------------------------- figures
