@@ -556,7 +556,9 @@ def print_table(result: dict[str, Any]) -> None:
                 )
         if search.get("gpu") is None:
             rows.append(["faiss gpu", search["gpu_note"], "", ""])
-    print(common.format_table(["measurement", "rate", "achieved TFLOP/s", "MFU"], rows))
+    print(
+        common.format_table(["measurement", "rate", "achieved TFLOP/s", "MFU"], rows, align="llrr")
+    )
 
 
 if __name__ == "__main__":

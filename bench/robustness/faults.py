@@ -629,8 +629,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{status:4} {row['fault']}: exit {row['exit']} in {row['seconds']}s: "
                   f"{row['message'][:140]}", flush=True)  # fmt: skip
     finally:
-        moto.terminate()
-        auth.terminate()
+        for server in (moto, auth):
+            server.terminate()
+            server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(format_table(rows))
