@@ -1,14 +1,14 @@
 """Fixtures the tests generate themselves, so a fresh clone passes without ../shared.
 
 The code records are real: Python functions taken from this interpreter's standard
-library, plus small hand-written functions in the other five languages.
+library, plus small hand-written functions in the other five languages. Those generators
+live in ``bench/corpora.py`` (the benchmarks and the fault injection build the same data)
+and are imported from there.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -16,115 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa.data.source import default_source_root, extract_functions
-
-STDLIB_MODULES = (
-    "json/decoder.py",
-    "json/encoder.py",
-    "textwrap.py",
-    "shlex.py",
-    "csv.py",
-    "fractions.py",
-    "string.py",
-    "calendar.py",
+from bench.corpora import (  # noqa: F401 - the tests import them from here
+    other_language_records,
+    stdlib_python_records,
+    write_csn_layout,
+    write_jsonl_gz,
 )
-
-# CodeSearchNet's `code` for these languages excludes the doc comment, as here.
-OTHER_LANGUAGE_TEMPLATES = {
-    "java": (
-        "public int get{Noun}(int {thing}Count, String label) {{\n"
-        "    int total = {thing}Count * 2;\n    return total + label.length();\n}}"
-    ),
-    "go": (
-        "func Get{Noun}({thing}Count int, label string) int {{\n"
-        "\ttotal := {thing}Count * 2\n\treturn total + len(label)\n}}"
-    ),
-    "javascript": (
-        "function get{Noun}({thing}Count, label) {{\n"
-        "  const total = {thing}Count * 2;\n  return total + label.length;\n}}"
-    ),
-    "ruby": "def get_{noun}({thing}_count, label)\n  total = {thing}_count * 2\n  total + label.length\nend",
-    "php": (
-        "function get{Noun}(${thing}Count, $label) {{\n"
-        "    $total = ${thing}Count * 2;\n    return $total + strlen($label);\n}}"
-    ),
-}
-NOUNS = ("size", "width", "weight", "price", "score", "depth", "count", "height", "speed")
-THINGS = ("box", "item", "order", "cart", "page", "node", "file", "user")
-
-
-def stdlib_python_records(limit: int | None = None) -> list[dict[str, Any]]:
-    """CodeSearchNet-format records of documented functions from a few stdlib modules."""
-    root = default_source_root()
-    records: list[dict[str, Any]] = []
-    for module in STDLIB_MODULES:
-        path = os.path.join(root, module)
-        with open(path, encoding="utf-8") as handle:
-            records.extend(extract_functions(handle.read(), module, "python", repo="stdlib"))
-    return records[:limit] if limit else records
-
-
-def other_language_records(language: str, count: int = 20) -> list[dict[str, Any]]:
-    """Hand-written but well-formed functions in one of the tree-sitter languages."""
-    records = []
-    for index in range(count):
-        noun = NOUNS[index % len(NOUNS)]
-        thing = THINGS[(index // len(NOUNS)) % len(THINGS)]
-        code = OTHER_LANGUAGE_TEMPLATES[language].format(
-            noun=f"{noun}{index}", Noun=f"{noun.capitalize()}{index}", thing=thing
-        )
-        docstring = f"Returns the {noun} of the {thing}."
-        records.append(
-            {
-                "repo": "generated/repo",
-                "path": f"src/{language}/file{index}.{language[:2]}",
-                "func_name": f"get{noun.capitalize()}{index}",
-                "original_string": code,
-                "language": language,
-                "code": code,
-                "code_tokens": code.split(),
-                "docstring": docstring,
-                "docstring_tokens": docstring.rstrip(".").split(),
-                "url": f"https://example.com/{language}/{index}",
-                "partition": "",
-            }
-        )
-    return records
-
-
-def write_jsonl_gz(path: Path, records: list[dict[str, Any]]) -> Path:
-    """Write records as a gzipped JSON-lines file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
-    return path
-
-
-def write_csn_layout(
-    root: Path, languages=("python", "java", "go", "javascript", "ruby", "php")
-) -> dict:
-    """A CodeSearchNet tree ``{lang}/final/jsonl/{split}/*.jsonl.gz``; returns url sets."""
-    urls: dict[str, set[str]] = {"train": set(), "valid": set(), "test": set()}
-    for language in languages:
-        if language == "python":
-            records = stdlib_python_records(limit=120)
-        else:
-            records = other_language_records(language, count=30)
-        cut_valid, cut_test = int(len(records) * 0.7), int(len(records) * 0.85)
-        parts = {
-            "train": records[:cut_valid],
-            "valid": records[cut_valid:cut_test],
-            "test": records[cut_test:],
-        }
-        for split, part in parts.items():
-            for record in part:
-                record["partition"] = split
-                urls[split].add(record["url"])
-            write_jsonl_gz(
-                root / language / "final" / "jsonl" / split / f"{language}_{split}_0.jsonl.gz", part
-            )
-    return urls
 
 
 def write_bad_input(path: Path, good: list[dict[str, Any]]) -> dict[str, int]:

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import parse_tables
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 
 def run_bench(script: str, *args: str, timeout: int = 600) -> str:
+    """Run ``bench/<script>`` as a user does (a file, from the repository root)."""
     env = dict(os.environ, RAY_DATA_DISABLE_PROGRESS_BARS="1")
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / script), *args],
@@ -36,7 +38,7 @@ def run_bench(script: str, *args: str, timeout: int = 600) -> str:
 def test_evaluate_bench(tmp_path: Path) -> None:
     output = tmp_path / "evaluate.json"
     stdout = run_bench(
-        "evaluate.py",
+        "perf/evaluate.py",
         "--docs",
         "150",
         "--models",
@@ -46,7 +48,8 @@ def test_evaluate_bench(tmp_path: Path) -> None:
         "--output",
         str(output),
     )
-    assert "| tiny |" in stdout
+    models, _ = parse_tables(stdout)
+    assert [row["model"] for row in models] == ["tiny"]
     result = json.loads(output.read_text())
     (tiny,) = result["models"]
     assert tiny["documents"] == tiny["queries"] == 150
@@ -58,7 +61,7 @@ def test_evaluate_bench(tmp_path: Path) -> None:
 def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
     output = tmp_path / "preprocess.json"
     run_bench(
-        "preprocess.py",
+        "perf/preprocess.py",
         "--records",
         "300",
         "600",
@@ -85,7 +88,7 @@ def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
 def test_negatives_bench(tmp_path: Path) -> None:
     output = tmp_path / "negatives.json"
     run_bench(
-        "negatives.py",
+        "perf/negatives.py",
         *("--docs", "3000", "--queries", "200", "--dim", "32", "--k", "20"),
         *("--steps", "8", "--refresh-every", "3", "--pairs", "200", "--batch", "8"),
         *("--output", str(output)),
@@ -100,7 +103,7 @@ def test_negatives_bench(tmp_path: Path) -> None:
 def test_train_throughput_bench(tmp_path: Path) -> None:
     output = tmp_path / "train.json"
     run_bench(
-        "train_throughput.py",
+        "perf/train_throughput.py",
         *("--steps", "4", "--window", "2", "--skip-minilm"),
         *("--workdir", str(tmp_path / "work"), "--output", str(output)),
     )
@@ -113,7 +116,7 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
 def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "scoder.json"
     stdout = run_bench(
-        "scoder.py",
+        "quality/scoder.py",
         "--cosqa",
         str(shared_fixtures / "cosqa" / "cosqa-dev.json"),
         "--recipe",
@@ -153,7 +156,7 @@ def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
 def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     output = tmp_path / "versus.json"
     stdout = run_bench(
-        "versus_st.py",
+        "perf/versus_st.py",
         *("--steps", "3", "--window", "1", "--batch", "4", "--repeats", "1"),
         *("--query-length", "16", "--doc-length", "32", "--mini-batch", "2"),
         *("--output", str(output)),
@@ -164,15 +167,27 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     assert [r["system"] for r in result["runs"]] == list(summary)
     for row in summary.values():
         assert row["loop_pairs_per_s"] > 0 and row["end_to_end_s"] > 0
-    assert summary["st-mnrl"]["loop_vs_reference"] == 1.0
-    assert "| santa, Ray Train 2 workers x 1 thread | 1 |" in stdout
+    # The ratios against the reference (st-mnrl), recomputed from the raw runs (one each).
+    runs = {run["system"]: run for run in result["runs"]}
+    reference = runs["st-mnrl"]
+    for system, row in summary.items():
+        loop = runs[system]["loop_pairs_per_s"] / reference["loop_pairs_per_s"]
+        end_to_end = reference["end_to_end_s"] / runs[system]["end_to_end_s"]
+        assert row["loop_vs_reference"] == pytest.approx(loop)
+        assert row["end_to_end_vs_reference"] == pytest.approx(end_to_end)
+    (table,) = parse_tables(stdout)
+    printed = {row["system"]: row for row in table}
+    santa = printed["santa, Ray Train 2 workers x 1 thread"]
+    assert santa["runs"] == "1"
+    assert santa["vs st-mnrl"] == f"{summary['santa-ray']['loop_vs_reference']:.2f}x"
     assert output.with_suffix(".png").stat().st_size > 0
+    assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 3")
 
 
 def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "quality.json"
     stdout = run_bench(
-        "versus_st_quality.py",
+        "quality/versus_st_quality.py",
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
         *("--bootstrap", "200", "--output", str(output)),
@@ -188,17 +203,18 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
         "santa - zero-shot",
         "sentence-transformers - zero-shot",
     }
-    assert "| santa - zero-shot |" in stdout
+    _, differences = parse_tables(stdout)
+    assert [row["paired difference"] for row in differences] == list(cosqa["differences"])
     assert output.with_suffix(".png").stat().st_size > 0
 
 
 def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) -> None:
-    from tests.training import stdlib_pair_rows, write_pairs
+    from bench.corpora import stdlib_pair_rows, write_pairs
 
     output = tmp_path / "transfer.json"
     stdlib = write_pairs(tmp_path / "stdlib", stdlib_pair_rows()[:12])
     stdout = run_bench(
-        "cosqa_transfer.py",
+        "quality/cosqa_transfer.py",
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
         *("--systems", "cosqa,stdlib-large", "--stdlib-data", stdlib, "--bootstrap", "200"),
@@ -220,14 +236,15 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
         "CoSQA web queries, cross-fitted - zero-shot",
         "stdlib docstrings, no pair repeated - zero-shot",
     ]
-    assert "| CoSQA web queries, cross-fitted |" in stdout
+    (table,) = parse_tables(stdout)
+    assert [row["training"] for row in table] == list(result["systems"])
     assert output.with_suffix(".png").stat().st_size > 0
 
 
 def test_ablation_bench(tmp_path: Path) -> None:
     output = tmp_path / "ablation.json"
     stdout = run_bench(
-        "ablation.py",
+        "quality/ablation.py",
         *("--steps", "3", "--max-files", "25", "--bootstrap", "200"),
         *("--set", "train.max_document_length=64", "--set", "model.tiny_vocab_size=500"),
         *("--output", str(output)),
@@ -244,5 +261,6 @@ def test_ablation_bench(tmp_path: Path) -> None:
     assert all(result["training_seconds"][n] > 0 for n in list(result["results"])[1:])
     assert result["corpus"]["test_queries"] > 0
     assert "SDA + MEP (entity) - SDA + MEP (span)" in result["differences"]
-    assert "| w/ SDA - baseline |" in stdout
+    _, paired = parse_tables(stdout)
+    assert paired[0]["paired difference"] == "w/ SDA - baseline"
     assert output.with_suffix(".png").stat().st_size > 0

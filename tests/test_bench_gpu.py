@@ -1,4 +1,4 @@
-"""bench/gpu.py runs at tiny size on CPU and its FLOP count is the analytic T5 formula.
+"""bench/perf/gpu.py runs at tiny size on CPU and its FLOP count is the analytic T5 formula.
 
 The formula is written out again here (not imported) so a change to the script's count
 has to be made twice on purpose; torch's own FLOP counter checks both against what the
@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import REPO
 
-# The script's `tiny` T5 (bench/gpu.py SIZES["tiny"]).
+# The script's `tiny` T5 (bench/perf/gpu.py SIZES["tiny"]).
 D, HEADS, D_KV, D_FF, LAYERS, VOCAB = 64, 4, 16, 128, 2, 1000
 Q, S, T, BATCH = 16, 48, 12, 8
 
@@ -59,7 +59,7 @@ def test_tiny_cpu_run_writes_consistent_results(tmp_path: Path) -> None:
         f"--output={output}",
     ]
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu.py"), *args],
+        [sys.executable, str(REPO / "bench" / "perf" / "gpu.py"), *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -90,10 +90,14 @@ def test_tiny_cpu_run_writes_consistent_results(tmp_path: Path) -> None:
     assert search["cpu"]["queries_per_s"] > 0 and search["cpu"]["hits_per_query"] == 10
     assert search["index_size"] == 1000 and search["dim"] == 768
 
+    meta = result["meta"]  # the harness's record of the run
+    assert meta["command"] == "python bench/perf/gpu.py " + " ".join(args)
+    assert meta["machine"]["gpus"] == [] and meta["machine"]["cpu_count"] > 0
+
 
 def test_flop_formula_matches_torch_flop_counter() -> None:
     """The analytic count is exactly what the model runs: forward, and backward = 2x."""
-    from bench.gpu import build_model, encode_flops, pair_flops, random_ids
+    from bench.perf.gpu import build_model, encode_flops, pair_flops, random_ids
     from santa.method.losses import contrastive_loss, total_loss
 
     model = build_model("tiny", torch.device("cpu"), gradient_checkpointing=False)
@@ -148,6 +152,6 @@ def test_flop_formula_matches_torch_flop_counter() -> None:
     ],
 )
 def test_peak_flops_table_matches_whole_words(device_name: str, peak: float | None) -> None:
-    from bench.gpu import match_peak
+    from bench.perf.gpu import match_peak
 
     assert match_peak(device_name)[1] == peak

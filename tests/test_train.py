@@ -162,7 +162,7 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
 def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
     """``train.compile`` (torch.compile of the DDP model) changes speed, not the numbers;
     its checkpoint loads as a plain model. ``aot_eager`` needs no C++ compiler; GPUs use
-    ``inductor`` (bench/gpu.py)."""
+    ``inductor`` (bench/perf/gpu.py)."""
     common = {"data": pairs["train"], "storage": str(tmp_path), "cpus_per_worker": 0.5}
     overrides = {"max_steps": 3, "log_every": 1, "checkpoint_every": 3, "num_workers": 2}
     eager = fit(tiny_config(**overrides, compile="never"), RunSpec(name="eager", **common))

@@ -1,17 +1,16 @@
-"""bench/versus_st.py's timing arithmetic (the benchmark itself runs in test_bench, slow)."""
+"""The arithmetic of bench/perf/versus_st.py, bench/quality/versus_st_quality.py and
+bench/quality/cosqa_transfer.py (the benchmarks themselves run in test_bench, slow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import REPO
-
-spec = importlib.util.spec_from_file_location("versus_st", REPO / "bench" / "versus_st.py")
-versus_st = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(versus_st)
+from bench.common import parse_tables, write_json
+from bench.perf import versus_st
+from bench.quality import cosqa_transfer as transfer
+from bench.quality import scoring
 
 
 def test_loop_time_leaves_out_the_first_window() -> None:
@@ -48,8 +47,17 @@ def test_summary_takes_medians_and_ratios_against_the_reference() -> None:
     assert summary["st-mnrl"]["end_to_end_s"] == 110.0
     assert summary["santa-ray"]["loop_vs_reference"] == 2.0
     assert summary["santa-ray"]["end_to_end_vs_reference"] == 0.5
-    table = versus_st.format_table(summary, "st-mnrl")
-    assert "| 6.00 | 2.00x | 220.0 | 0.50x | — | — |" in table
+    (table,) = parse_tables(versus_st.format_table(summary, "st-mnrl"))
+    assert list(table[0].values()) == [
+        versus_st.LABELS["santa-ray"],
+        "1",
+        "6.00",
+        "2.00x",
+        "220.0",
+        "0.50x",
+        "—",
+        "—",
+    ]
 
 
 def test_fixed_cost_and_the_run_lengths_at_which_a_system_finishes_first() -> None:
@@ -72,17 +80,14 @@ def test_fixed_cost_and_the_run_lengths_at_which_a_system_finishes_first() -> No
     assert summary["santa-local"]["ahead"] == "up to 2"  # 10 s / 4 s a step = 2.5 steps
     assert summary["st-cached"]["ahead"] == "never"  # slower loop, as much fixed cost
     assert summary["st-mnrl"]["ahead"] == "always"  # the reference against itself
-    table = versus_st.format_table(summary, "st-mnrl")
-    assert "| 60.0 | from 20 |" in table
-    assert "| 20.0 | never |" in table
-    assert "| 10.0 | up to 2 |" in table
-
-
-quality_spec = importlib.util.spec_from_file_location(
-    "versus_st_quality", REPO / "bench" / "versus_st_quality.py"
-)
-quality = importlib.util.module_from_spec(quality_spec)
-quality_spec.loader.exec_module(quality)
+    (table,) = parse_tables(versus_st.format_table(summary, "st-mnrl"))
+    ahead = {
+        row["system"]: (row["fixed s"], row["ahead of st-mnrl end to end, in steps"])
+        for row in table
+    }
+    assert ahead[versus_st.LABELS["santa-ray"]] == ("60.0", "from 20")
+    assert ahead[versus_st.LABELS["st-cached"]] == ("20.0", "never")
+    assert ahead[versus_st.LABELS["santa-local"]] == ("10.0", "up to 2")
 
 
 def test_bootstrap_intervals_and_paired_differences() -> None:
@@ -93,7 +98,8 @@ def test_bootstrap_intervals_and_paired_differences() -> None:
         "santa": santa,
         "sentence-transformers": dict(santa),
     }
-    per_system, differences = quality.bootstrap(scores, resamples=500, seed=0)
+    pairs = (("santa", "sentence-transformers"), ("santa", "zero-shot"))
+    per_system, differences = scoring.bootstrap(scores, resamples=500, seed=0, pairs=pairs)
     assert per_system["zero-shot"] == {"mean": 0.5, "ci_low": 0.5, "ci_high": 0.5}
     row = per_system["santa"]
     assert row["mean"] == 0.75 and row["ci_low"] < 0.75 < row["ci_high"]
@@ -104,11 +110,11 @@ def test_bootstrap_intervals_and_paired_differences() -> None:
     assert better["mean"] == 0.25 and better["ci_low"] > 0 and better["p_below_zero"] == 0.0
     scores["santa"].pop("q0")
     with pytest.raises(ValueError, match="other queries"):
-        quality.bootstrap(scores, resamples=10, seed=0)
+        scoring.bootstrap(scores, resamples=10, seed=0)
 
 
 def test_per_query_rr_reads_a_trec_run_with_ranx(tmp_path) -> None:
-    from tests.training import write_beir
+    from bench.corpora import write_beir
 
     rows = [
         {"query_id": f"q{i}", "query": f"q {i}", "doc_id": f"d{i}", "document": f"d {i}"}
@@ -118,14 +124,13 @@ def test_per_query_rr_reads_a_trec_run_with_ranx(tmp_path) -> None:
     trec = tmp_path / "run.trec"
     # q0: its document first (1); q1: second (1/2); q2: not ranked (0).
     trec.write_text("q0 Q0 d0 1 2.0 m\nq0 Q0 d1 2 1.0 m\nq1 Q0 d0 1 2.0 m\nq1 Q0 d1 2 1.0 m\n")
-    assert quality.per_query_rr(beir, str(trec), "test") == {"q0": 1.0, "q1": 0.5, "q2": 0.0}
+    assert scoring.per_query_rr(beir, str(trec), "test") == {"q0": 1.0, "q1": 0.5, "q2": 0.0}
 
 
-transfer_spec = importlib.util.spec_from_file_location(
-    "cosqa_transfer", REPO / "bench" / "cosqa_transfer.py"
-)
-transfer = importlib.util.module_from_spec(transfer_spec)
-transfer_spec.loader.exec_module(transfer)
+def test_intervals_are_written_as_the_tables_show_them() -> None:
+    row = {"mean": 0.02049, "ci_low": -0.00346, "ci_high": 0.03847}
+    assert scoring.format_interval(row) == "0.0205 [-0.0035, 0.0385]"
+    assert scoring.format_interval(row, signed=True) == "+0.0205 [-0.0035, +0.0385]"
 
 
 def _cosqa_records() -> list[dict]:
@@ -162,9 +167,9 @@ def test_cosqa_folds_keep_each_function_s_queries_together() -> None:
 def test_cosqa_training_pairs_and_held_out_fold(tmp_path) -> None:
     import pyarrow.parquet as pq
 
+    from bench.corpora import write_pairs
     from santa.data.beir import load_beir
     from santa.data.cosqa import cosqa_beir
-    from tests.training import write_pairs
 
     beir = cosqa_beir(_cosqa_records())
     rows = transfer.cosqa_pair_rows(beir, {"q0", "q4"})
@@ -202,12 +207,14 @@ def test_a_failed_system_is_reported_not_fatal() -> None:
         "failed": "out of memory",
     }
     assert summary["santa-ray"]["loop_vs_reference"] == 2.0
-    table = versus_st.format_table(summary, "st-cached")
-    assert "| sentence-transformers, MNRL, 2 threads | 0 | out of memory |" in table
+    (table,) = parse_tables(versus_st.format_table(summary, "st-cached"))
+    failed = next(row for row in table if row["runs"] == "0")
+    assert failed["system"] == "sentence-transformers, MNRL, 2 threads"
+    assert failed["loop pairs/s"] == "out of memory"
 
 
 def test_too_few_pairs_for_the_batch_is_one_line(tmp_path) -> None:
-    from tests.training import stdlib_pair_rows, write_pairs
+    from bench.corpora import stdlib_pair_rows, write_pairs
 
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:3])
     with pytest.raises(SystemExit, match="has 3 pairs, fewer than --batch 8"):
@@ -216,7 +223,7 @@ def test_too_few_pairs_for_the_batch_is_one_line(tmp_path) -> None:
 
 def test_bench_json_is_written_whole(tmp_path) -> None:
     path = tmp_path / "results" / "bench.json"
-    quality.write_json(path, {"a": 1})
-    quality.write_json(path, {"a": 2})
+    write_json(path, {"a": 1})
+    write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["bench.json"]  # no temporary left

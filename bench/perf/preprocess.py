@@ -1,6 +1,6 @@
 """Benchmark: preprocessing records/s, single process without Ray vs Ray Data on 1 and 2 CPUs.
 
-    python bench/preprocess.py [--records 20000 60000 100000] [--repeats 3]
+    python bench/perf/preprocess.py [--records 20000 60000 100000] [--repeats 3]
                                [--workdir /tmp/santa-bench]
 
 The corpus is real code: CodeSearchNet-format records of documented functions from this
@@ -26,6 +26,7 @@ steady-state rate (extra records / extra seconds), which leaves out the fixed st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -35,22 +36,22 @@ import sysconfig
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow.parquet as pq
 
-import contextlib
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pyarrow.parquet as pq  # noqa: E402
-
-from santa.data.records import (  # noqa: E402
+from bench import common
+from santa.data.records import (
     DropRow,
     PairOptions,
     build_code_pair,
     normalize_codesearchnet,
     parse_json_line,
 )
-from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
-from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.method.entities import extract_code_entities  # noqa: E402
+from santa.data.schema import PAIR_SCHEMA, rows_to_table
+from santa.data.source import SourceRecords, default_source_root
+from santa.method.entities import extract_code_entities
 
 
 def build_corpus(workdir: Path, records: int, shards: int = 16) -> list[Path]:
@@ -134,7 +135,7 @@ print("RESULT" + json.dumps({{"rows": report["rows_read"], "written": report["ro
         capture_output=True,
         text=True,
         env=env,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=common.ROOT,
     )
     result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     if proc.returncode or not result:
@@ -183,15 +184,16 @@ def medians(runs: list[dict]) -> list[dict]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every mode at every size, ``--repeats`` times interleaved, and print a table."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, nargs="+", default=[20_000, 60_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="time each Ray cluster's first job")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-bench"))
-    parser.add_argument("--output", type=Path, default=Path("bench/results/preprocess.json"))
-    args = parser.parse_args()
+    parser.add_argument("--output", type=Path, default=common.RESULTS_DIR / "preprocess.json")
+    args = parser.parse_args(argv)
+    bench = common.BenchRun(__file__, argv)
     corpora = {records: build_corpus(args.workdir, records) for records in sorted(args.records)}
     runs = []
     for repeat in range(1, args.repeats + 1):
@@ -209,41 +211,47 @@ def main() -> None:
     rate = entity_rate(next(iter(corpora.values())))
     steady = steady_rates(results)
     print(f"\nMedians of {args.repeats} interleaved repeats:")
-    print("| mode | records | written | seconds | records/s | vs single | repeats s |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    rows = []
     for r in results:
         per_s = r["rows"] / r["seconds"]
         base = next(b for b in results if b["records"] == r["records"] and b["mode"] == MODES[0])
-        print(
-            f"| {r['mode']} | {r['rows']:,} | {r['written']:,} | {r['seconds']:.1f} | "
-            f"{per_s:,.0f} | {per_s / (base['rows'] / base['seconds']):.2f}x | "
-            f"{', '.join(f'{s:.1f}' for s in r['repeats_s'])} |"
+        rows.append(
+            [
+                r["mode"],
+                f"{r['rows']:,}",
+                f"{r['written']:,}",
+                f"{r['seconds']:.1f}",
+                f"{per_s:,.0f}",
+                f"{per_s / (base['rows'] / base['seconds']):.2f}x",
+                ", ".join(f"{s:.1f}" for s in r["repeats_s"]),
+            ]
         )
+    header = ["mode", "records", "written", "seconds", "records/s", "vs single", "repeats s"]
+    print(common.format_table(header, rows, align="lrrrrrl"))
     if steady:
         base = steady[MODES[0]]["records_per_s"]
         print("\nSteady state (extra records / extra seconds between the two sizes):")
-        print("| mode | records/s | vs single | fixed start s |")
-        print("|---|---:|---:|---:|")
-        for mode, r in steady.items():
-            print(
-                f"| {mode} | {r['records_per_s']:,.0f} | {r['records_per_s'] / base:.2f}x | "
-                f"{r['fixed_s']:.1f} |"
-            )
+        rows = [
+            [
+                mode,
+                f"{r['records_per_s']:,.0f}",
+                f"{r['records_per_s'] / base:.2f}x",
+                f"{r['fixed_s']:.1f}",
+            ]
+            for mode, r in steady.items()
+        ]
+        print(common.format_table(["mode", "records/s", "vs single", "fixed start s"], rows))
     print(f"\nPython entity extraction alone: {rate:,.0f} functions/s on one core")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "repeats": args.repeats,
-                "cold": args.cold,
-                "results": results,
-                "runs": runs,
-                "steady_state": steady,
-                "entity_functions_per_s": rate,
-            },
-            indent=2,
-        )
-    )
+    payload = {
+        "repeats": args.repeats,
+        "cold": args.cold,
+        "results": results,
+        "runs": runs,
+        "steady_state": steady,
+        "entity_functions_per_s": rate,
+    }
+    bench.write_json(args.output, payload)
+    print(f"wrote {args.output}")
 
 
 def steady_rates(results: list[dict]) -> dict[str, dict[str, float]]:

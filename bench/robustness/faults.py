@@ -1,21 +1,82 @@
-"""The faults of bench/faults.py: each a job command line, its expected exit code and
-what must stay untouched (built in a scratch folder, with moto S3 endpoints)."""
+"""Fault injection against the real command lines (issue 17).
+
+Each fault runs a job in a subprocess (bad paths, a missing bucket and refused
+credentials on moto's S3 server, a silent S3 endpoint, bad files, a corrupt checkpoint, a
+locked run, Ctrl-C mid-preprocess, ...) and is recorded as: exit code (and the one
+expected), lines on stderr, the message (the first ``santa:`` line on stderr, else the
+first stderr line, or for a success the line that shows the fault was handled), seconds,
+and whether the data was safe (outputs untouched or whole afterwards).
+
+    python bench/robustness/faults.py [--only SUBSTRING]
+
+Writes bench/results/faults.json and prints the table. The faults themselves (each a
+command line, the exit code it must end with and what must stay untouched) are built by
+``build_faults`` below, in a scratch folder.
+"""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.faults import TINY, Fault
+if not __package__:  # run as a file (python bench/robustness/faults.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import common
+
+ROOT = common.ROOT
+RESULTS = common.RESULTS_DIR / "faults.json"
+TINY = [
+    "--recipe", "tiny", "--num-workers", "1", "--cpus-per-worker", "0.5",
+    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
+    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
+    "--set", "model.tiny_vocab_size=2000", "--set", "train.checkpoint_every=1",
+    "--set", "train.log_every=1", "--address", "local",
+]  # fmt: skip
+
+
+@dataclass
+class Fault:
+    """One fault: a command, the exit code it must end with, and how to judge safety."""
+
+    name: str
+    command: list[str]
+    expected: int
+    env: dict[str, str] = field(default_factory=dict)
+    watch: list[Path] = field(default_factory=list)
+    """Paths whose files must be unchanged afterwards (or still absent)."""
+    success_line: str = ""
+    """For an expected exit 0: the output line that shows the fault was handled."""
+    interrupt_after: str = ""
+    """Send SIGINT this long after a stdout line starting with this text."""
+    check: Callable[[], bool] | None = None
+    """An extra data-safety check."""
 
 
 def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fault]:
+    """Every fault: its inputs built under ``work``, S3 on the three endpoints given."""
+    from bench.corpora import (
+        other_language_records,
+        stdlib_pair_rows,
+        stdlib_python_records,
+        write_beir,
+        write_csn_layout,
+        write_pairs,
+    )
     from santa.runtime import storage
-    from tests.conftest import free_port
-    from tests.datagen import other_language_records, stdlib_python_records, write_csn_layout
-    from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
     s3 = {
         "AWS_ENDPOINT_URL": moto,
@@ -397,3 +458,190 @@ def corrupt_latest_checkpoint(run: Path) -> str:
     optimizer = latest / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:64])
     return str(latest)
+
+
+def snapshot(paths: list[Path]) -> dict[str, bytes]:
+    """The bytes of every file under ``paths`` (run locks left out)."""
+    files = {}
+    for root in paths:
+        if root.is_file():
+            files[str(root)] = root.read_bytes()
+        elif root.is_dir():
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and ".santa-lock" not in path.name:
+                    files[str(path)] = path.read_bytes()
+    return files
+
+
+def run_fault(fault: Fault) -> dict:
+    """Run one fault's command in a subprocess and judge its exit, message and data."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env.update(PYTHONPATH=str(ROOT), RAY_DATA_DISABLE_PROGRESS_BARS="1", **fault.env)
+    before = snapshot(fault.watch)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *fault.command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    stdout_head = []
+    if fault.interrupt_after:
+        for line in proc.stdout:
+            stdout_head.append(line)
+            if line.startswith(fault.interrupt_after):
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+    try:
+        stdout, stderr = proc.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    seconds = time.monotonic() - started
+    stdout = "".join(stdout_head) + stdout
+    err_lines = [line for line in stderr.splitlines() if line.strip()]
+    santa_lines = [line for line in err_lines if line.startswith("santa:")]
+    if fault.success_line:
+        shown = [line for line in (stdout + stderr).splitlines() if fault.success_line in line]
+        message = shown[0].strip() if shown else "(expected line missing)"
+    else:
+        message = (santa_lines or err_lines or ["(no message)"])[0]
+    safe = snapshot(fault.watch) == before and (fault.check() if fault.check else True)
+    return {
+        "fault": fault.name,
+        "exit": proc.returncode,
+        "expected": fault.expected,
+        "stderr_lines": len(err_lines),
+        "santa_lines": len(santa_lines),
+        "message": message,
+        "seconds": round(seconds, 1),
+        "data_safe": bool(safe),
+        "stderr_tail": stderr[-1500:] if proc.returncode != fault.expected else "",
+        "ok": proc.returncode == fault.expected
+        and (fault.expected == 0 or len(santa_lines) == 1)
+        and (not fault.success_line or message != "(expected line missing)"),
+    }
+
+
+class SilentEndpoint:
+    """Accepts TCP connections on loopback and never answers."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.server.accept()[0])
+            except OSError:
+                return
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_moto(auth: bool = False) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on loopback; ``auth``: every request is checked (none passes)."""
+    port = free_port()
+    env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if auth else {})}
+    executable = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen(
+        [str(executable), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(150):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def format_table(rows: list[dict]) -> str:
+    """A markdown table of the faults' outcomes (long messages cut at 160 characters)."""
+    table = []
+    for row in rows:
+        message = row["message"]
+        if len(message) > 160:
+            message = message[:157] + "..."
+        table.append(
+            [
+                row["fault"],
+                f"{row['exit']} ({row['expected']})",
+                row["stderr_lines"],
+                message,
+                f"{row['seconds']:.1f}",
+                "yes" if row["data_safe"] else "NO",
+            ]
+        )
+    header = ["fault", "exit (want)", "stderr lines", "message", "s", "data safe"]
+    return common.format_table(header, table, align="lrrlrl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the faults (or those ``--only`` names), print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="run the faults whose name has this text")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
+    from santa.runtime.runlock import RunLock
+
+    bench = common.BenchRun(__file__, argv)
+
+    work = Path(tempfile.mkdtemp(prefix="santa-faults-"))
+    moto, moto_url = start_moto()
+    auth, auth_url = start_moto(auth=True)
+    silent = SilentEndpoint()
+    rows = []
+    try:
+        faults = build_faults(work, moto_url, auth_url, silent.endpoint)
+        for fault in faults:
+            if args.only and args.only not in fault.name:
+                continue
+            if fault.name.startswith("pretrain: corrupt latest"):
+                print(f"  corrupted {corrupt_latest_checkpoint(work / 'runs' / 'r')}", flush=True)
+            if fault.name.startswith("pretrain: run locked"):
+                with RunLock(
+                    str(work / "locked" / "busy"), description="bench/robustness/faults.py"
+                ):
+                    row = run_fault(fault)
+            else:
+                row = run_fault(fault)
+            rows.append(row)
+            status = "ok" if row["ok"] and row["data_safe"] else "FAIL"
+            if status == "FAIL" and row["stderr_tail"]:
+                print(row["stderr_tail"], flush=True)
+            print(f"{status:4} {row['fault']}: exit {row['exit']} in {row['seconds']}s: "
+                  f"{row['message'][:140]}", flush=True)  # fmt: skip
+    finally:
+        for server in (moto, auth):
+            server.terminate()
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(format_table(rows))
+    passed = sum(row["ok"] and row["data_safe"] for row in rows)
+    print(f"\n{passed}/{len(rows)} faults: right exit code, one message line, data safe")
+    if not args.only:
+        bench.write_json(RESULTS, {"faults": rows})
+        print(f"wrote {RESULTS}")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

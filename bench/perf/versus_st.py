@@ -32,8 +32,8 @@ santa pads every batch to the full lengths (``--query-length``/``--doc-length``)
 sentence-transformers pads each batch to its longest text (one ``max_seq_length`` =
 ``--doc-length`` for both sides).
 
-    python bench/versus_st.py [--steps 20] [--batch 32] [--repeats 2]
-    python bench/versus_st.py --systems santa-local,st-mnrl --steps 4 --batch 8 --repeats 1
+    python bench/perf/versus_st.py [--steps 20] [--batch 32] [--repeats 2]
+    python bench/perf/versus_st.py --systems santa-local,st-mnrl --steps 4 --batch 8 --repeats 1
 
 Prints a table and writes ``bench/results/versus_st.json`` and ``versus_st.png`` (medians
 and every run). Needs the ``bench`` extra (``pip install -e ".[bench]"``).
@@ -52,9 +52,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as a file (python bench/perf/versus_st.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import common
 
 SYSTEMS = ("santa-ray", "santa-local", "st-mnrl", "st-cached")
 LABELS = {
@@ -64,7 +65,7 @@ LABELS = {
     "st-cached": "sentence-transformers, CachedMNRL, 2 threads",
 }
 RECIPE = "minilm-finetune"
-RESULTS = ROOT / "bench" / "results" / "versus_st.json"
+RESULTS = common.RESULTS_DIR / "versus_st.json"
 
 
 def recipe_overrides(args: argparse.Namespace) -> list[str]:
@@ -265,7 +266,7 @@ def run_child(args: argparse.Namespace) -> int:
 
 def build_pairs(work: Path) -> str:
     """Standard-library docstring → code pairs, as the preprocess job writes them."""
-    from tests.training import stdlib_pair_rows, write_pairs
+    from bench.corpora import stdlib_pair_rows, write_pairs
 
     return write_pairs(work / "pairs", stdlib_pair_rows())
 
@@ -296,7 +297,7 @@ def run_once(system: str, args: argparse.Namespace, data: str, work: Path) -> di
     ]
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=common.ROOT)
     wall = time.perf_counter() - started
     if done.returncode != 0 or not result.exists():
         # A system that cannot run this setting (out of memory at a large batch) is a
@@ -396,35 +397,42 @@ def summarize(
 
 def format_table(summary: dict[str, dict], reference: str) -> str:
     """A markdown table of the medians."""
-    lines = [
-        f"| system | runs | loop pairs/s | vs {reference} | end to end s | speed vs {reference} "
-        f"| fixed s | ahead of {reference} end to end, in steps |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    header = [
+        "system",
+        "runs",
+        "loop pairs/s",
+        f"vs {reference}",
+        "end to end s",
+        f"speed vs {reference}",
+        "fixed s",
+        f"ahead of {reference} end to end, in steps",
     ]
+    rows = []
     for row in summary.values():
         if "failed" in row:
-            lines.append(f"| {row['label']} | 0 | {row['failed']} | | | | | |")
+            rows.append([row["label"], 0, row["failed"], "", "", "", "", ""])
             continue
         fixed = row.get("fixed_s")
-        lines.append(
-            f"| {row['label']} | {row['runs']} | {row['loop_pairs_per_s']:.2f} | "
-            f"{row.get('loop_vs_reference', float('nan')):.2f}x | {row['end_to_end_s']:.1f} | "
-            f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x | "
-            f"{'—' if fixed is None else f'{fixed:.1f}'} | {row.get('ahead', '—')} |"
+        rows.append(
+            [
+                row["label"],
+                row["runs"],
+                f"{row['loop_pairs_per_s']:.2f}",
+                f"{row.get('loop_vs_reference', float('nan')):.2f}x",
+                f"{row['end_to_end_s']:.1f}",
+                f"{row.get('end_to_end_vs_reference', float('nan')):.2f}x",
+                None if fixed is None else f"{fixed:.1f}",
+                row.get("ahead"),
+            ]
         )
-    return "\n".join(lines)
+    return common.format_table(header, rows)
 
 
 def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> None:
     """Two panels (loop pairs/s, end-to-end seconds): median bars and every run as a dot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     systems = [s for s in summary if "failed" not in summary[s]]
     runs = [r for r in runs if "failed" not in r]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = common.new_figure(1, 2, figsize=(11, 4))
     for axis, key, label in (
         (axes[0], "loop_pairs_per_s", "training loop, pairs/s (higher is better)"),
         (axes[1], "end_to_end_s", "end to end, seconds (lower is better)"),
@@ -436,25 +444,22 @@ def plot(runs: list[dict], summary: dict[str, dict], path: Path, title: str) -> 
         axis.set_xticks(range(len(systems)), systems, rotation=15)
         axis.set_title(label, fontsize=10)
     figure.suptitle(title, fontsize=10)
-    from versus_st_quality import save_figure
-
-    save_figure(figure, path)
+    common.save_figure(figure, path)
 
 
-def run_parent(args: argparse.Namespace) -> int:
+def run_parent(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Interleave the systems' runs, print the table, write JSON and the plot."""
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         raise SystemExit(f"santa: error: unknown systems {unknown} (choose from {SYSTEMS})")
-    load = os.getloadavg()
-    if load[0] > 1.0:
-        print(f"warning: 1-minute load is {load[0]:.2f} before starting (figures will be noisy)")
     work = Path(tempfile.mkdtemp(prefix="santa-versus-st-"))
     data = args.data or build_pairs(work)
     rows = pq_rows(data)
     if rows < args.batch:
         raise SystemExit(f"santa: error: {data} has {rows} pairs, fewer than --batch {args.batch}")
+    # Each system has 2 threads of a 2-core machine: any other load skews the comparison.
+    bench = common.BenchRun(__file__, argv, busy_above=1.0)
     print(
         f"{len(systems)} systems x {args.repeats} runs, {args.steps} steps at batch "
         f"{args.batch}, lengths {args.query_length}/{args.doc_length}",
@@ -492,17 +497,11 @@ def run_parent(args: argparse.Namespace) -> int:
         "recipe": RECIPE,
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "output")},
         "pairs": rows,
-        "cpus": os.cpu_count(),
-        "load_before": list(load),
-        "load_after": list(os.getloadavg()),
-        "date": time.ctime(),
         "summary": summary,
         "runs": runs,
     }
     output = Path(args.output)
-    from versus_st_quality import write_json
-
-    write_json(output, payload)
+    bench.write_json(output, payload)
     title = (
         f"all-MiniLM-L6-v2, batch {args.batch}, {args.steps} steps, "
         f"lengths {args.query_length}/{args.doc_length}, 2 CPU threads each"
@@ -550,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps <= args.window:
         parser.error(f"--steps ({args.steps}) must exceed --window ({args.window})")
-    return run_child(args) if args.child else run_parent(args)
+    return run_child(args) if args.child else run_parent(args, argv)
 
 
 if __name__ == "__main__":

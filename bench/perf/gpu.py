@@ -1,7 +1,7 @@
 """Benchmark on one GPU: SANTA training step (pairs/s, MFU), encoding, faiss GPU vs CPU.
 
-    python bench/gpu.py                      # CodeT5-base shape on CUDA
-    python bench/gpu.py --size tiny --device cpu --steps 3 --warmup 1   # smoke run
+    python bench/perf/gpu.py                      # CodeT5-base shape on CUDA
+    python bench/perf/gpu.py --size tiny --device cpu --steps 3 --warmup 1   # smoke run
 
 Model: a T5 built from ``transformers.T5Config`` with random weights (no download) in
 santa's ``DualEncoder``. ``base`` is CodeT5-base's shape (d_model 768, 12 + 12 layers,
@@ -58,15 +58,14 @@ faiss: exact inner-product search (santa.index.NegativeIndex, kind "flat") of
 documents, on
 CPU and, when faiss has GPU support and torch sees CUDA, on GPU.
 
-Prints a table and writes JSON (``--output``, default bench/results/gpu.json).
+Prints a table and writes JSON (``--output``, default bench/results/gpu.json) with the
+harness's ``meta`` (date, commit, command, machine) beside the device and its peak.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import sys
 import time
@@ -74,18 +73,19 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.config import ModelConfig  # noqa: E402
-from santa.method.losses import contrastive_loss, total_loss  # noqa: E402
-from santa.models.dual_encoder import DualEncoder  # noqa: E402
+from bench import common
+from santa.config import ModelConfig
+from santa.method.losses import contrastive_loss, total_loss
+from santa.models.dual_encoder import DualEncoder
 
-RESULTS = ROOT / "bench" / "results" / "gpu.json"
+RESULTS = common.RESULTS_DIR / "gpu.json"
 
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s from the vendor data sheets. Matched in
 # order against the upper-cased device name, each key as a whole word ("L4" is not "L40S");
@@ -199,18 +199,6 @@ def match_peak(device_name: str) -> tuple[str, float | None]:
         if all(key in words for key in keys):
             return label, flops
     return "not in the table", None
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def synchronize(device: torch.device) -> None:
@@ -428,6 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run training, encoding and faiss benchmarks; print a table; write JSON."""
     args = parse_args(argv)
+    bench = common.BenchRun(__file__, argv)
     load_at_start = os.getloadavg()[0]
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
@@ -480,7 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "device": {
             "type": device.type,
-            "name": torch.cuda.get_device_name(device) if on_gpu else cpu_name(),
+            "name": torch.cuda.get_device_name(device) if on_gpu else common.cpu_model(),
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             # Shared machines: a load above cpu_count means the CPU rates are depressed.
@@ -511,8 +500,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "faiss": search,
     }
     print_table(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    bench.write_json(args.output, result)
+    print(f"wrote {args.output}")
     return result
 
 
@@ -537,30 +526,39 @@ def print_table(result: dict[str, Any]) -> None:
         f"(forward {flops['forward_per_pair']:,}); per encoded document: "
         f"{flops['encode_per_document']:,}\n"
     )
-    print("| measurement | rate | achieved TFLOP/s | MFU |")
-    print("|---|---:|---:|---:|")
-    print(
-        f"| train step (batch {config['batch']}, q/s/t {config['query_length']}/"
-        f"{config['document_length']}/{config['target_length']}) | "
-        f"{rate(train['pairs_per_s'])} pairs/s | {train['achieved_flops_per_s'] / 1e12:.4g} | "
-        f"{mfu(train['mfu'])} |"
-    )
-    print(
-        f"| encode (length {encode['length']}, batch {encode['batch']}) | "
-        f"{rate(encode['documents_per_s'])} docs/s | "
-        f"{encode['achieved_flops_per_s'] / 1e12:.4g} | {mfu(encode['mfu'])} |"
-    )
+    rows = [
+        [
+            f"train step (batch {config['batch']}, q/s/t {config['query_length']}/"
+            f"{config['document_length']}/{config['target_length']})",
+            f"{rate(train['pairs_per_s'])} pairs/s",
+            f"{train['achieved_flops_per_s'] / 1e12:.4g}",
+            mfu(train["mfu"]),
+        ],
+        [
+            f"encode (length {encode['length']}, batch {encode['batch']})",
+            f"{rate(encode['documents_per_s'])} docs/s",
+            f"{encode['achieved_flops_per_s'] / 1e12:.4g}",
+            mfu(encode["mfu"]),
+        ],
+    ]
     search = result["faiss"]
     if search:
         for where in ("cpu", "gpu"):
             if search.get(where):
-                print(
-                    f"| faiss flat IP {where} ({search['index_size']:,} x {search['dim']}, "
-                    f"{search['queries']:,} queries, top {search['k']}) | "
-                    f"{search[where]['queries_per_s']:.0f} queries/s | | |"
+                rows.append(
+                    [
+                        f"faiss flat IP {where} ({search['index_size']:,} x {search['dim']}, "
+                        f"{search['queries']:,} queries, top {search['k']})",
+                        f"{search[where]['queries_per_s']:.0f} queries/s",
+                        "",
+                        "",
+                    ]
                 )
         if search.get("gpu") is None:
-            print(f"| faiss gpu | {search['gpu_note']} | | |")
+            rows.append(["faiss gpu", search["gpu_note"], "", ""])
+    print(
+        common.format_table(["measurement", "rate", "achieved TFLOP/s", "MFU"], rows, align="llrr")
+    )
 
 
 if __name__ == "__main__":

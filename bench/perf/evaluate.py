@@ -1,6 +1,6 @@
 """Benchmark: encoding throughput and the evaluator's overhead over a raw faiss search.
 
-    python bench/evaluate.py [--docs 3000] [--models tiny minilm] [--scale 30000 100000]
+    python bench/perf/evaluate.py [--docs 3000] [--models tiny minilm] [--scale 30000 100000]
 
 The corpus is real code: documented Python functions of this interpreter's standard
 library, turned into (docstring tokens → code) pairs by the same builder the eval stage of
@@ -22,24 +22,23 @@ Results go to ``bench/results/evaluate.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.data.beir import BeirData  # noqa: E402
-from santa.data.records import DropRow, PairOptions, build_code_pair  # noqa: E402
-from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.eval import compute_metrics, dense_retrieve  # noqa: E402
-from santa.models.dual_encoder import DualEncoder  # noqa: E402
-from santa.models.encoding import encode_texts  # noqa: E402
-from santa.recipes import get_recipe  # noqa: E402
+from bench import common
+from santa.data.beir import BeirData
+from santa.data.records import DropRow, PairOptions, build_code_pair
+from santa.data.source import SourceRecords, default_source_root
+from santa.eval import compute_metrics, dense_retrieve
+from santa.models.dual_encoder import DualEncoder
+from santa.models.encoding import encode_texts
+from santa.recipes import get_recipe
 
 TOP_K = 100
 REPEATS = 10
@@ -65,6 +64,7 @@ def build_corpus(limit: int) -> BeirData:
 
 
 def load(name: str, beir: BeirData) -> tuple[DualEncoder, int, int]:
+    """The recipe's model (tiny: tokenizer trained on the corpus) and its two lengths."""
     config = get_recipe(name)
     if config.model.is_tiny:
         from santa.models.tokenizer import train_tokenizer
@@ -88,6 +88,7 @@ def timed(function, repeats: int = REPEATS) -> tuple[float, object]:
 
 
 def raw_faiss(doc_embeddings: np.ndarray, query_embeddings: np.ndarray) -> None:
+    """The search alone: a flat inner-product index, built and searched."""
     import faiss
 
     index = faiss.IndexFlatIP(doc_embeddings.shape[1])
@@ -126,6 +127,7 @@ def overhead(
 
 
 def bench_model(name: str, beir: BeirData, batch_size: int) -> dict:
+    """Encoding rates of one model and the evaluator's overhead on its embeddings."""
     model, query_length, document_length = load(name, beir)
     doc_texts = beir.document_texts()
     query_ids = list(beir.queries)
@@ -158,6 +160,7 @@ def bench_model(name: str, beir: BeirData, batch_size: int) -> dict:
 
 
 def bench_scale(num_docs: int, num_queries: int = 1000, dim: int = 384) -> dict:
+    """The evaluator's overhead on random embeddings of a bigger corpus."""
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((num_docs, dim)).astype(np.float32)
     queries = rng.standard_normal((num_queries, dim)).astype(np.float32)
@@ -171,19 +174,19 @@ def bench_scale(num_docs: int, num_queries: int = 1000, dim: int = 384) -> dict:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Encode, retrieve, time; print the tables and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=3000)
     parser.add_argument("--models", nargs="*", default=["tiny", "minilm"])
     parser.add_argument("--scale", nargs="*", type=int, default=[30_000, 100_000])
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument(
-        "--output", default=str(Path(__file__).parent / "results" / "evaluate.json")
-    )
-    args = parser.parse_args()
+    parser.add_argument("--output", default=str(common.RESULTS_DIR / "evaluate.json"))
+    args = parser.parse_args(argv)
 
     import torch
 
+    bench = common.BenchRun(__file__, argv)
     beir = build_corpus(args.docs)
     # ranx's one-time start-up: import + loading (or compiling) its numba kernels.
     started = time.perf_counter()
@@ -195,39 +198,59 @@ def main() -> None:
     print(f"corpus: {len(beir.corpus)} stdlib functions; torch threads {torch.get_num_threads()}")
     print(f"ranx start-up (once per process): {ranx_startup_s:.2f} s")
     print()
-    header = (
-        "| model | dim | docs/s | queries/s | raw faiss s | retrieval s | metrics s | overhead |"
+    print(
+        common.format_table(
+            [
+                "model",
+                "dim",
+                "docs/s",
+                "queries/s",
+                "raw faiss s",
+                "retrieval s",
+                "metrics s",
+                "overhead",
+            ],
+            [
+                [
+                    r["model"],
+                    r["dim"],
+                    f"{r['documents_per_s']:.1f}",
+                    f"{r['queries_per_s']:.1f}",
+                    f"{r['raw_faiss_s']:.4f}",
+                    f"{r['retrieval_s']:.4f}",
+                    f"{r['metrics_s']:.4f}",
+                    f"{r['overhead_pct']:.0f}%",
+                ]
+                for r in models
+            ],
+        )
     )
-    print(header)
-    print("|---|---|---|---|---|---|---|---|")
-    for r in models:
-        print(
-            f"| {r['model']} | {r['dim']} | {r['documents_per_s']:.1f} | "
-            f"{r['queries_per_s']:.1f} | {r['raw_faiss_s']:.4f} | {r['retrieval_s']:.4f} | "
-            f"{r['metrics_s']:.4f} | {r['overhead_pct']:.0f}% |"
-        )
     print()
-    print("| documents | queries | dim | raw faiss s | retrieval s | metrics s | overhead |")
-    print("|---|---|---|---|---|---|---|")
-    for r in scale:
-        print(
-            f"| {r['documents']} | {r['queries']} | {r['dim']} | {r['raw_faiss_s']:.3f} | "
-            f"{r['retrieval_s']:.3f} | {r['metrics_s']:.3f} | {r['overhead_pct']:.0f}% |"
+    print(
+        common.format_table(
+            ["documents", "queries", "dim", "raw faiss s", "retrieval s", "metrics s", "overhead"],
+            [
+                [
+                    r["documents"],
+                    r["queries"],
+                    r["dim"],
+                    f"{r['raw_faiss_s']:.3f}",
+                    f"{r['retrieval_s']:.3f}",
+                    f"{r['metrics_s']:.3f}",
+                    f"{r['overhead_pct']:.0f}%",
+                ]
+                for r in scale
+            ],
+            align="rrrrrrr",
         )
+    )
     payload = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-            "load_average_1m": os.getloadavg()[0],
-        },
         "corpus_documents": len(beir.corpus),
         "ranx_startup_s": ranx_startup_s,
         "models": models,
         "scale": scale,
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
+    bench.write_json(args.output, payload)
     print(f"\nwritten: {args.output}")
 
 

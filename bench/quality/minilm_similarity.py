@@ -6,7 +6,7 @@ same number of steps on the same standard-library docstring → code pairs both 
 scores each on the CoSQA dev set (real web queries) with santa's evaluator, beside the
 zero-shot model:
 
-    python bench/minilm_similarity.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json
+    python bench/quality/minilm_similarity.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json
 
 Prints a table and writes ``bench/results/minilm_similarity.json``.
 """
@@ -14,22 +14,25 @@ Prints a table and writes ``bench/results/minilm_similarity.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a file (python bench/quality/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.data.cosqa import write_cosqa_beir  # noqa: E402
-from santa.eval import EvalConfig, evaluate  # noqa: E402
-from santa.recipes import get_recipe, minilm_path  # noqa: E402
-from santa.runtime import storage  # noqa: E402
-from santa.runtime.ray_utils import init_ray  # noqa: E402
-from santa.train.trainer import RunSpec, fit  # noqa: E402
-from tests.training import stdlib_pair_rows, write_pairs  # noqa: E402
+from bench import common
+from bench.corpora import stdlib_pair_rows, write_pairs
+from santa.data.cosqa import write_cosqa_beir
+from santa.eval import EvalConfig, evaluate
+from santa.recipes import get_recipe, minilm_path
+from santa.runtime import storage
+from santa.runtime.ray_utils import init_ray
+from santa.train.trainer import RunSpec, fit
+
+RESULTS = common.RESULTS_DIR / "minilm_similarity.json"
 
 VARIANTS = {
     "dot, τ=1 (before)": ["model.similarity=dot", "model.temperature=1.0"],
@@ -37,15 +40,16 @@ VARIANTS = {
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Fine-tune both ways, evaluate on CoSQA, print and write the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cosqa", required=True, help="cosqa-dev.json")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--output", default="bench/results/minilm_similarity.json")
-    args = parser.parse_args()
+    parser.add_argument("--output", default=str(RESULTS))
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-minilm-"))
     pairs = write_pairs(work / "pairs", stdlib_pair_rows())
     beir = str(work / "cosqa")
@@ -76,13 +80,12 @@ def main() -> int:
         metrics = evaluate(model, beir, EvalConfig(baseline=None, progress=False))["model"]
         results[name] = {"mrr@100": metrics["mrr@100"], "train_s": round(train_s, 1)}
         print(f"{name}: MRR@100 {metrics['mrr@100']:.4f} ({train_s:.0f} s training)", flush=True)
-    print(f"\n| minilm on CoSQA dev ({args.steps} steps × {args.batch}) | MRR@100 |")
-    print("|---|---:|")
-    for name, row in results.items():
-        print(f"| {name} | {row['mrr@100']:.4f} |")
-    payload = {"steps": args.steps, "batch": args.batch, "results": results, "date": time.ctime()}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
+    header = [f"minilm on CoSQA dev ({args.steps} steps × {args.batch})", "MRR@100"]
+    rows = [[name, f"{row['mrr@100']:.4f}"] for name, row in results.items()]
+    print("\n" + common.format_table(header, rows))
+    payload = {"steps": args.steps, "batch": args.batch, "results": results}
+    bench.write_json(args.output, payload)
+    print(f"wrote {args.output}")
     return 0
 
 

@@ -15,7 +15,7 @@ The paper's finding (Table 3, CodeT5-base on CodeSearchNet): SDA brings most of 
 over the baseline, MEP alone little, and entity masking beats span masking. Paired
 intervals are printed for those comparisons.
 
-    python bench/ablation.py [--steps 150] [--workers 2]
+    python bench/quality/ablation.py [--steps 150] [--workers 2]
 
 Prints tables and writes ``bench/results/ablation.json`` and ``ablation.png``.
 """
@@ -30,13 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as a file (python bench/quality/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from versus_st_quality import bootstrap, per_query_rr, save_figure, write_json  # noqa: E402
+from bench import common
+from bench.quality.scoring import bootstrap, format_interval, per_query_rr
 
-RESULTS = ROOT / "bench" / "results" / "ablation.json"
+RESULTS = common.RESULTS_DIR / "ablation.json"
 # name → (training data: entity or span masks, config overrides); None: no training.
 VARIANTS: dict[str, tuple[str, list[str]] | None] = {
     "baseline": None,
@@ -72,16 +72,16 @@ def build_corpus(work: Path, max_files: int) -> tuple[dict[str, str], str, dict[
         for path in sorted(Path(source).glob("*.py"))[:max_files]:
             shutil.copy(path, tree)
         source = str(tree)
-    common = {"dataset": "source", "input": source, "languages": ("python",), "skip_tests": True}
+    options = {"dataset": "source", "input": source, "languages": ("python",), "skip_tests": True}
     data, sizes = {}, {}
     for mask in ("entity", "span"):
         output = str(work / f"pairs-{mask}")
         report = run_preprocess(
-            PreprocessConfig(output=output, stage="pretrain", split="train", mask=mask, **common)
+            PreprocessConfig(output=output, stage="pretrain", split="train", mask=mask, **options)
         )
         data[mask], sizes[f"train_pairs_{mask}"] = output, report["rows_written"]
     test = str(work / "test")
-    report = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **common))
+    report = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **options))
     sizes["test_queries"] = report["rows_written"]
     print(f"corpus: {sizes}", flush=True)
     return data, test, sizes
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from santa.runtime.ray_utils import init_ray
     from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
+    bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-ablation-"))
     print(init_ray(), flush=True)
     started = time.time()
@@ -150,20 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         scores[name] = per_query_rr(test, str(folder / "run.model.trec"), "test")
     per_system, differences = bootstrap(scores, args.bootstrap, args.seed, COMPARISONS)
 
-    print(f"\n| tiny T5, {args.steps} steps | held-out MRR@100 [95% CI] | training s |")
-    print("|---|---:|---:|")
-    for name, row in per_system.items():
-        print(
-            f"| {name} | {row['mean']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}] | "
-            f"{seconds[name]:.0f} |"
-        )
-    print("\n| paired difference | MRR@100 [95% CI] | share of resamples below 0 |")
-    print("|---|---:|---:|")
-    for pair, row in differences.items():
-        print(
-            f"| {pair} | {row['mean']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] | "
-            f"{row['p_below_zero']:.3f} |"
-        )
+    print("\n" + format_tables(per_system, differences, seconds, args.steps))
     payload = {
         "settings": {k: v for k, v in vars(args).items() if k != "output"},
         "corpus": sizes,
@@ -171,34 +159,43 @@ def main(argv: list[str] | None = None) -> int:
         "differences": differences,
         "training_seconds": seconds,
         "total_seconds": time.time() - started,
-        "date": time.ctime(),
     }
     output = Path(args.output)
-    write_json(output, payload)
+    bench.write_json(output, payload)
     plot(per_system, output.with_suffix(".png"), f"tiny T5, {args.steps} steps, held-out stdlib")
     print(f"wrote {output} and {output.with_suffix('.png')}")
     return 0
 
 
+def format_tables(
+    per_system: dict[str, dict], differences: dict[str, dict], seconds: dict[str, float], steps: int
+) -> str:
+    """Markdown: MRR@100 [95 % CI] and training seconds per variant, then the paired
+    differences with the share of resamples below 0."""
+    variants = common.format_table(
+        [f"tiny T5, {steps} steps", "held-out MRR@100 [95% CI]", "training s"],
+        [[name, format_interval(row), f"{seconds[name]:.0f}"] for name, row in per_system.items()],
+    )
+    paired = common.format_table(
+        ["paired difference", "MRR@100 [95% CI]", "share of resamples below 0"],
+        [
+            [pair, format_interval(row, signed=True), f"{row['p_below_zero']:.3f}"]
+            for pair, row in differences.items()
+        ],
+    )
+    return f"{variants}\n\n{paired}"
+
+
 def plot(per_system: dict[str, dict], path: Path, title: str) -> None:
     """Bars of MRR@100 per variant with the 95 % intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(per_system)
-    means = [per_system[n]["mean"] for n in names]
-    errors = [
-        [per_system[n]["mean"] - per_system[n]["ci_low"] for n in names],
-        [per_system[n]["ci_high"] - per_system[n]["mean"] for n in names],
-    ]
-    figure, axis = plt.subplots(figsize=(7, 3.8))
-    axis.bar(range(len(names)), means, yerr=errors, capsize=3, color="#8fb3d9")
-    axis.set_xticks(range(len(names)), names, rotation=15, fontsize=8)
-    axis.set_ylabel("MRR@100 (95% bootstrap CI)")
-    axis.set_title(title, fontsize=9)
-    save_figure(figure, path)
+    common.plot_intervals(
+        {name: {"MRR@100": row} for name, row in per_system.items()},
+        path,
+        title,
+        ylabel="MRR@100 (95% bootstrap CI)",
+        figsize=(7, 3.8),
+        rotation=15,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What fine-tuning lets all-MiniLM-L6-v2 beat its zero-shot start on real web queries?
 
-``bench/versus_st_quality.py`` found that 20 steps on standard-library docstring → code
+``bench/quality/versus_st_quality.py`` found that 20 steps on standard-library docstring → code
 pairs lower CoSQA dev MRR@100 (web queries) below the zero-shot model, with santa and with
 sentence-transformers alike. This benchmark tests the two usual suspects with santa
 (``python -m ray_jobs.finetune``, the ``minilm-finetune`` recipe, 2 Ray Train workers), at
@@ -24,7 +24,7 @@ over all 552 of its functions:
 Per-query RR@100 from ranx; 95 % bootstrap intervals for each system and paired ones for
 the differences against zero-shot.
 
-    python bench/cosqa_transfer.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json \\
+    python bench/quality/cosqa_transfer.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json \\
         [--steps 20] [--batch 32] [--folds 2] [--systems stdlib,stdlib-low-lr,cosqa]
 
 Prints a table and writes ``bench/results/cosqa_transfer.json`` and ``.png``.
@@ -37,16 +37,17 @@ import os
 import random
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as a file (python bench/quality/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-RESULTS = ROOT / "bench" / "results" / "cosqa_transfer.json"
+from bench import common
+from bench.quality.scoring import bootstrap, format_interval, per_query_rr
+
+RESULTS = common.RESULTS_DIR / "cosqa_transfer.json"
 ZERO = "zero-shot"
 STDLIB = "stdlib docstrings"
 STDLIB_LOW = "stdlib docstrings, lr/10"
@@ -115,8 +116,6 @@ def write_fold_beir(beir: Any, query_ids: set[str], output: str) -> str:
 
 def score(model: str, beir: str, folder: Path) -> dict[str, float]:
     """Per-query RR@100 of ``model`` on the BEIR folder ``beir`` (santa's evaluator)."""
-    from versus_st_quality import per_query_rr
-
     from santa.eval import EvalConfig, evaluate
 
     evaluate(
@@ -127,47 +126,32 @@ def score(model: str, beir: str, folder: Path) -> dict[str, float]:
 
 def format_table(per_system: dict[str, dict], differences: dict[str, dict], seconds) -> str:
     """Markdown: MRR@100 with its interval, the paired difference to zero-shot, seconds."""
-    lines = [
-        "| training | CoSQA dev MRR@100 [95% CI] | − zero-shot [95% CI] | training s |",
-        "|---|---:|---:|---:|",
-    ]
+    rows = []
     for system, row in per_system.items():
         difference = differences.get(f"{system} - {ZERO}")
-        delta = (
-            "—"
-            if difference is None
-            else f"{difference['mean']:+.4f} [{difference['ci_low']:+.4f}, "
-            f"{difference['ci_high']:+.4f}]"
+        rows.append(
+            [
+                system,
+                format_interval(row),
+                None if difference is None else format_interval(difference, signed=True),
+                f"{seconds.get(system, 0.0):.0f}",
+            ]
         )
-        lines.append(
-            f"| {system} | {row['mean']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}] | "
-            f"{delta} | {seconds.get(system, 0.0):.0f} |"
-        )
-    return "\n".join(lines)
+    header = ["training", "CoSQA dev MRR@100 [95% CI]", "− zero-shot [95% CI]", "training s"]
+    return common.format_table(header, rows)
 
 
 def plot(per_system: dict[str, dict], path: Path, title: str) -> None:
     """Bars of MRR@100 with the 95 % intervals, zero-shot as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from versus_st_quality import save_figure
-
-    systems = list(per_system)
-    means = [per_system[s]["mean"] for s in systems]
-    errors = [
-        [per_system[s]["mean"] - per_system[s]["ci_low"] for s in systems],
-        [per_system[s]["ci_high"] - per_system[s]["mean"] for s in systems],
-    ]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    axis.bar(range(len(systems)), means, yerr=errors, capsize=3, color="#8fb3d9")
-    axis.axhline(per_system[ZERO]["mean"], color="gray", linestyle="--", linewidth=1)
-    axis.set_xticks(range(len(systems)), [s.replace(", ", ",\n") for s in systems], fontsize=8)
-    axis.set_ylim(min(r["ci_low"] for r in per_system.values()) - 0.05, 1.0)
-    axis.set_ylabel("CoSQA dev MRR@100 (95% bootstrap CI)")
-    axis.set_title(title, fontsize=9)
-    save_figure(figure, path)
+    common.plot_intervals(
+        {system: {"MRR@100": row} for system, row in per_system.items()},
+        path,
+        title,
+        ylabel="CoSQA dev MRR@100 (95% bootstrap CI)",
+        reference=per_system[ZERO]["mean"],
+        ylim=(min(row["ci_low"] for row in per_system.values()) - 0.05, 1.0),
+        wrap=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,14 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     if STDLIB_LARGE in systems and not args.stdlib_data:
         parser.error("--systems stdlib-large needs --stdlib-data")
 
-    from versus_st import RECIPE, pq_rows
-    from versus_st_quality import bootstrap, train, write_json
-
+    from bench.corpora import stdlib_pair_rows, write_pairs
+    from bench.perf.versus_st import RECIPE, pq_rows
+    from bench.quality.versus_st_quality import train
     from santa.data.cosqa import cosqa_beir, read_cosqa
     from santa.recipes import get_recipe, minilm_path
     from santa.runtime.ray_utils import init_ray
-    from tests.training import stdlib_pair_rows, write_pairs
 
+    bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-cosqa-transfer-"))
     beir = cosqa_beir(read_cosqa(args.cosqa))
     folds = function_folds(beir.qrels, args.folds, args.seed)
@@ -275,11 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": seconds,
         "systems": per_system,
         "differences": differences,
-        "date": time.ctime(),
-        "load_after": list(os.getloadavg()),
     }
     output = Path(args.output)
-    write_json(output, payload)
+    bench.write_json(output, payload)
     title = f"all-MiniLM-L6-v2 + santa, {args.steps} steps x {args.batch}: CoSQA dev (web queries)"
     plot(per_system, output.with_suffix(".png"), title)
     print(f"wrote {output} and {output.with_suffix('.png')}")

@@ -6,7 +6,7 @@
    on 2 workers with a static table (``table:``, no miner) and with ``async`` negatives (the
    miner re-encodes the corpus every few steps on the same 2 cores), and trainer wait time.
 
-    python bench/negatives.py [--docs 100000 --queries 10000 --dim 768] [--steps 120]
+    python bench/perf/negatives.py [--docs 100000 --queries 10000 --dim 768] [--steps 120]
 
 Writes bench/results/negatives.json and prints tables.
 """
@@ -24,10 +24,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-RESULTS = ROOT / "bench" / "results" / "negatives.json"
+from bench import common
+
+RESULTS = common.RESULTS_DIR / "negatives.json"
+# The tiny recipe at a size that trains in seconds here (the tests' size too).
+TINY = [
+    "train.max_query_length=24",
+    "train.max_document_length=96",
+    "train.max_target_length=32",
+    "model.tiny_vocab_size=2000",
+]
 
 
 def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
@@ -85,23 +94,27 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     """Step time of a 2-worker tiny run: static table vs async refresh."""
     import ray
 
+    from bench.corpora import write_stdlib_pairs
     from ray_jobs import mine_negatives
+    from santa.config import SantaConfig
+    from santa.recipes import get_recipe
     from santa.train.trainer import RunSpec, fit
-    from tests.training import tiny_config
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from train_throughput import build_pairs  # stdlib pairs as the preprocess job writes them
+    def tiny_config(negatives: dict | None = None, **train: object) -> SantaConfig:
+        overrides = [f"train.{key}={value}" for key, value in train.items()]
+        overrides += [f"negatives.{key}={value}" for key, value in (negatives or {}).items()]
+        return get_recipe("tiny").with_overrides([*TINY, *overrides])
 
     ray.init(address="local", num_cpus=2, log_to_driver=False)
     work = Path(tempfile.mkdtemp(prefix="santa-bench-neg-"))
-    data = build_pairs(work, limit=pairs)  # the corpus the miner re-encodes at each refresh
-    common = {
+    data = write_stdlib_pairs(work, limit=pairs)  # what the miner re-encodes at each refresh
+    settings = {
         "stage": "finetune",
         "log_every": 10,
         "global_batch_size": batch,
     }
     warm = fit(
-        tiny_config(max_steps=2, checkpoint_every=2, **{"stage": "finetune"}),
+        tiny_config(max_steps=2, checkpoint_every=2, global_batch_size=8, stage="finetune"),
         RunSpec(data=data, storage=str(work), name="warm"),
     )
     table_dir = work / "table"
@@ -123,7 +136,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
                 "wait_for_first": True,
             },
             num_workers=2,
-            **common,
+            **settings,
         )
         spec = RunSpec(
             data=data,
@@ -157,7 +170,8 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     return runs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the search and training parts; print the tables and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--docs", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=10_000)
@@ -170,40 +184,54 @@ def main() -> int:
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("NLTK_DATA", str(common.ROOT.parent / "shared" / "nltk_data"))
+    bench = common.BenchRun(__file__, argv)
 
-    # A part skipped keeps its earlier figures.
+    # A part skipped keeps its earlier figures (the meta describes this run).
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
+    results.pop("meta", None)
     if not args.skip_search:
         search = bench_search(args.docs, args.queries, args.dim, args.k)
         print(f"\n{args.docs:,} x {args.dim} documents, {args.queries:,} queries, top {args.k}")
-        print("| method | build s | vectors/s | search s | queries/s |\n|---|---:|---:|---:|---:|")
-        print(
-            f"| faiss exact | {search['faiss_build_s']:.2f} | {search['faiss_vectors_per_s']:,.0f} "
-            f"| {search['faiss_search_s']:.2f} | {search['faiss_queries_per_s']:,.0f} |"
-        )
-        print(
-            f"| torch brute force | {search['torch_build_s']:.2f} | - "
-            f"| {search['torch_search_s']:.2f} | {search['torch_queries_per_s']:,.0f} |"
-        )
+        rows = [
+            [
+                "faiss exact",
+                f"{search['faiss_build_s']:.2f}",
+                f"{search['faiss_vectors_per_s']:,.0f}",
+                f"{search['faiss_search_s']:.2f}",
+                f"{search['faiss_queries_per_s']:,.0f}",
+            ],
+            [
+                "torch brute force",
+                f"{search['torch_build_s']:.2f}",
+                "-",
+                f"{search['torch_search_s']:.2f}",
+                f"{search['torch_queries_per_s']:,.0f}",
+            ],
+        ]
+        header = ["method", "build s", "vectors/s", "search s", "queries/s"]
+        print(common.format_table(header, rows))
         print(f"top-{args.k} agreement: {search['top_k_agreement']:.4f}")
         results["search"] = search
     if not args.skip_training:
         training = bench_training(args.steps, args.refresh_every, args.pairs, args.batch)
         results["training"] = training
-        print("\n| run | step s | pairs/s | swaps | wait after first s | first wait s |")
-        print("|---|---:|---:|---:|---:|---:|")
-        for label in ("static table", "async refresh"):
-            run = training[label]
-            print(
-                f"| {label} | {run['step_time_s']:.3f} | {run['pairs_per_s']:.1f} "
-                f"| {run['swaps']:.0f} | {run['wait_s_after_first']:.3f} "
-                f"| {run['wait_first_s']:.2f} |"
-            )
+        rows = [
+            [
+                label,
+                f"{training[label]['step_time_s']:.3f}",
+                f"{training[label]['pairs_per_s']:.1f}",
+                f"{training[label]['swaps']:.0f}",
+                f"{training[label]['wait_s_after_first']:.3f}",
+                f"{training[label]['wait_first_s']:.2f}",
+            ]
+            for label in ("static table", "async refresh")
+        ]
+        header = ["run", "step s", "pairs/s", "swaps", "wait after first s", "first wait s"]
+        print("\n" + common.format_table(header, rows))
         print(f"slowdown with a concurrent refresh: {training['slowdown']:.2f}x")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    bench.write_json(args.output, results)
     print(f"\nwrote {args.output}")
     return 0
 

@@ -1,7 +1,7 @@
 """Benchmark of the sharded hard-negative refresh (issue 16): 1 vs 2 encoder actors.
 
 1. Refresh time (encode documents + queries with an EncoderPool, build the faiss index,
-   mine) on the 2,000-pair stdlib corpus (as bench/negatives.py builds it) and on a
+   mine) on the 2,000-pair stdlib corpus (as bench/perf/negatives.py builds it) and on a
    synthetic corpus of ``--docs`` documents (50,000 by default) with ``--queries`` training
    queries, with 1 and 2 CPU encoder actors of 1 CPU and 1 torch thread each.
 2. A trainer's step time while a refresh runs: a training step of the same tiny model in
@@ -9,8 +9,8 @@
    thread. The loop only polls (as NegativesClient does): any slowdown is CPU contention,
    never waiting.
 
-    python bench/refresh.py [--pairs 2000] [--docs 50000] [--queries 5000] [--actors 1,2]
-    python bench/refresh.py --encoder-only --gpus 1 --docs 50000   # no Ray, no faiss
+    python bench/perf/refresh.py [--pairs 2000] [--docs 50000] [--queries 5000] [--actors 1,2]
+    python bench/perf/refresh.py --encoder-only --gpus 1 --docs 50000   # no Ray, no faiss
 
 ``--encoder-only`` times one :class:`~santa.models.encoding.TextEncoder` (what each
 encoder actor runs; on CUDA under bf16 autocast with ``--gpus`` > 0) on the synthetic
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -32,22 +31,23 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.config import SantaConfig  # noqa: E402
-from santa.models.dual_encoder import DualEncoder  # noqa: E402
-from santa.models.tokenizer import train_tokenizer  # noqa: E402
-from santa.negatives.encoders import EncoderPool  # noqa: E402
-from santa.negatives.miner import refresh_table  # noqa: E402
-from santa.negatives.mining import MiningCorpus, load_mining_corpus  # noqa: E402
-from santa.recipes import get_recipe  # noqa: E402
+from bench import common
+from bench.corpora import write_stdlib_pairs
+from santa.config import SantaConfig
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.negatives.encoders import EncoderPool
+from santa.negatives.miner import refresh_table
+from santa.negatives.mining import MiningCorpus, load_mining_corpus
+from santa.recipes import get_recipe
 
-RESULTS = ROOT / "bench" / "results" / "refresh.json"
+RESULTS = common.RESULTS_DIR / "refresh.json"
 WORDS = [
     "read",
     "write",
@@ -92,11 +92,6 @@ WORDS = [
 ]
 
 
-def load_average() -> list[float]:
-    """The 1, 5 and 15-minute load averages."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def synthetic_corpus(docs: int, queries: int, seed: int = 0) -> MiningCorpus:
     """``docs`` code-like documents; the first ``queries`` have a docstring-like query."""
     rng = random.Random(seed)
@@ -116,10 +111,8 @@ def synthetic_corpus(docs: int, queries: int, seed: int = 0) -> MiningCorpus:
 
 
 def stdlib_corpus(work: Path, pairs: int) -> MiningCorpus:
-    """The 2,000-pair corpus of bench/negatives.py (stdlib functions, as preprocessed)."""
-    from train_throughput import build_pairs
-
-    return load_mining_corpus(build_pairs(work, limit=pairs))
+    """The 2,000-pair corpus of bench/perf/negatives.py (stdlib functions, as preprocessed)."""
+    return load_mining_corpus(write_stdlib_pairs(work, limit=pairs))
 
 
 def tiny_model(work: Path, corpus: MiningCorpus) -> str:
@@ -238,13 +231,13 @@ def encoder_only(args: argparse.Namespace) -> dict:
         "seconds": seconds,
         "documents_per_s": len(texts) / seconds,
         "dim": int(embeddings.shape[1]),
-        "load": load_average(),
     }
     print(json.dumps(result, indent=2))
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Time the refreshes (or one encoder); print the tables and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=2000, help="stdlib corpus size (pairs)")
     parser.add_argument("--docs", type=int, default=50_000, help="synthetic corpus documents")
@@ -260,12 +253,12 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--encoder-only", action="store_true", help="one TextEncoder, no Ray")
     parser.add_argument("--gpus", type=float, default=0.0, help="--encoder-only: GPU (> 0)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    bench = common.BenchRun(__file__, argv)
     if args.encoder_only:
         result = encoder_only(args)
         output = args.output.with_name(f"refresh-encoder-{result['device']}.json")
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(result, indent=2) + "\n")
+        bench.write_json(output, result)
         print(f"wrote {output}")
         return 0
     import ray
@@ -280,7 +273,7 @@ def main() -> int:
             f"train.max_document_length={args.doc_length}",
         ]
     )
-    load_before = load_average()
+    load_before = common.load_average()
     work = Path(tempfile.mkdtemp(prefix="santa-bench-refresh-"))
     corpora = {f"stdlib {args.pairs} pairs": stdlib_corpus(work, args.pairs)}
     if args.docs:
@@ -289,7 +282,6 @@ def main() -> int:
     ray.init(num_cpus=args.cpus, log_to_driver=False, include_dashboard=False)
     results: dict = {
         "cpus": args.cpus,
-        "nproc": os.cpu_count(),
         "load_before": load_before,
         "settings": {
             "batch": args.batch,
@@ -300,8 +292,7 @@ def main() -> int:
         },
         "refresh": {},
     }
-    print("| corpus | docs | queries | actors | refresh s | encode s | speed-up |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    refresh_rows = []
     for label, corpus in corpora.items():
         rows = {}
         for actors in actor_counts:
@@ -311,45 +302,56 @@ def main() -> int:
         for actors, row in rows.items():
             row["speedup"] = base / row["refresh_s"]
             row["encode_speedup"] = rows[actor_counts[0]]["encode_s"] / row["encode_s"]
-            print(
-                f"| {label} | {len(corpus.documents):,} | {len(corpus.queries):,} | {actors} "
-                f"| {row['refresh_s']:.1f} | {row['encode_s']:.1f} | {row['speedup']:.2f}x |"
+            print(f"{label}, {actors} actors: refresh {row['refresh_s']:.1f} s", flush=True)
+            refresh_rows.append(
+                [
+                    label,
+                    f"{len(corpus.documents):,}",
+                    f"{len(corpus.queries):,}",
+                    actors,
+                    f"{row['refresh_s']:.1f}",
+                    f"{row['encode_s']:.1f}",
+                    f"{row['speedup']:.2f}x",
+                ]
             )
         results["refresh"][label] = {
             "docs": len(corpus.documents),
             "queries": len(corpus.queries),
             "same_table": all(t == tables[0] for t in tables),
             "by_actors": {str(a): r for a, r in rows.items()},
-            "load_after": load_average(),
+            "load_after": common.load_average(),
         }
-        write_results(args.output, results)  # what is done so far survives an interrupted run
+        # What is done so far survives an interrupted run.
+        bench.write_json(args.output, results)
+    header = ["corpus", "docs", "queries", "actors", "refresh s", "encode s", "speed-up"]
+    print("\n" + common.format_table(header, refresh_rows))
     if not args.skip_training:
         corpus = next(iter(corpora.values()))
-        print("\n| actors | step s idle | step s during refresh | steps during | refresh s |")
-        print("|---:|---:|---:|---:|---:|")
         training = []
         for actors in actor_counts:
             row = step_times_during_refresh(model_dir, corpus, settings, actors, args.train_steps)
             training.append(row)
-            during = row["step_s_during_refresh"]
-            print(
-                f"| {actors} | {row['step_s_idle']:.3f} | "
-                f"{during if during is None else f'{during:.3f}'} | "
-                f"{row['steps_during_refresh']} | {row['refresh_s']:.1f} |"
-            )
         results["training"] = training
+        rows = [
+            [
+                row["actors"],
+                f"{row['step_s_idle']:.3f}",
+                None
+                if row["step_s_during_refresh"] is None
+                else f"{row['step_s_during_refresh']:.3f}",
+                row["steps_during_refresh"],
+                None if row["refresh_s"] is None else f"{row['refresh_s']:.1f}",
+            ]
+            for row in training
+        ]
+        header = ["actors", "step s idle", "step s during refresh", "steps during", "refresh s"]
+        print("\n" + common.format_table(header, rows, align="rrrrr"))
     ray.shutdown()
-    results["load_after"] = load_average()
+    results["load_after"] = common.load_average()
     print(f"\nload average before {load_before}, after {results['load_after']}")
-    write_results(args.output, results)
+    bench.write_json(args.output, results)
     print(f"wrote {args.output}")
     return 0
-
-
-def write_results(output: Path, results: dict) -> None:
-    """Write the JSON results."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """SCodeR (Algorithm 2) against its own warm-up, on the same pairs and the same steps.
 
-    python bench/scoder.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json
-    python bench/scoder.py --cosqa ... --recipe tiny-scoder --warmup-steps 4 --steps 4 \\
+    python bench/quality/scoder.py --cosqa ../shared/fixtures/cosqa/cosqa-dev.json
+    python bench/quality/scoder.py --cosqa ... --recipe tiny-scoder --warmup-steps 4 --steps 4 \\
         --max-files 40                                  # a smoke run
 
 The corpus is this Python's standard library preprocessed by santa's pipeline (docstring →
@@ -23,7 +23,6 @@ writes ``bench/results/scoder.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -31,17 +30,21 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a file (python bench/quality/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.data.cosqa import write_cosqa_beir  # noqa: E402
-from santa.data.pipeline import PreprocessConfig, run_preprocess  # noqa: E402
-from santa.data.source import default_source_root  # noqa: E402
-from santa.eval import EvalConfig, evaluate  # noqa: E402
-from santa.recipes import get_recipe  # noqa: E402
-from santa.runtime import storage  # noqa: E402
-from santa.runtime.ray_utils import init_ray  # noqa: E402
-from santa.scoder.algorithm import format_table, run_algorithm  # noqa: E402
-from santa.train.trainer import RunSpec, fit  # noqa: E402
+from bench import common
+from santa.data.cosqa import write_cosqa_beir
+from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.source import default_source_root
+from santa.eval import EvalConfig, evaluate
+from santa.recipes import get_recipe
+from santa.runtime import storage
+from santa.runtime.ray_utils import init_ray
+from santa.scoder.algorithm import format_table, run_algorithm
+from santa.train.trainer import RunSpec, fit
+
+RESULTS = common.RESULTS_DIR / "scoder.json"
 
 PHASES = ("mine_s", "examples_s", "discriminators_s", "soft_labels_s", "dual_encoder_s")
 
@@ -53,13 +56,13 @@ def build_corpus(work: Path, max_files: int) -> tuple[str, str, dict[str, int]]:
     files = sorted(Path(default_source_root()).glob("*.py"))
     for path in files[:max_files] if max_files else files:
         shutil.copy(path, tree)
-    common = {"dataset": "source", "input": str(tree), "languages": ("python",)}
+    options = {"dataset": "source", "input": str(tree), "languages": ("python",)}
     pairs, test = str(work / "pairs"), str(work / "test")
     report = run_preprocess(
-        PreprocessConfig(output=pairs, stage="finetune", split="train", asst=True, **common)
+        PreprocessConfig(output=pairs, stage="finetune", split="train", asst=True, **options)
     )
     print(f"pairs: {report['rows_written']:,} code, {report['asst']['written']:,} ASST", flush=True)
-    heldout = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **common))
+    heldout = run_preprocess(PreprocessConfig(output=test, stage="eval", split="test", **options))
     sizes = {
         "code_pairs": report["rows_written"],
         "asst_pairs": report["asst"]["written"],
@@ -75,7 +78,7 @@ def mrr(model: str, beir: str, split: str) -> float:
     return float(evaluate(model, beir, config)["model"]["mrr@100"])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Build the corpus, train the three systems, evaluate, print and write the results."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cosqa", required=True, help="cosqa-dev.json")
@@ -87,9 +90,10 @@ def main() -> int:
     parser.add_argument("--max-files", type=int, default=0, help="stdlib files (0: all)")
     parser.add_argument("--soft-labels", choices=("offline", "online"), default="offline")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--output", default="bench/results/scoder.json")
-    args = parser.parse_args()
+    parser.add_argument("--output", default=str(RESULTS))
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-scoder-bench-"))
     print(init_ray(), flush=True)
     started = time.time()
@@ -147,12 +151,12 @@ def main() -> int:
         "in-batch, same steps": args.warmup_steps + extra,
         "scoder": args.warmup_steps + extra,
     }
-    print(f"\n| {args.recipe} | dual-encoder steps | CoSQA dev MRR@100 | stdlib test MRR@100 |")
-    print("|---|---:|---:|---:|")
-    for name, row in results.items():
-        print(
-            f"| {name} | {steps[name]} | {row['cosqa_mrr@100']:.4f} | {row['stdlib_mrr@100']:.4f} |"
-        )
+    header = [args.recipe, "dual-encoder steps", "CoSQA dev MRR@100", "stdlib test MRR@100"]
+    rows = [
+        [name, steps[name], f"{row['cosqa_mrr@100']:.4f}", f"{row['stdlib_mrr@100']:.4f}"]
+        for name, row in results.items()
+    ]
+    print("\n" + common.format_table(header, rows))
     print("\nper iteration:\n" + format_table(report["iterations"]))
     print("\nseconds per iteration: " + ", ".join(PHASES))
     for metrics in report["iterations"]:
@@ -173,10 +177,8 @@ def main() -> int:
             "scoder_total": scoder_s,
             "in_batch_baseline": baseline_s,
         },
-        "date": time.ctime(),
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
+    bench.write_json(args.output, payload)
     print(f"wrote {args.output}")
     return 0
 

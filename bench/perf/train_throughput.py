@@ -1,6 +1,6 @@
 """Benchmark: pairs/s of the Ray Train loop (2 workers) vs a plain single-process loop.
 
-    python bench/train_throughput.py [--steps 30] [--workdir /tmp/santa-train-bench]
+    python bench/perf/train_throughput.py [--steps 30] [--workdir /tmp/santa-train-bench]
 
 Same `tiny` model and initial weights, same lengths, global batch 128, same total thread
 count (plain loop: 2 torch threads; Ray: 2 workers x 1 thread), pretraining (SDA + MEP).
@@ -11,46 +11,25 @@ out; Ray's fixed start-up is reported separately. Also peak RSS per worker, tiny
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow.parquet as pq
+import torch
 
-import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from santa.data.records import PairOptions, build_code_pair  # noqa: E402
-from santa.data.schema import PAIR_SCHEMA, rows_to_table  # noqa: E402
-from santa.data.source import SourceRecords, default_source_root  # noqa: E402
-from santa.method.distributed import identity_gather  # noqa: E402
-from santa.models.dual_encoder import DualEncoder  # noqa: E402
-from santa.recipes import get_recipe  # noqa: E402
-from santa.train.data import tokenize_pairs  # noqa: E402
-from santa.train.objectives import compute_losses, to_tensors  # noqa: E402
-from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings  # noqa: E402
-
-
-def build_pairs(workdir: Path, limit: int = 8000) -> str:
-    """Pretraining pairs from the standard library, as the preprocessing job writes them."""
-    data = workdir / "pairs"
-    if (data / "data" / "part-0.parquet").exists():
-        return str(data)
-    rows = []
-    for record in SourceRecords(default_source_root(), languages=["python"]):
-        try:
-            rows.append(
-                dict(build_code_pair(record, "source", PairOptions()), drop_reason="", row_key="")
-            )
-        except Exception:  # noqa: BLE001 - bad rows are irrelevant to a throughput benchmark
-            continue
-        if len(rows) >= limit:
-            break
-    (data / "data").mkdir(parents=True, exist_ok=True)
-    pq.write_table(rows_to_table(rows).select(PAIR_SCHEMA.names), data / "data" / "part-0.parquet")
-    return str(data)
+from bench import common
+from bench.corpora import write_stdlib_pairs
+from santa.method.distributed import identity_gather
+from santa.models.dual_encoder import DualEncoder
+from santa.recipes import get_recipe
+from santa.train.data import tokenize_pairs
+from santa.train.objectives import compute_losses, to_tensors
+from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings
 
 
 def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> dict:
@@ -123,16 +102,17 @@ def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: in
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run both loops, print a table, save JSON."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-train-bench"))
-    parser.add_argument("--output", type=Path, default=Path("bench/results/train_throughput.json"))
+    parser.add_argument("--output", type=Path, default=common.RESULTS_DIR / "train_throughput.json")
     parser.add_argument("--skip-minilm", action="store_true")
-    args = parser.parse_args()
-    data = build_pairs(args.workdir)
+    args = parser.parse_args(argv)
+    bench = common.BenchRun(__file__, argv)
+    data = write_stdlib_pairs(args.workdir)
     config = get_recipe("tiny").with_overrides(
         ["train.global_batch_size=128", "train.num_workers=2"]
     )
@@ -162,16 +142,21 @@ def main() -> None:
             minilm, data, args.workdir, f"minilm-{int(time.time())}", steps=6, window=3
         )["max_rss_mb"]
     base = results[0]["pairs_per_s"]
-    print("\n| loop | pairs/s | vs plain | peak RSS per process (MB) |")
-    print("|---|---:|---:|---:|")
-    for r in results:
-        print(
-            f"| {r['mode']} | {r['pairs_per_s']:.1f} | {r['pairs_per_s'] / base:.2f}x | {r['max_rss_mb']:.0f} |"
-        )
+    rows = [
+        [
+            r["mode"],
+            f"{r['pairs_per_s']:.1f}",
+            f"{r['pairs_per_s'] / base:.2f}x",
+            f"{r['max_rss_mb']:.0f}",
+        ]
+        for r in results
+    ]
+    header = ["loop", "pairs/s", "vs plain", "peak RSS per process (MB)"]
+    print("\n" + common.format_table(header, rows))
     print(f"\nRay start-up + first window: {results[1]['startup_and_first_window_s']:.1f} s")
     print("peak RSS per Ray worker (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"results": results, "worker_rss_mb": memory}, indent=2))
+    bench.write_json(args.output, {"results": results, "worker_rss_mb": memory})
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Speed, memory and scaling benchmarks."""

@@ -1,0 +1,1 @@
+"""Retrieval-quality benchmarks: ablations, transfer, comparisons at equal budget."""

@@ -1,0 +1,442 @@
+"""The tables of ``bench/RESULTS.md``, rendered from ``bench/results/*.json``.
+
+    python bench/results.py            # rewrite every generated table in RESULTS.md
+    python bench/results.py --check    # exit 1 if a table differs from its JSON
+    python bench/results.py --print versus_st
+
+In RESULTS.md a generated table sits between ``<!-- results: NAME -->`` and
+``<!-- /results -->``; NAME is one of ``RENDERERS`` below, each reading the result files
+it names. Everything outside the markers (the prose that explains the figures, tables with
+no JSON behind them) is left as written. After a benchmark writes new JSON, run this and
+read the prose again: it quotes some of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file (python bench/results.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common
+from bench.quality.scoring import format_interval
+
+DOCUMENT = common.ROOT / "bench" / "RESULTS.md"
+BLOCK = re.compile(
+    r"(?P<open><!-- results: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)",
+    re.DOTALL,
+)
+
+
+def load(results: Path, name: str) -> dict[str, Any]:
+    """One result file, or a one-line error naming it."""
+    path = results / name
+    if not path.is_file():
+        raise SystemExit(f"santa: error: no result file {path}")
+    return json.loads(path.read_text())
+
+
+def minus(text: str) -> str:
+    """Negative numbers with a real minus sign, as the prose writes them."""
+    return re.sub(r"-(?=\d)", "−", text)
+
+
+def interval(row: dict[str, float], signed: bool = False) -> str:
+    """``0.8553 [0.8237, 0.8851]`` (``signed``: ``+0.0205 [+0.0035, +0.0385]``)."""
+    return minus(format_interval(row, signed=signed))
+
+
+def times(ratio: float) -> str:
+    """A ratio as ``1.23×``."""
+    return f"{ratio:.2f}×"
+
+
+def short_float(value: float) -> str:
+    """A learning rate as the prose writes it: ``2e-5``."""
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{value:.0e}").replace("e+", "e")
+
+
+def pair_name(pair: str) -> str:
+    """``a - b`` → ``a − b``."""
+    return pair.replace(" - ", " − ")
+
+
+# --------------------------------------------------------------------------- renderers
+
+
+def pipeline(results: Path) -> str:
+    """Held-out metrics of the default pipeline's stages (its report.json)."""
+    report = load(results, "pipeline_default.json")
+    what = {"pretrain": "SDA + MEP", "finetune": "DR", "ance": "1 mined negative"}
+    steps = {stage["stage"]: stage["final_metrics"]["step"] for stage in report["stages"]}
+    labels = {"untrained": f"untrained ({report['recipe']} T5, random init)"}
+    for stage in steps:
+        labels[f"santa ({stage})"] = f"santa ({stage}: {what[stage]}, {steps[stage]} steps)"
+    labels["bm25"] = "BM25"
+    columns = ("mrr@100", "ndcg@100", "recall@10", "recall@100")
+    rows = [
+        [label, *(f"{report['metrics'][system][c]:.3f}" for c in columns)]
+        for system, label in labels.items()
+    ]
+    return common.format_table(["system", *columns], rows)
+
+
+def minilm_similarity(results: Path) -> str:
+    """Zero-shot against fine-tuning with dot product or cosine (CoSQA dev)."""
+    result = load(results, "minilm_similarity.json")["results"]
+    labels = {
+        "zero-shot": "zero-shot",
+        "dot, τ=1 (before)": "fine-tuned with raw dot product, τ = 1 (the recipe before)",
+        "cosine, τ=0.05 (now)": "fine-tuned with cosine, τ = 0.05 (the recipe now)",
+    }
+    rows = [
+        [
+            labels[name],
+            f"{row['mrr@100']:.4f}",
+            f"{row['train_s']:.0f} s" if row["train_s"] else None,
+        ]
+        for name, row in result.items()
+    ]
+    return common.format_table(["all-MiniLM-L6-v2 on CoSQA dev", "MRR@100", "training"], rows)
+
+
+def refresh(results: Path) -> str:
+    """Refresh seconds with 1 and 2 encoder actors."""
+    result = load(results, "refresh.json")["refresh"]
+    rows = []
+    for label, corpus in result.items():
+        by_actors = corpus["by_actors"]
+        name = (
+            f"stdlib, {corpus['docs']:,} pairs"
+            if label.startswith("stdlib")
+            else f"synthetic, {corpus['docs']:,} documents, {corpus['queries']:,} queries"
+        )
+        rows.append(
+            [
+                name,
+                f"{by_actors['1']['refresh_s']:.1f} s",
+                f"{by_actors['2']['refresh_s']:.1f} s",
+                times(by_actors["2"]["speedup"]),
+            ]
+        )
+    return common.format_table(["corpus", "1 actor", "2 actors", "speed-up"], rows)
+
+
+def scoder(results: Path) -> str:
+    """The three systems of bench/quality/scoder.py."""
+    result = load(results, "scoder.json")
+    extra = result["iterations"] * result["steps_per_stage"]
+    labels = {
+        "warm-up": ("warm-up (in-batch negatives)", result["warmup_steps"]),
+        "in-batch, same steps": ("in-batch, same steps", result["warmup_steps"] + extra),
+        "scoder": (f"SCodeR, {result['iterations']} iterations", result["warmup_steps"] + extra),
+    }
+    rows = [
+        [
+            labels[name][0],
+            labels[name][1],
+            f"{row['cosqa_mrr@100']:.4f}",
+            f"{row['stdlib_mrr@100']:.4f}",
+        ]
+        for name, row in result["results"].items()
+    ]
+    header = ["system", "dual-encoder steps", "CoSQA dev MRR@100", "stdlib test MRR@100"]
+    return common.format_table(header, rows)
+
+
+def scoder_iterations(results: Path) -> str:
+    """SCodeR's iterations: discriminators' held-out accuracy, entropy, seconds."""
+    iterations = load(results, "scoder.json")["per_iteration"]
+    header = [
+        "iteration",
+        "D_φ held-out acc.",
+        "D_ψ held-out acc.",
+        "soft-label entropy",
+        "mine s",
+        "D s",
+        "held-out scoring s",
+        "G s",
+        "total s",
+    ]
+    rows = [
+        [
+            row["iteration"],
+            f"{row['heldout_accuracy_text_code']:.3f}",
+            f"{row['heldout_accuracy_code_code']:.3f}",
+            f"{row['soft_label_entropy']:.3f}",
+            f"{row['mine_s']:.0f}",
+            f"{row['discriminators_s']:.0f}",
+            f"{row['soft_labels_s']:.0f}",
+            f"{row['dual_encoder_s']:.0f}",
+            f"{row['iteration_s']:,.0f}",
+        ]
+        for row in iterations
+    ]
+    return common.format_table(header, rows, align="r" * len(header))
+
+
+def _versus_st(name: str, *, speed: bool) -> Callable[[Path], str]:
+    """A bench/perf/versus_st.py result against sentence-transformers MNRL."""
+
+    def render(results: Path) -> str:
+        result = load(results, name)
+        settings = result["settings"]
+        checkpointing = "model.gradient_checkpointing=true" in settings["overrides"]
+        labels = {
+            "santa-ray": "santa, Ray Train, 2 workers, gradient checkpointing"
+            if checkpointing
+            else "santa, Ray Train, 2 workers × 1 thread",
+            "santa-local": "santa's loop, 1 process × 2 threads, no Ray",
+            "st-mnrl": "sentence-transformers, MNRL",
+            "st-cached": f"sentence-transformers, CachedMNRL (mini-batch {settings['mini_batch']})",
+        }
+        header = ["system", "loop pairs/s", "vs ST MNRL"]
+        if speed:
+            header += ["end to end", "speed vs ST MNRL"]
+        else:
+            header += [f"end to end, {settings['steps']} steps"]
+        header += ["fixed", "ahead of ST MNRL, in steps"]
+        rows = []
+        for system, row in result["summary"].items():
+            cells = [labels[system], f"{row['loop_pairs_per_s']:.2f}"]
+            cells.append(times(row["loop_vs_reference"]))
+            cells.append(f"{row['end_to_end_s']:.1f} s")
+            if speed:
+                cells.append(times(row["end_to_end_vs_reference"]))
+            cells.append(minus(f"{row['fixed_s']:.1f} s"))
+            cells.append(None if system == "st-mnrl" else row["ahead"])
+            rows.append(cells)
+        return common.format_table(header, rows)
+
+    render.__doc__ = f"santa against sentence-transformers ({name})."
+    return render
+
+
+def versus_st_quality(results: Path) -> str:
+    """MRR@100 per system and set, then the paired differences."""
+    result = load(results, "versus_st_quality.json")["results"]
+    sets = list(result)
+    header = ["system", *(f"{name} ({result[name]['queries']:,} queries)" for name in sets)]
+    systems = list(result[sets[0]]["systems"])
+    rows = [[system, *(interval(result[s]["systems"][system]) for s in sets)] for system in systems]
+    pairs = list(result[sets[0]]["differences"])
+    differences = [
+        [pair_name(pair), *(interval(result[s]["differences"][pair], signed=True) for s in sets)]
+        for pair in pairs
+    ]
+    return "\n\n".join(
+        [
+            common.format_table(header, rows),
+            common.format_table(["paired difference", *sets], differences),
+        ]
+    )
+
+
+def cosqa_transfer(results: Path) -> str:
+    """What fine-tuning beats zero-shot on CoSQA (two result files: the first three
+    trainings, then the unrepeated pairs)."""
+    from bench.quality.cosqa_transfer import COSQA, STDLIB, STDLIB_LARGE, STDLIB_LOW, ZERO
+
+    first = load(results, "cosqa_transfer.json")
+    large = load(results, "cosqa_transfer_large.json")
+    steps, batch = first["settings"]["steps"], first["settings"]["batch"]
+    stdlib = first["train_pairs"][STDLIB]
+    rate = first["learning_rates"]
+    cosqa_pairs = "/".join(str(n) for n in first["train_pairs"][COSQA])
+    seen = large["settings"]["steps"] * large["settings"]["batch"]
+    labels = {
+        STDLIB: f"{stdlib} stdlib docstring pairs, lr {short_float(rate[STDLIB])} "
+        f"(about {round(steps * batch / stdlib)} epochs)",
+        STDLIB_LOW: f"the same at lr {short_float(rate[STDLIB_LOW])}",
+        COSQA: f"CoSQA web-query pairs, cross-fitted ({cosqa_pairs} pairs), "
+        f"lr {short_float(rate[COSQA])}",
+        STDLIB_LARGE: f"{seen} distinct stdlib docstring pairs of "
+        f"{large['train_pairs'][STDLIB_LARGE]:,} (none repeated), "
+        f"lr {short_float(large['learning_rates'][STDLIB_LARGE])}",
+    }
+    rows = [[ZERO, interval(first["systems"][ZERO]), None]]
+    for result in (first, large):
+        for system, row in result["systems"].items():
+            if system != ZERO:
+                difference = result["differences"][f"{system} - {ZERO}"]
+                rows.append([labels[system], interval(row), interval(difference, signed=True)])
+    header = ["training", "CoSQA dev MRR@100 [95% CI]", "− zero-shot [95% CI]"]
+    return common.format_table(header, rows)
+
+
+ABLATION_SEEDS = ("ablation.json", "ablation_seed1.json", "ablation_seed2.json")
+
+
+def _ablation_seed(result: dict[str, Any]) -> int:
+    """The training seed of an ablation run: its ``--set train.seed=N``, else the recipe's."""
+    for override in result["settings"]["overrides"]:
+        if override.startswith("train.seed="):
+            return int(override.split("=", 1)[1])
+    from santa.recipes import get_recipe
+
+    return get_recipe("tiny").train.seed
+
+
+def ablation(results: Path) -> str:
+    """The variants of one seed, with the overrides that make them."""
+    from bench.quality.ablation import VARIANTS
+
+    result = load(results, ABLATION_SEEDS[0])["results"]
+    labels = {}
+    for name, variant in VARIANTS.items():
+        if variant is None:
+            labels[name] = f"{name} (no training)"
+        elif variant[1]:
+            labels[name] = f"{name} (" + ", ".join(f"`{o}`" for o in variant[1]) + ")"
+        else:
+            labels[name] = f"SDA + MEP, {variant[0]} masks"
+    rows = [[labels[name], interval(row)] for name, row in result.items()]
+    return common.format_table(["variant", "held-out MRR@100 [95% CI]"], rows)
+
+
+def ablation_differences(results: Path) -> str:
+    """The paired differences of one seed."""
+    differences = load(results, ABLATION_SEEDS[0])["differences"]
+    rows = [[pair_name(pair), interval(row, signed=True)] for pair, row in differences.items()]
+    return common.format_table(["paired difference", "MRR@100 [95% CI]"], rows)
+
+
+def ablation_seeds(results: Path) -> str:
+    """Each variant's MRR@100 in every seed, and their mean."""
+    runs = [load(results, name) for name in ABLATION_SEEDS]
+    header = ["variant", *(f"seed {_ablation_seed(run)}" for run in runs), "mean"]
+    rows = []
+    for variant in runs[0]["results"]:
+        means = [run["results"][variant]["mean"] for run in runs]
+        rows.append([variant, *(f"{m:.4f}" for m in means), f"{statistics.fmean(means):.4f}"])
+    return common.format_table(header, rows)
+
+
+def ablation_seed_differences(results: Path) -> str:
+    """Each paired difference in every seed."""
+    runs = [load(results, name) for name in ABLATION_SEEDS]
+    header = ["paired difference", *(f"seed {_ablation_seed(run)} [95% CI]" for run in runs)]
+    rows = [
+        [pair_name(pair), *(interval(run["differences"][pair], signed=True) for run in runs)]
+        for pair in runs[0]["differences"]
+    ]
+    return common.format_table(header, rows)
+
+
+GPU_VARIANTS = {
+    "gpu-h100-eager.json": "eager, SDPA attention (what santa ran before)",
+    "gpu-h100-fused.json": "+ fused AdamW",
+    "gpu-h100-eager-attn.json": "+ fused AdamW, eager attention",
+    "gpu-h100-compiled.json": "+ fused AdamW + `torch.compile`",
+    "gpu-h100-eager-attn-compiled.json": "+ fused AdamW + `torch.compile`, eager attention",
+    "gpu-h100-eager-gc-b256.json": "eager, batch 256, gradient checkpointing",
+}
+
+
+def gpu(results: Path) -> str:
+    """bench/perf/gpu.py on the H100, one row per variant."""
+    rows = []
+    for name, label in GPU_VARIANTS.items():
+        result = load(results, name)
+        train, encode = result["train"], result["encode"]
+        rows.append(
+            [
+                label,
+                f"{train['pairs_per_s']:,.1f}",
+                f"{100 * train['mfu']:.1f} %",
+                f"{train['peak_memory_gib']:.1f} GiB",
+                f"{encode['documents_per_s']:,.0f}",
+                f"{100 * encode['mfu']:.1f} %",
+                name,
+            ]
+        )
+    header = [
+        "variant",
+        "train pairs/s",
+        "train MFU",
+        "peak memory",
+        "encode docs/s",
+        "encode MFU",
+        "JSON",
+    ]
+    return common.format_table(header, rows, align="lrrrrrl")
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "pipeline": pipeline,
+    "minilm_similarity": minilm_similarity,
+    "refresh": refresh,
+    "scoder": scoder,
+    "scoder_iterations": scoder_iterations,
+    "versus_st": _versus_st("versus_st.json", speed=True),
+    "versus_st_ray_mnrl": _versus_st("versus_st_ray_mnrl.json", speed=True),
+    "versus_st_b128": _versus_st("versus_st_b128.json", speed=False),
+    "versus_st_quality": versus_st_quality,
+    "cosqa_transfer": cosqa_transfer,
+    "ablation": ablation,
+    "ablation_differences": ablation_differences,
+    "ablation_seeds": ablation_seeds,
+    "ablation_seed_differences": ablation_seed_differences,
+    "gpu": gpu,
+}
+
+
+# --------------------------------------------------------------------------- document
+
+
+def render_document(text: str, results: Path) -> tuple[str, list[str]]:
+    """``text`` with every generated table rendered again, and the names that changed."""
+    changed = []
+
+    def replace(match: re.Match) -> str:
+        name = match["name"]
+        if name not in RENDERERS:
+            raise SystemExit(
+                f"santa: error: RESULTS.md names an unknown table {name!r} "
+                f"(known: {', '.join(RENDERERS)})"
+            )
+        body = RENDERERS[name](results) + "\n"
+        if body != match["body"]:
+            changed.append(name)
+        return match["open"] + body + match["close"]
+
+    return BLOCK.sub(replace, text), changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or ``--check``) the generated tables of RESULTS.md, or print one."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale")
+    parser.add_argument("--print", dest="table", choices=sorted(RENDERERS), help="print one")
+    parser.add_argument("--document", type=Path, default=DOCUMENT)
+    parser.add_argument("--results", type=Path, default=common.RESULTS_DIR)
+    args = parser.parse_args(argv)
+    if args.table:
+        print(RENDERERS[args.table](args.results))
+        return 0
+    text = args.document.read_text()
+    rendered, changed = render_document(text, args.results)
+    found = len(BLOCK.findall(text))
+    if args.check:
+        if changed:
+            print(f"{args.document}: stale tables (python bench/results.py): {', '.join(changed)}")
+            return 1
+        print(f"{args.document}: {found} generated tables match bench/results/*.json")
+        return 0
+    if changed:
+        tmp = args.document.with_name(f".{args.document.name}.tmp")
+        tmp.write_text(rendered)
+        tmp.replace(args.document)
+    print(f"{args.document}: {found} generated tables, {len(changed)} rewritten {changed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

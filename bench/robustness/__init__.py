@@ -1,0 +1,1 @@
+"""Fault injection against the job command lines."""
