@@ -175,7 +175,7 @@ def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, ca
     ]
     assert search.main(["--index", built["output"], "-k", "2", data.queries[chosen[0]]]) == 0
     table = capsys.readouterr().out
-    assert f"   1  " in table and expected[chosen[0]][0] in table
+    assert "   1  " in table and expected[chosen[0]][0] in table
 
 
 def test_rerun_of_a_published_index_is_up_to_date(built):
@@ -242,3 +242,109 @@ def test_index_and_search_on_s3(built, moto_s3, tmp_path):
     hits = searcher.search([rows[3]["query"]], 40)[0]
     assert len(hits) == 40 and {hit.id for hit in hits} == {f"fn-{i}" for i in range(40)}
     assert searcher.describe()["count"] == 40
+
+
+# ============================================================================ Ray Serve
+
+
+def _request(url: str, body: bytes | None = None, method: str | None = None):
+    """(status, JSON payload) of one HTTP request on loopback."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _post(url: str, payload) -> tuple[int, dict]:
+    return _request(url, json.dumps(payload).encode(), "POST")
+
+
+def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cluster):
+    """The CLI deploys; real HTTP on loopback: hits equal the searcher's, 4xx for bad
+    requests with the replica still answering, two concurrent clients, clean shutdown."""
+    import threading
+    import time
+    import urllib.error
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    from ray_jobs import serve as serve_job
+    from tests.conftest import free_port
+
+    port = free_port()
+    args = serve_job.parse_args(
+        ["--index", built["output"], "--port", str(port), "--cpus-per-replica", "0.25"]
+        + ["--name", "search-test", "-k", "3"]
+    )
+    stop = threading.Event()
+    result: dict = {}
+    server = threading.Thread(target=lambda: result.update(code=serve_job.run(args, stop)))
+    server.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                status, health = _request(base + "/healthz")
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+                pass
+            assert time.time() < deadline and server.is_alive(), "Serve did not come up"
+            time.sleep(1)
+        assert health["status"] == "ok" and health["count"] == 105
+        assert health["similarity"] == "cosine"
+
+        searcher = Searcher.open(built["output"])
+        data = load_beir(built["config"].corpus)
+        queries = [data.queries[q] for q in list(data.queries)[:8]]
+        expected = [[hit.id for hit in hits] for hits in searcher.search(queries, 5)]
+
+        status, body = _post(base + "/search", {"query": queries[0], "k": 5})
+        assert status == 200 and [hit["id"] for hit in body["hits"]] == expected[0]
+        assert body["hits"][0]["rank"] == 1 and body["hits"][0]["text"]
+        status, body = _post(base + "/search", {"query": queries[1]})
+        assert status == 200 and len(body["hits"]) == 3  # the server's -k
+        status, body = _post(base + "/search", {"queries": queries[:2], "k": 5})
+        assert [[h["id"] for h in r["hits"]] for r in body["results"]] == expected[:2]
+
+        bad = [
+            (b"{not json", 400, "not JSON"),
+            (json.dumps({"k": 5}).encode(), 400, "query"),
+            (json.dumps({"query": "x", "k": 0}).encode(), 400, "k must be"),
+            (json.dumps({"query": "   "}).encode(), 400, "non-empty"),
+            (json.dumps({"query": "x", "top": 3}).encode(), 400, "unknown field"),
+            (json.dumps(["x"]).encode(), 400, "JSON object"),
+        ]
+        for payload, code, message in bad:
+            status, body = _request(base + "/search", payload, "POST")
+            assert status == code and message in body["error"], (payload, body)
+        assert _request(base + "/search")[0] == 405
+        assert _request(base + "/nowhere")[0] == 404
+        assert _request(base + "/healthz")[0] == 200  # the replica is still up
+
+        def client(offset: int) -> list[list[str]]:
+            answers = []
+            for query in queries[offset::2]:
+                status, body = _post(base + "/search", {"query": query, "k": 5})
+                assert status == 200
+                answers.append([hit["id"] for hit in body["hits"]])
+            return answers
+
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(client, (0, 1))
+        assert first == expected[0::2] and second == expected[1::2]
+    finally:
+        stop.set()
+        server.join(timeout=120)
+    assert result.get("code") == 0 and not server.is_alive()
+    assert "search-test" not in serve.status().applications
+    serve.shutdown()
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        _request(base + "/healthz")
