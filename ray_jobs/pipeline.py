@@ -43,7 +43,21 @@ from santa.runlock import RunLock
 logger = logging.getLogger("santa.pipeline")
 
 # The default run: sized to finish in under 10 minutes on a 2-core laptop.
-DEFAULT_STEPS = {"tiny": {"pretrain": 150, "finetune": 100, "ance": 50}}
+DEFAULT_STEPS = {
+    "tiny": {"pretrain": 150, "finetune": 100, "ance": 50},
+    "minilm": {"pretrain": 30, "finetune": 20, "ance": 20},
+}
+# With the default step budget, MiniLM also trains at a batch and lengths that fit it (and
+# its dev evaluation runs once per stage, at the end).
+DEFAULT_OVERRIDES = {
+    "minilm": [
+        "train.global_batch_size=32",
+        "train.max_query_length=32",
+        "train.max_document_length=128",
+    ]
+}
+# The recipe of a run that names none: all-MiniLM-L6-v2 (ships with santa's dependencies).
+DEFAULT_RECIPE = "minilm"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,8 +102,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "while training (async)",
     )
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
+    parser.add_argument(
+        "--no-index",
+        action="store_true",
+        help="skip the last step (index the held-out corpus, show example searches)",
+    )
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    parser.set_defaults(recipe=DEFAULT_RECIPE)
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")
@@ -112,6 +132,8 @@ def stage_config(args: argparse.Namespace, stage: str, negatives: str = "none") 
     steps = args.max_steps or DEFAULT_STEPS.get(args.recipe, {}).get(stage)
     if steps:
         overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
+    if not args.max_steps and args.recipe in DEFAULT_OVERRIDES:
+        overrides += [*DEFAULT_OVERRIDES[args.recipe], f"train.eval_every={steps}"]
     if stage == "ance":
         overrides.append(f"train.hard_negatives={negatives}")
         if negatives == "async":
@@ -259,7 +281,19 @@ def _run_locked(args: argparse.Namespace, run_uri: str, configs: dict) -> dict[s
     markdown = format_report(report, plot)
     storage.write_bytes(storage.join(run_uri, "report.md"), markdown.encode())
     print(markdown)
+    if not args.no_index:
+        from santa.search.demo import index_and_show
+
+        print(f"[index] the held-out corpus with the final model ({stages[-1]['stage']})")
+        indexed_at = time.time()
+        report["index"] = index_and_show(
+            previous, test_uri, storage.join(run_uri, "index"), split=args.eval_split
+        )
+        phases["index_s"] = time.time() - indexed_at
+        phases["total_s"] = time.time() - started
+        storage.write_json(storage.join(run_uri, "report.json"), report)
     print(f"outputs: {run_uri} (report.md, checkpoint {report['checkpoint']})", flush=True)
+    print(f"wall time: {phases['total_s']:.0f} s", flush=True)
     return report
 
 
