@@ -348,3 +348,93 @@ def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cl
     serve.shutdown()
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         _request(base + "/healthz")
+
+
+# ============================================================================ the demo's step
+
+
+def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, tmp_path, capsys):
+    from santa.search.demo import index_and_show, pick_queries
+
+    data = load_beir(beir)
+    assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
+    shown = index_and_show(
+        built["config"].checkpoint, beir, str(tmp_path / "index"), examples=3, k=3
+    )
+    out = capsys.readouterr().out
+    assert shown["count"] == 105 and len(shown["examples"]) == 3
+    assert out.count("query: ") == 3 and "python -m ray_jobs.search --index" in out
+    searcher = Searcher.open(str(tmp_path / "index"))
+    for example in shown["examples"]:
+        hits = searcher.search([example["query"]], 3)[0]
+        assert [hit["id"] for hit in example["hits"]] == [hit.id for hit in hits]
+        qid = next(q for q, text in data.queries.items() if text == example["query"])
+        answers = set(data.qrels[qid])
+        ranks = [hit.rank for hit in hits if hit.id in answers]
+        assert example["answer_rank"] == (ranks[0] if ranks else None)
+    assert out.count("← the judged answer") == sum(
+        1 for example in shown["examples"] if example["answer_rank"]
+    )
+
+
+def test_the_default_demo_is_minilm_and_tests_keep_tiny():
+    from ray_jobs import pipeline
+
+    args = pipeline.parse_args([])
+    assert args.recipe == "minilm" and not args.no_index
+    config = pipeline.stage_config(args, "pretrain")
+    assert config.model.kind == "encoder" and config.train.max_steps == 20
+    assert config.train.global_batch_size == 32 and config.train.eval_every == 20
+    tiny = pipeline.stage_config(pipeline.parse_args(["--recipe", "tiny"]), "pretrain")
+    assert tiny.model.kind == "t5" and tiny.train.max_steps == 150
+
+
+@pytest.mark.slow
+def test_a_killed_index_job_resumes_with_the_missing_shards(built, tmp_path, ray_cluster):
+    """``kill -9`` of the index job once some shards are written; the same command again
+    encodes only the shards that were not."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    output = tmp_path / "killed"
+    argv = [sys.executable, "-m", "ray_jobs.index", "--checkpoint", built["config"].checkpoint]
+    argv += ["--corpus", built["config"].corpus, "--output", str(output), "--shard-size", "5"]
+    argv += ["--actors", "1", "--address", ray_cluster.address]
+    job = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    written: list[Path] = []
+    try:
+        while time.time() < deadline and job.poll() is None:
+            written = list(tmp_path.glob(f"killed.partial-*/{EMBEDDINGS_DIR}/part-*.parquet"))
+            if len(written) >= 3:
+                break
+            time.sleep(0.2)
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+    assert len(written) >= 3, "the job wrote no shard in time"
+    done = {p.name for p in written}
+    assert len(done) < 21 and not (output / "report.json").exists()
+    manifest = build_index(
+        IndexConfig(
+            checkpoint=built["config"].checkpoint,
+            corpus=built["config"].corpus,
+            output=str(output),
+            shard_size=5,
+            num_actors=1,
+        )
+    )
+    assert manifest["shards"]["count"] == 21
+    assert manifest["shards"]["reused"] >= len(done)
+    assert manifest["shards"]["encoded"] == 21 - manifest["shards"]["reused"]
+    searcher = Searcher.open(str(output))
+    reference = Searcher.open(built["output"])
+    query = load_beir(built["config"].corpus).queries
+    texts = list(query.values())[:5]
+    assert [[h.id for h in hits] for hits in searcher.search(texts, 10)] == [
+        [h.id for h in hits] for hits in reference.search(texts, 10)
+    ]
