@@ -76,8 +76,9 @@ def test_jsonl_corpus_skips_bad_rows_by_reason(tmp_path):
         json.dumps(["a list"]),
         json.dumps({"id": 7, "text": "numeric ids become strings"}),
     ]
-    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    corpus = read_corpus(str(tmp_path / "docs.jsonl"))
+    # Told apart by its rows, not its name (a file may be called corpus.jsonl).
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    corpus = read_corpus(str(tmp_path / "corpus.jsonl"))
     assert corpus.format == "jsonl"
     assert corpus.ids == ["a", "7"]
     assert corpus.table.column("title").to_pylist() == ["A", ""]

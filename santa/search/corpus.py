@@ -127,8 +127,6 @@ def detect_format(uri: str) -> str:
             return "beir"
         files = _jsonl_files(uri)
         return _format_of_row(_first_row(files[0]), files[0])
-    if uri.rstrip("/").endswith("corpus.jsonl"):
-        return "beir-corpus"
     return _format_of_row(_first_row(uri), uri)
 
 
