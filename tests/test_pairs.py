@@ -90,6 +90,21 @@ def test_pairs_job_keeps_every_pair_and_counts_bad_rows(tmp_path, ray_cluster, c
     opened = negatives.negatives[by_query["open a file"]]
     assert [negatives.documents[doc] for doc in opened] == ["os.remove(path)", "os.stat(path)"]
 
+    # The trainer's input pipeline takes the rows (kind text_pair embeds the positive).
+    from santa.recipes import minilm_path
+    from santa.train.data import tokenize_pairs
+
+    tokenized = tokenize_pairs(
+        table,
+        tokenizer_path=minilm_path(),
+        max_query_length=16,
+        max_document_length=32,
+        max_target_length=8,
+        with_mep=False,
+        with_document=True,
+    )
+    assert tokenized["document_input_ids"].shape == (6, 32)
+
     corpus = load_mining_corpus(str(output))
     assert len(corpus.positives[by_query["reverse a string"]]) == 2
     assert len(corpus.queries) == 4 and len(corpus.documents) == 4
