@@ -30,16 +30,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-k", "--top-k", type=int, default=10, help="hits per query")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
-    parser.add_argument("--serve", action="store_true", help="serve over HTTP (ray_jobs.serve)")
+    parser.add_argument(
+        "--serve", action="store_true", help="serve over HTTP instead (ray_jobs.serve's flags)"
+    )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    args, rest = parser.parse_known_args(argv)
-    if args.serve:
-        return args, rest
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
     if not args.queries and not args.queries_file:
         parser.error("give queries as arguments or --queries FILE")
-    return args, []
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse → search (or serve); errors as one line."""
-    args, rest = parse_args(argv)
-    if args.serve:
+    """Parse → search (or, with --serve, hand every other flag to ray_jobs.serve)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--serve" in argv:
         from ray_jobs import serve
 
-        forwarded = ["--index", args.index, *(["--model", args.model] if args.model else [])]
-        return serve.main(forwarded + rest + (["--debug"] if args.debug else []))
-    return run_job(lambda: run(args), argv if argv is not None else sys.argv[1:])
+        return serve.main([arg for arg in argv if arg != "--serve"])
+    args = parse_args(argv)
+    return run_job(lambda: run(args), argv)
 
 
 if __name__ == "__main__":

@@ -439,3 +439,13 @@ def test_a_killed_index_job_resumes_with_the_missing_shards(built, tmp_path, ray
     assert [[h.id for h in hits] for hits in searcher.search(texts, 10)] == [
         [h.id for h in hits] for hits in reference.search(texts, 10)
     ]
+
+
+def test_search_serve_flag_hands_the_other_flags_to_the_serve_job(monkeypatch):
+    from ray_jobs import search, serve
+
+    seen: dict = {}
+    monkeypatch.setattr(serve, "main", lambda argv: seen.update(argv=argv) or 0)
+    assert search.main(["--index", "idx", "--serve", "--replicas", "2", "-k", "4"]) == 0
+    args = serve.parse_args(seen["argv"])
+    assert (args.index, args.replicas, args.top_k) == ("idx", 2, 4)
