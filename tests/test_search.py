@@ -383,11 +383,14 @@ def test_the_default_demo_is_minilm_and_tests_keep_tiny():
 
     args = pipeline.parse_args([])
     assert args.recipe == "minilm" and not args.no_index
+    assert args.stages == ["pretrain", "finetune"]
+    assert pipeline.parse_args(["--max-steps", "5"]).stages == ["pretrain", "finetune", "ance"]
     config = pipeline.stage_config(args, "pretrain")
     assert config.model.kind == "encoder" and config.train.max_steps == 20
     assert config.train.global_batch_size == 32 and config.train.eval_every == 20
     tiny = pipeline.stage_config(pipeline.parse_args(["--recipe", "tiny"]), "pretrain")
     assert tiny.model.kind == "t5" and tiny.train.max_steps == 150
+    assert pipeline.parse_args(["--recipe", "tiny"]).stages == ["pretrain", "finetune", "ance"]
 
 
 @pytest.mark.slow
