@@ -3,7 +3,7 @@
     python -m ray_jobs.export --checkpoint s3://bucket/runs/demo/checkpoint_... --to models/demo
     python -m ray_jobs.export --latest s3://bucket/runs/demo --to models/demo
     python -m ray_jobs.export --best s3://bucket/sweeps/lr --to models/best
-    python -m ray_jobs.export --latest runs/default/ance --to models/st --format sentence-transformers
+    python -m ray_jobs.export --latest runs/default/finetune --to models/st --format sentence-transformers
 
 ``--latest`` takes the newest complete checkpoint of a Ray Train run folder
 (``storage_path/name``), as Ray recorded it; ``--best`` follows the ``best.json`` a Tune

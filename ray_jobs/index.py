@@ -1,6 +1,6 @@
 """Encode a corpus with a trained model into a searchable index (Ray Data batch inference).
 
-    python -m ray_jobs.index --checkpoint runs/default/ance --corpus runs/default/data/test \\
+    python -m ray_jobs.index --checkpoint runs/default/finetune --corpus runs/default/data/test \\
         --output runs/default/index
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m ray_jobs.index \\
         --checkpoint s3://b/runs/csn/ance --corpus s3://b/csn-test --output s3://b/indexes/csn
