@@ -174,6 +174,9 @@ class ShardEncoder:
 
         if threads > 0:
             torch.set_num_threads(threads)
+            # The fast tokenizer's thread pool would use every core of the node: an actor
+            # keeps to the CPUs it asked for, so that N actors scale as N.
+            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         model = load(model_uri)
         self.device = "cuda" if use_gpu else "cpu"
         self.model = model.to(self.device).eval()
