@@ -14,13 +14,17 @@ re-mines them while training goes on instead). Stage settings come from the reci
 
 With no arguments it builds the default corpus (this interpreter's standard library as
 CodeSearchNet-format records), preprocesses it (train / valid / test split by file, held-out
-rows never in the training pairs), runs the three stages of the ``tiny`` recipe on 2 workers,
-evaluates every stage's model on the held-out test split beside the untrained model and
-BM25, and writes everything under ``./runs/<name>/``: ``data/`` (pairs, BEIR sets), one Ray
-Train run per stage (``<stage>/checkpoint_*``, ``metrics.jsonl``, ``tensorboard/``),
-``negatives/`` (the mined table), ``eval/`` (TREC runs, metrics), ``training.png`` and
-``report.md``. Fine-tuning uses the pretraining pairs' unmasked documents unless
-``--finetune-data`` names other pairs.
+rows never in the training pairs), runs the ``pretrain`` and ``finetune`` stages of the
+``minilm`` recipe (all-MiniLM-L6-v2, shipped with santa's dependencies; 20/10 steps at
+batch 32, lengths 32/128; ``--stages pretrain,finetune,ance`` adds ANCE; ``--recipe tiny``
+is the one-million-parameter T5 of the tests, SDA + MEP) on 2 workers, evaluates every
+stage's model on the held-out test split beside the untrained model and BM25, indexes the
+held-out corpus with the final model and shows three of its queries' top hits, and writes
+everything under ``./runs/<name>/``: ``data/`` (pairs, BEIR sets), one Ray Train run per
+stage (``<stage>/checkpoint_*``, ``metrics.jsonl``, ``tensorboard/``), ``negatives/`` (the
+mined table, with ANCE), ``eval/`` (TREC runs, metrics), ``index/`` (search it with
+``ray_jobs.search``), ``training.png`` and ``report.md``. Fine-tuning uses the pretraining
+pairs' unmasked documents unless ``--finetune-data`` names other pairs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 from typing import Any
 
 from ray_jobs.args import cluster_overrides, run_parser
-from santa.pipeline import PipelineSpec, run_pipeline
+from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
 from santa.recipes import PIPELINE_STAGES
 from santa.runtime.errors import exit_with, run_job
 
@@ -46,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parents=[
             run_parser(
                 address_help="Ray address (default: RAY_ADDRESS, else a local Ray of its own)",
-                max_steps_help="steps of every stage (default: the recipe's epochs; tiny: "
-                "150/100/50)",
+                max_steps_help="steps of every stage (default: the recipe's epochs; minilm: "
+                "20/10/10, tiny: 150/100/50)",
             )
         ],
     )
@@ -55,8 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", default="./runs", help="local path or s3:// URI")
     parser.add_argument(
         "--stages",
-        default=",".join(PIPELINE_STAGES),
-        help="comma-separated stages to run, in order (default: pretrain,finetune,ance)",
+        default=None,
+        help="comma-separated stages to run, in order (default: pretrain,finetune,ance; the "
+        "default MiniLM run: pretrain,finetune)",
     )
     parser.add_argument(
         "--input", default=None, help="source tree for the corpus (default: this Python's stdlib)"
@@ -80,19 +85,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
+    parser.add_argument(
+        "--no-index",
+        action="store_true",
+        help="skip the last step (index the held-out corpus, show example searches)",
+    )
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    parser.set_defaults(recipe=DEFAULT_RECIPE)
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")
-    stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
-    unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
-    if unknown or not stages:
-        parser.error(f"--stages takes {', '.join(PIPELINE_STAGES)}; got {args.stages!r}")
-    if stages != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(stages):
-        parser.error(f"--stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be a positive number of steps")
-    args.stages = stages
+    if args.stages is not None:  # None: the recipe's default stages (PipelineSpec decides)
+        stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
+        unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
+        if unknown or not stages:
+            parser.error(f"--stages takes {', '.join(PIPELINE_STAGES)}; got {args.stages!r}")
+        if stages != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(stages):
+            parser.error(f"--stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
+        args.stages = stages
     return args
 
 
@@ -102,7 +114,7 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         name=args.name,
         storage=args.storage,
         recipe=args.recipe,
-        stages=tuple(args.stages),
+        stages=None if args.stages is None else tuple(args.stages),
         input=args.input or "",
         data=args.data,
         finetune_data=args.finetune_data,
@@ -115,6 +127,7 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         cpus_per_worker=args.cpus_per_worker,
         cluster_overrides=tuple(cluster_overrides(args)),
         overrides=tuple(args.overrides),
+        index=not args.no_index,
     )
 
 

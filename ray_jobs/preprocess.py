@@ -24,6 +24,8 @@ from santa.runtime.ray_utils import init_ray
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
 # set (its positive queries against every function) in-process, without Ray.
 COSQA = "cosqa"
+# Your own {query, positive, negatives?} JSON lines → training pairs (santa.data.pairs).
+PAIRS = "pairs"
 
 
 def parse_args(
@@ -35,7 +37,7 @@ def parse_args(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", choices=(*DATASETS, COSQA), required=True)
+    parser.add_argument("--dataset", choices=(*DATASETS, COSQA, PAIRS), required=True)
     parser.add_argument(
         "--input",
         default=None,
@@ -79,6 +81,10 @@ def parse_args(
         args.input = default_source_root()
     if args.asst and (args.dataset == "esci" or args.stage == "eval"):
         parser.error("--asst makes code–code training pairs: a code dataset, not --stage eval")
+    if args.dataset == PAIRS:
+        if args.stage == "eval" or args.asst:
+            parser.error("pairs are training pairs: no --stage eval, no --asst")
+        return args, args.address
     if args.dataset == COSQA:
         if args.stage not in ("pretrain", "eval"):
             parser.error("cosqa is an evaluation set: use --stage eval")
@@ -112,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config, address: str | None) -> int:
     check_input(config.input, "--input")  # before any work: one line naming the URI
     check_writable(config.output, "--output")
+    if isinstance(config, argparse.Namespace) and config.dataset == PAIRS:
+        from santa.data.pairs import run_pairs_preprocess
+
+        print(init_ray(address), flush=True)
+        report = run_pairs_preprocess(config.input, config.output)
+        print(format_report({**report, "entity_ratio": {}}))
+        print(json.dumps({key: report[key] for key in ("queries", "documents", "negatives")}))
+        print(f"output: {config.output}")
+        return 0
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
         split = config.split or "test"
         with staged_output(config.output) as staged:

@@ -231,6 +231,45 @@ class NegativeIndex:
             rows[start : start + len(batch)] = labels
         return rows, scores
 
+    # ----------------------------------------------------------------- persisting
+
+    def to_bytes(self) -> bytes:
+        """The faiss index serialized (a GPU index is copied to CPU first); ids not included."""
+        faiss = _faiss()
+        if self._index is None:
+            raise ValueError("the index is empty: add embeddings before saving it")
+        index = faiss.index_gpu_to_cpu(self._index) if self.on_gpu else self._index
+        return faiss.serialize_index(index).tobytes()
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, ids: Sequence[str], *, use_gpu: str | bool = "auto", nprobe: int = 32
+    ) -> NegativeIndex:
+        """An index read back from :meth:`to_bytes`, its rows named by ``ids`` (in order)."""
+        faiss = _faiss()
+        loaded = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+        ids = list(ids)
+        if loaded.ntotal != len(ids):
+            raise ValueError(f"the index holds {loaded.ntotal} vectors but {len(ids)} ids")
+        if isinstance(loaded, faiss.IndexHNSWFlat):
+            kind, options = "hnsw", {"hnsw_m": max(1, loaded.hnsw.nb_neighbors(1))}
+        elif isinstance(loaded, faiss.IndexIVF):
+            kind, options = "ivf", {"nlist": loaded.nlist, "nprobe": min(nprobe, loaded.nlist)}
+        else:
+            kind, options = "flat", {}
+        index = cls(loaded.d, kind, use_gpu=use_gpu, **options)
+        if kind == "ivf":
+            loaded.nprobe = index.nprobe
+        if index.on_gpu:
+            index._gpu_resources = faiss.StandardGpuResources()
+            loaded = faiss.index_cpu_to_gpu(index._gpu_resources, 0, loaded)
+        index._index = loaded
+        index._ids = ids
+        index._positions = dict(zip(ids, range(len(ids)), strict=True))
+        if len(index._positions) != len(ids):
+            raise ValueError("duplicate ids: every id must be unique")
+        return index
+
     def __repr__(self) -> str:
         where = "gpu" if self.on_gpu else "cpu"
         return f"NegativeIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"

@@ -171,3 +171,29 @@ def test_declared_resources_let_santa_size_pools_by_what_the_cluster_can_grow_to
     expected_gpus = sum(node["max_workers"] * node["resources"].get("GPU", 0) for node in workers)
     assert declared["GPU"] == expected_gpus >= 1
     assert declared["CPU"] > types[config["head_node_type"]]["resources"]["CPU"]
+
+
+def test_serving_notes_name_commands_that_parse() -> None:
+    """The Serving notes' index and serve commands are valid command lines of the jobs."""
+    from ray_jobs import index, serve
+
+    lines = CLUSTER_YAML.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Serving"))
+    commands: list[str] = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        text = line[1:].strip()
+        if text.startswith("ray job submit"):
+            commands.append(text)
+        elif commands and text.startswith("--"):
+            commands[-1] += " " + text
+    parsed = {}
+    for command in commands:
+        module, _, arguments = command.partition(" -- python -m ")[2].partition(" ")
+        parser = {"ray_jobs.index": index.parse_args, "ray_jobs.serve": serve.parse_args}[module]
+        parsed.setdefault(module, []).append(parser(arguments.split()))
+    assert parsed["ray_jobs.index"][0].output == "s3://BUCKET/indexes/csn"
+    first, stop = parsed["ray_jobs.serve"]
+    assert first.detach and first.host == "0.0.0.0" and first.gpus_per_replica == 1
+    assert first.index == parsed["ray_jobs.index"][0].output and stop.stop

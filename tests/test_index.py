@@ -189,3 +189,24 @@ def test_forcing_a_gpu_without_one_fails_clearly() -> None:
     with pytest.raises(ValueError, match="no GPU index is possible"):
         NegativeIndex(8, use_gpu=True)
     assert not NegativeIndex(8).on_gpu  # "auto" falls back to the CPU
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_serialized_index_searches_the_same(kind) -> None:
+    """to_bytes / from_bytes (what an index folder stores) keep the kind, ids and hits."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((2000, 16)).astype(np.float32)
+    ids = [f"doc-{i}" for i in range(2000)]
+    index = NegativeIndex.build(vectors, ids, kind, nlist=16, nprobe=4, hnsw_m=8, use_gpu=False)
+    again = NegativeIndex.from_bytes(index.to_bytes(), ids, nprobe=4, use_gpu=False)
+    assert (again.kind, len(again), again.dim) == (kind, 2000, 16)
+    if kind == "ivf":
+        assert (again.nlist, again.nprobe) == (16, 4)
+    if kind == "hnsw":
+        assert again.hnsw_m == 8
+    hits, scores = index.search(vectors[:20], 10)
+    hits_again, scores_again = again.search(vectors[:20], 10)
+    assert hits == hits_again
+    np.testing.assert_array_equal(scores, scores_again)
+    with pytest.raises(ValueError, match="2000 vectors but 3 ids"):
+        NegativeIndex.from_bytes(index.to_bytes(), ids[:3])

@@ -119,7 +119,7 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
         job = _ray(
             ["job", "submit", "--address", shell_cluster["address"], "--working-dir", str(REPO)]
             + ["--", "python", "-m", "ray_jobs.pipeline", "--storage", f"{bucket}/runs"]
-            + ["--name", "e2e", "--input", str(corpus), "--max-steps", "12"]
+            + ["--name", "e2e", "--input", str(corpus), "--max-steps", "12", "--recipe", "tiny"]
             + ["--stages", "pretrain,finetune"]
             + ["--cpus-per-worker", "0.5", "--set", "train.global_batch_size=8"]
             + ["--set", "train.max_query_length=24", "--set", "train.max_document_length=96"]

@@ -287,6 +287,7 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
     test_set = write_beir(tmp_path / "beir", pairs["dev"])
     args = pipeline.parse_args(
         ["--storage", str(tmp_path / "runs"), "--name", "staged", "--data", pairs["train"]]
+        + ["--recipe", "tiny"]
         + ["--eval-data", test_set, "--max-steps", "4", "--cpus-per-worker", "0.5"]
         + ["--address", ray_cluster.address, "--set", "train.log_every=1"]
     )

@@ -10,6 +10,8 @@ Every row the preprocessing writes says what it is in its ``kind`` column:
   and ignored by the loss).
 - ``asst``: a code sub-tree ↔ the rest of its function (SCodeR's ASST, Algorithm 1; a
   code–code pair). Embeds the remaining code; the query is the cut-out sub-tree.
+- ``text_pair``: a user's own query ↔ positive pair (``ray_jobs.preprocess --dataset pairs``,
+  :mod:`santa.data.pairs`). Embeds the positive's text alone.
 - ``product_judgment``: an ESCI query → product judgment with a graded label. Embeds
   ``title + " " + text``, as evaluation embeds the BEIR corpus; only Exact judgments are
   training pairs (Substitutes and Complements are neither positives nor negatives).
@@ -31,6 +33,7 @@ __all__ = [
     "KINDS",
     "PRODUCT_JUDGMENT",
     "PRODUCT_PRETRAIN",
+    "TEXT_PAIR",
     "document_text",
     "embedded_document",
     "is_training_row",
@@ -42,7 +45,8 @@ CODE_PAIR = "code_pair"
 PRODUCT_PRETRAIN = "product_pretrain"
 PRODUCT_JUDGMENT = "product_judgment"
 ASST = "asst"
-KINDS = (CODE_PAIR, PRODUCT_PRETRAIN, PRODUCT_JUDGMENT, ASST)
+TEXT_PAIR = "text_pair"
+KINDS = (CODE_PAIR, PRODUCT_PRETRAIN, PRODUCT_JUDGMENT, ASST, TEXT_PAIR)
 # Kinds whose query is code (SCodeR scores them with the code–code discriminator D_ψ).
 CODE_QUERY_KINDS = (ASST,)
 

@@ -20,6 +20,7 @@ __all__ = [
     "Ranking",
     "dense_rerank",
     "dense_retrieve",
+    "prepare_embeddings",
     "top_k_indices",
 ]
 
@@ -110,6 +111,11 @@ def _prepare(embeddings: np.ndarray, similarity: str) -> np.ndarray:
         norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
         embeddings = embeddings / np.maximum(norms, 1e-12)
     return embeddings
+
+
+def prepare_embeddings(embeddings: np.ndarray, similarity: str) -> np.ndarray:
+    """Embeddings as the index holds them: float32, unit length for ``cosine``."""
+    return _prepare(embeddings, similarity)
 
 
 def dense_retrieve(

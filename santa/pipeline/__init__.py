@@ -2,6 +2,12 @@
 Python: :func:`run_pipeline` with a :class:`PipelineSpec`; ``ray_jobs.pipeline`` is its
 command line."""
 
-from santa.pipeline.stages import DEFAULT_STEPS, PipelineSpec, run_pipeline, stage_config
+from santa.pipeline.stages import (
+    DEFAULT_RECIPE,
+    DEFAULT_STEPS,
+    PipelineSpec,
+    run_pipeline,
+    stage_config,
+)
 
-__all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
+__all__ = ["DEFAULT_RECIPE", "DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]

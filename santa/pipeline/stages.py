@@ -35,7 +35,25 @@ from santa.runtime.layout import RunLayout, checkpoint_model
 __all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
 
 # The default run: sized to finish in under 10 minutes on a 2-core laptop.
-DEFAULT_STEPS = {"tiny": {"pretrain": 150, "finetune": 100, "ance": 50}}
+DEFAULT_STEPS = {
+    "tiny": {"pretrain": 150, "finetune": 100, "ance": 50},
+    "minilm": {"pretrain": 20, "finetune": 10, "ance": 10},
+}
+# With the default step budget, MiniLM also trains at a batch and lengths that fit it (and
+# its dev evaluation runs once per stage, at the end).
+DEFAULT_OVERRIDES = {
+    "minilm": (
+        "train.global_batch_size=32",
+        "train.max_query_length=32",
+        "train.max_document_length=128",
+    )
+}
+# The default MiniLM run leaves out ANCE: mining re-encodes all 5,400 training documents
+# and queries, about 4 minutes of a 22M-parameter encoder on 2 CPU cores, for +0.005
+# held-out MRR (bench/RESULTS.md). stages=("pretrain", "finetune", "ance") runs it.
+DEFAULT_STAGES = {"minilm": ("pretrain", "finetune")}
+# The recipe of a run that names none: all-MiniLM-L6-v2 (ships with santa's dependencies).
+DEFAULT_RECIPE = "minilm"
 HARD_NEGATIVE_MODES = ("table", "async")
 
 
@@ -47,10 +65,12 @@ class PipelineSpec:
     """Run name: the run folder is ``storage/name`` (same name = reuse and resume)."""
     storage: str = "./runs"
     """Local path or ``s3://`` URI."""
-    recipe: str = "tiny"
+    recipe: str = DEFAULT_RECIPE
     """The recipe family of the stages."""
-    stages: tuple[str, ...] = PIPELINE_STAGES
-    """Stages to run, a prefix-ordered subset of ``pretrain, finetune, ance``."""
+    stages: tuple[str, ...] | None = None
+    """Stages to run, a prefix-ordered subset of ``pretrain, finetune, ance``; None: all
+    three, or the recipe's default stages when it has a default step budget (MiniLM's
+    default run leaves ANCE out)."""
     input: str = ""
     """Source tree for the default corpus (empty: this Python's standard library)."""
     data: str = ""
@@ -73,10 +93,15 @@ class PipelineSpec:
     """Config overrides of the cluster flags (``--gpu``, ``--miner-*``): before the stages'."""
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """The user's ``section.field=value`` overrides: after everything else."""
+    index: bool = True
+    """Last step: index the held-out corpus with the final model, show example searches."""
 
     def __post_init__(self) -> None:
         for name in ("storage", "data", "finetune_data", "eval_data", "input"):
             object.__setattr__(self, name, storage.absolute(getattr(self, name)))
+        if self.stages is None:
+            default = DEFAULT_STAGES.get(self.recipe) if self.max_steps is None else None
+            object.__setattr__(self, "stages", default or PIPELINE_STAGES)
         stages = tuple(self.stages)
         unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
         if unknown or not stages:
@@ -106,6 +131,8 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
     steps = spec.max_steps or DEFAULT_STEPS.get(spec.recipe, {}).get(stage)
     if steps:
         overrides += [f"train.max_steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
+    if not spec.max_steps and spec.recipe in DEFAULT_OVERRIDES:
+        overrides += [*DEFAULT_OVERRIDES[spec.recipe], f"train.eval_every={steps}"]
     if stage == "ance":
         overrides.append(f"negatives.source={negatives}")
         if negatives == "async":
@@ -207,7 +234,17 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
     markdown = format_report(report, plot)
     storage.write_bytes(layout.report_markdown, markdown.encode())
     print(markdown)
+    if spec.index:
+        from santa.search.demo import index_and_show
+
+        print(f"[index] the held-out corpus with the final model ({stages[-1]['stage']})")
+        indexed_at = time.time()
+        report["index"] = index_and_show(previous, test_uri, layout.index, split=spec.eval_split)
+        phases["index_s"] = time.time() - indexed_at
+        phases["total_s"] = time.time() - started
+        storage.write_json(layout.report, report)
     print(f"outputs: {layout.root} (report.md, checkpoint {report['checkpoint']})", flush=True)
+    print(f"wall time: {phases['total_s']:.0f} s", flush=True)
     return report
 
 

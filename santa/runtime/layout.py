@@ -16,6 +16,7 @@ stages, a sweep's trials) are run folders inside it::
         pretrain/ finetune/ ance/      the pipeline's stages (each a run folder)
         negatives/negatives.parquet    the pipeline's mined table
         eval/<system>/                 evaluation outputs
+        index/                         the held-out corpus indexed with the final model
         report.json report.md training.png
         warmup/ discriminators-init/ iter-<i>/   SCodeR (see ScoderIteration)
         best.json runs/<NAME>-<trial>/           a sweep
@@ -181,6 +182,11 @@ class RunLayout:
     def negatives_table(self) -> str:
         """The mined hard-negatives table."""
         return self.path("negatives", "negatives.parquet")
+
+    @property
+    def index(self) -> str:
+        """The pipeline's index of the held-out corpus (``ray_jobs.search --index``)."""
+        return self.path("index")
 
     def eval(self, system: str = "") -> str:
         """Evaluation outputs (metrics, TREC runs), per system when named."""

@@ -1,0 +1,108 @@
+"""Encode a corpus with a trained model into a searchable index (Ray Data batch inference).
+
+    python -m ray_jobs.index --checkpoint runs/default/finetune --corpus runs/default/data/test \\
+        --output runs/default/index
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m ray_jobs.index \\
+        --checkpoint s3://b/runs/csn/ance --corpus s3://b/csn-test --output s3://b/indexes/csn
+
+The corpus is santa's preprocessed pairs or BEIR folder, a BEIR corpus.jsonl, a
+CodeSearchNet folder or a jsonl of {"id", "text"} lines (local or s3://). The output holds
+Parquet shards of (id, embedding), a faiss index, the documents and a manifest
+(report.json), published whole. An interrupted run, re-run, encodes only the missing shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from santa.index import INDEX_KINDS
+from santa.runtime.errors import exit_with, run_job
+from santa.search.corpus import CORPUS_FORMATS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The index job's command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ray_jobs.index",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--checkpoint", required=True, help="model folder, checkpoint, run, sweep")
+    parser.add_argument("--corpus", required=True, help="corpus URI (local or s3://)")
+    parser.add_argument("--output", required=True, help="index folder to publish")
+    parser.add_argument("--corpus-format", choices=CORPUS_FORMATS, default="auto")
+    parser.add_argument("--index-kind", choices=("auto", *INDEX_KINDS), default="auto")
+    parser.add_argument("--nlist", type=int, default=0, help="IVF cells (default 4·√n)")
+    parser.add_argument("--nprobe", type=int, default=32, help="IVF cells searched")
+    parser.add_argument("--shard-size", type=int, default=0, help="documents per shard")
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    parser.add_argument("--actors", type=int, default=0, help="encoder actors (default: auto)")
+    parser.add_argument("--cpus-per-actor", type=float, default=1.0)
+    device = parser.add_mutually_exclusive_group()
+    device.add_argument("--gpu", action="store_true", help="GPU actors (default: if there)")
+    device.add_argument("--cpu", action="store_true", help="CPU actors even with GPUs")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--max-query-length", type=int, default=None)
+    parser.add_argument("--max-document-length", type=int, default=None)
+    parser.add_argument("--force", action="store_true", help="take over a stale S3 lease")
+    parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS)")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Check inputs, start or join Ray, build and publish the index."""
+    from santa.runtime import storage
+    from santa.runtime.preflight import check_input, check_writable
+    from santa.runtime.ray_utils import init_ray
+    from santa.search.indexing import IndexConfig, build_index
+
+    config = IndexConfig(
+        checkpoint=_local_or_as_is(args.checkpoint),
+        corpus=storage.absolute(args.corpus),
+        output=storage.absolute(args.output),
+        corpus_format=args.corpus_format,
+        index_kind=args.index_kind,
+        nlist=args.nlist,
+        nprobe=args.nprobe,
+        shard_size=args.shard_size,
+        batch_size=args.batch_size,
+        num_actors=args.actors,
+        cpus_per_actor=args.cpus_per_actor,
+        use_gpu=True if args.gpu else (False if args.cpu else "auto"),
+        precision=args.precision,
+        max_query_length=args.max_query_length,
+        max_document_length=args.max_document_length,
+        force=args.force,
+    )
+    check_input(config.corpus, "--corpus")
+    check_writable(config.output, "--output")
+    print(init_ray(args.address), flush=True)
+    manifest = build_index(config)
+    summary = {key: manifest.get(key) for key in ("count", "dimension", "similarity", "pooling")}
+    print(
+        json.dumps(
+            {**summary, "index": manifest["index"]["kind"], "throughput": manifest["throughput"]}
+        )
+    )
+    print(f"output: {config.output}")
+    return manifest
+
+
+def _local_or_as_is(uri: str) -> str:
+    """An existing local path made absolute (Ray workers run elsewhere); URIs, hub names
+    and missing paths as given (the resolver names what is wrong with them)."""
+    import os
+
+    return os.path.abspath(uri) if os.path.exists(uri) else uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse → run; errors as one line (``--debug``: the traceback)."""
+    args = parse_args(argv)
+    return run_job(lambda: run(args) and 0, argv)
+
+
+if __name__ == "__main__":
+    exit_with(main())

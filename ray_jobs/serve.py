@@ -1,0 +1,99 @@
+"""Serve an index over HTTP with Ray Serve: each replica holds the model and the index.
+
+    python -m ray_jobs.serve --index runs/default/index             # http://127.0.0.1:8000
+    curl -s localhost:8000/search -d '{"query": "read a file line by line", "k": 5}'
+    curl -s localhost:8000/healthz
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m ray_jobs.serve \\
+        --index s3://b/indexes/csn --replicas 2 --gpus-per-replica 1 --host 0.0.0.0 --detach
+
+Without --detach it serves until Ctrl-C, then removes the application. With --detach the
+job ends and the application keeps running on the cluster (remove it with --stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from santa.runtime.errors import exit_with, run_job
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The serve command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ray_jobs.serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--index", help="index folder (local or s3://)")
+    parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--cpus-per-replica", type=float, default=1.0)
+    parser.add_argument("--gpus-per-replica", type=float, default=0.0)
+    parser.add_argument("--max-ongoing-requests", type=int, default=8)
+    parser.add_argument("-k", "--top-k", type=int, default=10, help="k when a request omits it")
+    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on every interface")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--route-prefix", default="/")
+    parser.add_argument("--name", default="santa-search", help="Serve application name")
+    parser.add_argument("--detach", action="store_true", help="deploy and exit")
+    parser.add_argument("--stop", action="store_true", help="remove the application and exit")
+    parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS)")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    args = parser.parse_args(argv)
+    if not args.stop and not args.index:
+        parser.error("--index is required (or --stop)")
+    return args
+
+
+def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    """Deploy, then wait for Ctrl-C (or ``stop_event``) unless detached."""
+    from ray import serve
+
+    from santa.runtime import storage
+    from santa.runtime.ray_utils import init_ray
+    from santa.search.serve import ServeOptions, deploy
+
+    print(init_ray(args.address), flush=True)
+    if args.stop:
+        serve.delete(args.name)
+        print(f"removed the Serve application {args.name}")
+        return 0
+    options = ServeOptions(
+        index=args.index if storage.is_s3(args.index) else storage.absolute(args.index),
+        model=args.model,
+        replicas=args.replicas,
+        cpus_per_replica=args.cpus_per_replica,
+        gpus_per_replica=args.gpus_per_replica,
+        max_ongoing_requests=args.max_ongoing_requests,
+        default_k=args.top_k,
+        host=args.host,
+        port=args.port,
+        route_prefix=args.route_prefix,
+        name=args.name,
+    )
+    url = deploy(options)
+    print(f"serving {options.index} at {url}/search (POST) and {url}/healthz", flush=True)
+    if args.detach:
+        return 0
+    stop_event = stop_event or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    try:
+        while not stop_event.wait(1.0):
+            pass
+    finally:
+        serve.delete(options.name)
+        print(f"stopped {options.name}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse → serve; errors as one line."""
+    args = parse_args(argv)
+    return run_job(lambda: run(args), argv)
+
+
+if __name__ == "__main__":
+    exit_with(main())

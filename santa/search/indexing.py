@@ -1,0 +1,613 @@
+"""The index job's library side: a corpus → embedding shards + a faiss index + a manifest.
+
+Layout of an index folder (local or ``s3://``; published whole, see
+:mod:`santa.data.outputs`; its manifest ``report.json`` is written last):
+
+- ``documents.parquet``: ``id``, ``title``, ``text`` of every document, one row group per shard;
+- ``embeddings/part-NNNNN.parquet``: ``id``, ``embedding`` (``float32[dim]``), the model's raw
+  output for shard ``NNNNN``, exactly what the evaluator computes for those documents;
+- ``index.faiss``: the faiss index over them (unit vectors when the similarity is cosine),
+  rows in document order;
+- ``report.json``: model, pooling, similarity, dimension, count, lengths, source checkpoint,
+  index kind, what was skipped, throughput.
+
+Encoding is Ray Data batch inference: one task per missing shard, run by a pool of encoder
+actors (``map_batches`` with ``ActorPoolStrategy``; one GPU each and bf16 when the cluster
+has GPUs, CPU actors otherwise). Each actor writes its shards itself, so a run that is
+interrupted keeps every finished shard in its work folder (``OUT.partial-<key>`` beside a
+local output, ``OUT/runs/work-<key>/`` on S3), and a re-run with the same model, corpus and
+settings encodes only the missing ones. One writer at a time (:class:`santa.runtime.runlock.RunLock`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from santa.data.outputs import StagedOutput, read_manifest
+from santa.index import INDEX_KINDS, NegativeIndex
+from santa.runtime import storage
+from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpus
+
+__all__ = ["IndexConfig", "ShardEncoder", "build_index", "index_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+DOCUMENTS_FILE = "documents.parquet"
+EMBEDDINGS_DIR = "embeddings"
+INDEX_FILE = "index.faiss"
+PLAN_FILE = "plan.json"
+WORK_SUFFIX = ".partial-"
+PRECISIONS = ("auto", "fp32", "bf16")
+# Vectors added to a faiss index per call when building it from the shards.
+ADD_CHUNK_ROWS = 200_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """What :func:`build_index` encodes, with what, and where it writes."""
+
+    checkpoint: str
+    """The model: anything :func:`santa.models.checkpoints.resolve_model` takes (local or s3://)."""
+    corpus: str
+    """The corpus URI (see :mod:`santa.search.corpus`)."""
+    output: str
+    """The index folder to publish (local or s3://)."""
+    corpus_format: str = "auto"
+    index_kind: str = "auto"
+    """``flat``, ``ivf``, ``hnsw``, or ``auto`` (flat below 500,000 documents, IVF above)."""
+    nlist: int = 0
+    """IVF cells; 0: 4·√n."""
+    nprobe: int = 32
+    hnsw_m: int = 32
+    shard_size: int = 0
+    """Documents per shard; 0: n/64 within [1,000, 50,000]."""
+    batch_size: int = 64
+    """Texts per forward pass."""
+    num_actors: int = 0
+    """Encoder actors; 0: one per GPU, or one per CPU leaving one CPU free (at least one)."""
+    cpus_per_actor: float = 1.0
+    use_gpu: str | bool = "auto"
+    """``auto``: GPU actors when the cluster has GPUs."""
+    precision: str = "auto"
+    """``auto`` (bf16 on GPU, fp32 on CPU), ``fp32`` or ``bf16``."""
+    max_query_length: int | None = None
+    """Query tokens (recorded for search); None: as the evaluator chooses."""
+    max_document_length: int | None = None
+    """Document tokens; None: as the evaluator chooses."""
+    force: bool = False
+    """Take over a stale S3 lease of the output."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.corpus_format not in CORPUS_FORMATS:
+            raise ValueError(f"corpus format must be one of {CORPUS_FORMATS}")
+        if self.index_kind not in (*INDEX_KINDS, "auto"):
+            raise ValueError(f"index kind must be auto or one of {INDEX_KINDS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
+        if self.use_gpu not in ("auto", True, False):
+            raise ValueError("use_gpu must be 'auto', True or False")
+        for name in ("nlist", "shard_size", "num_actors"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("nprobe", "hnsw_m", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.cpus_per_actor <= 0:
+            raise ValueError("cpus_per_actor must be positive")
+        for name in ("max_query_length", "max_document_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive")
+
+
+def _shard_size(config: IndexConfig, count: int) -> int:
+    if config.shard_size:
+        return config.shard_size
+    return min(max(math.ceil(count / 64), 1_000), 50_000)
+
+
+def _model_identity(resolved) -> dict[str, Any]:
+    """What tells this model's weights apart from others at the same path."""
+    identity: dict[str, Any] = {"model": resolved.model_uri, "step": resolved.step}
+    if resolved.location is not None:
+        for entry in storage.list_dir(resolved.location):
+            name = entry.path.rstrip("/").rsplit("/", 1)[-1]
+            if name.endswith((".safetensors", ".bin", "santa_config.json", "config.json")):
+                mtime = entry.mtime.timestamp() if entry.mtime is not None else None
+                identity[name] = [entry.size, mtime]
+    return identity
+
+
+def index_fingerprint(identity: dict[str, Any], corpus: Corpus, settings: dict[str, Any]) -> str:
+    """A key for one (model, corpus, settings) triple: equal keys, interchangeable shards."""
+    digest = hashlib.blake2b(digest_size=10)
+    digest.update(repr(sorted(identity.items())).encode())
+    digest.update(repr(sorted(settings.items())).encode())
+    digest.update(f"{corpus.uri}\x1f{corpus.format}\x1f{len(corpus)}".encode())
+    for column in ("id", "text"):
+        for chunk in corpus.table.column(column).chunks:
+            for buffer in chunk.buffers():
+                if buffer is not None:
+                    digest.update(memoryview(buffer))
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- the actors
+
+
+class ShardEncoder:
+    """Ray Data actor UDF: encodes whole shards and writes each as its own Parquet file.
+
+    A plain class (Ray Data wraps it in an actor pool): it loads the model once, reads a
+    shard's texts from ``documents.parquet`` (row group = shard), embeds them with
+    :func:`santa.models.encoding.encode_texts` (the evaluator's encoder) and writes
+    ``embeddings/part-NNNNN.parquet`` whole (a local file is renamed into place).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_uri: str,
+        work: str,
+        max_length: int,
+        batch_size: int,
+        use_gpu: bool,
+        bf16: bool,
+        threads: int,
+    ) -> None:
+        import torch
+
+        from santa.models.checkpoints import load
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+            # The fast tokenizer's thread pool would use every core of the node: an actor
+            # keeps to the CPUs it asked for, so that N actors scale as N.
+            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        model = load(model_uri)
+        self.device = "cuda" if use_gpu else "cpu"
+        self.model = model.to(self.device).eval()
+        self.work = work
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.bf16 = bf16
+
+    def encode_shard(self, shard: int) -> tuple[int, float]:
+        """Encode and write one shard; returns its rows and seconds."""
+        import contextlib
+
+        import torch
+
+        from santa.models.encoding import encode_texts
+
+        started = time.perf_counter()
+        documents = read_documents(self.work, shard, columns=["id", "text"])
+        autocast = (
+            torch.autocast(self.device, dtype=torch.bfloat16)
+            if self.bf16
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            embeddings = encode_texts(
+                self.model,
+                documents.column("text").to_pylist(),
+                max_length=self.max_length,
+                batch_size=self.batch_size,
+                progress=False,
+            )  # (shard rows, dim)
+        write_shard(self.work, shard, documents.column("id"), embeddings)
+        return documents.num_rows, time.perf_counter() - started
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows, seconds = [], []
+        for shard in batch["shard"].tolist():
+            count, elapsed = self.encode_shard(int(shard))
+            rows.append(count)
+            seconds.append(elapsed)
+        return {"shard": batch["shard"], "rows": np.array(rows), "seconds": np.array(seconds)}
+
+
+def shard_name(shard: int) -> str:
+    """The file name of shard ``shard``."""
+    return f"part-{shard:05d}.parquet"
+
+
+def read_documents(root: str, shard: int | None = None, columns: list[str] | None = None):
+    """``documents.parquet`` under ``root``: all of it, or the row group of one shard."""
+    filesystem, path = storage.resolve(storage.join(root, DOCUMENTS_FILE))
+    with filesystem.open_input_file(path) as handle:
+        reader = pq.ParquetFile(handle)
+        if shard is None:
+            return reader.read(columns=columns)
+        return reader.read_row_group(shard, columns=columns)
+
+
+def write_shard(root: str, shard: int, ids: pa.Array, embeddings: np.ndarray) -> None:
+    """Write one shard's ``(id, embedding)`` rows whole."""
+    dim = embeddings.shape[1]
+    values = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).ravel(), pa.float32())
+    table = pa.table({"id": ids, "embedding": pa.FixedSizeListArray.from_arrays(values, dim)})
+    _write_parquet_whole(table, storage.join(root, EMBEDDINGS_DIR, shard_name(shard)))
+
+
+def _write_parquet_whole(table: pa.Table, uri: str, **options: Any) -> None:
+    """Write a Parquet file that is never seen half-written (S3 objects appear whole)."""
+    if storage.is_s3(uri):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        storage.write_bytes(uri, sink.getvalue().to_pybytes())
+        return
+    os.makedirs(os.path.dirname(uri), exist_ok=True)
+    partial = os.path.join(os.path.dirname(uri), f".{os.path.basename(uri)}.{uuid.uuid4().hex}")
+    pq.write_table(table, partial, **options)
+    os.replace(partial, uri)
+
+
+def read_embeddings(root: str, shards: int) -> tuple[list[str], np.ndarray]:
+    """Every shard's ids and embeddings ``(n, dim)``, in shard order."""
+    ids: list[str] = []
+    parts: list[np.ndarray] = []
+    for shard in range(shards):
+        table = _read_shard(root, shard)
+        ids.extend(table.column("id").to_pylist())
+        parts.append(_embedding_matrix(table))
+    return ids, np.concatenate(parts)
+
+
+def _read_shard(root: str, shard: int) -> pa.Table:
+    filesystem, path = storage.resolve(storage.join(root, EMBEDDINGS_DIR, shard_name(shard)))
+    return pq.read_table(path, filesystem=filesystem)
+
+
+def _embedding_matrix(table: pa.Table) -> np.ndarray:
+    column = table.column("embedding").combine_chunks()
+    dim = column.type.list_size
+    return column.values.to_numpy(zero_copy_only=False).reshape(-1, dim)  # (rows, dim)
+
+
+def _finished_shards(work: str, expected: list[int]) -> set[int]:
+    """Shards whose file is there with the expected number of rows."""
+    folder = storage.join(work, EMBEDDINGS_DIR)
+    if not storage.exists(folder):
+        return set()
+    present = {
+        os.path.basename(uri.removeprefix("s3://")): uri
+        for uri in storage.list_files(folder, suffixes=(".parquet",))
+    }
+    done = set()
+    for shard, rows in enumerate(expected):
+        uri = present.get(shard_name(shard))
+        if uri is None:
+            continue
+        filesystem, path = storage.resolve(uri)
+        try:
+            with filesystem.open_input_file(path) as handle:
+                if pq.ParquetFile(handle).metadata.num_rows == rows:
+                    done.add(shard)
+        except (OSError, pa.ArrowInvalid):
+            continue  # unreadable: encode it again
+    return done
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _work_place(output: str, key: str) -> StagedOutput:
+    """Where a run with fingerprint ``key`` stages: the same place on every re-run."""
+    if storage.is_s3(output):
+        run_id = f"work-{key}"
+        return StagedOutput(output, run_id, storage.join(output.rstrip("/"), "runs", run_id))
+    final = storage.absolute(output).rstrip(os.sep)
+    return StagedOutput(final, f"{key}-{uuid.uuid4().hex[:8]}", f"{final}{WORK_SUFFIX}{key}")
+
+
+def _prepare_work(staged: StagedOutput, plan: dict[str, Any], corpus: Corpus) -> bool:
+    """Make the work folder hold this plan's documents; True when it was there already."""
+    plan_uri = storage.join(staged.staging, PLAN_FILE)
+    if storage.exists(plan_uri):
+        try:
+            if storage.read_json(plan_uri) == plan:
+                return True
+        except ValueError:
+            pass
+    storage.delete_dir(staged.staging)
+    _write_parquet_whole(
+        corpus.table,
+        storage.join(staged.staging, DOCUMENTS_FILE),
+        row_group_size=plan["shard_size"],
+    )
+    storage.write_json(plan_uri, plan)  # last: a folder without it is started over
+    return False
+
+
+def _encode_missing(
+    config: IndexConfig,
+    model_uri: str,
+    work: str,
+    missing: list[int],
+    plan: dict[str, Any],
+    max_length: int,
+    report: dict[str, Any],
+) -> None:
+    """Encode the ``missing`` shards on a Ray Data actor pool, showing progress."""
+    import ray
+    import ray.data
+
+    from santa.runtime.ray_utils import capacity_of, cluster_capacity
+
+    capacity = cluster_capacity()
+    gpus = int(capacity_of("GPU", capacity))
+    use_gpu = gpus > 0 if config.use_gpu == "auto" else bool(config.use_gpu)
+    if use_gpu and gpus < 1:
+        raise ValueError("use_gpu=True but the Ray cluster has no GPU")
+    cpus = max(1.0, capacity_of("CPU", capacity))
+    actors = config.num_actors or (
+        gpus if use_gpu else max(1, int((cpus - 1) // config.cpus_per_actor))
+    )
+    actors = max(1, min(actors, len(missing)))
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and use_gpu)
+    report.update(
+        actors=actors, device="gpu" if use_gpu else "cpu", precision="bf16" if bf16 else "fp32"
+    )
+    if not missing:
+        return
+    total = sum(plan["shard_rows"][shard] for shard in missing)
+    print(
+        f"[index] encoding {total:,} documents in {len(missing)} shard(s) with {actors} "
+        f"{'GPU' if use_gpu else 'CPU'} actor(s), {report['precision']}",
+        flush=True,
+    )
+    dataset = ray.data.from_items(
+        [{"shard": shard} for shard in missing], override_num_blocks=len(missing)
+    ).map_batches(
+        ShardEncoder,
+        fn_constructor_kwargs={
+            "model_uri": model_uri,
+            "work": work,
+            "max_length": max_length,
+            "batch_size": config.batch_size,
+            "use_gpu": use_gpu,
+            "bf16": bf16,
+            "threads": 0 if use_gpu else max(1, int(config.cpus_per_actor)),
+        },
+        batch_size=1,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(min_size=actors, max_size=actors),
+        num_gpus=1 if use_gpu else 0,
+        num_cpus=0 if use_gpu else config.cpus_per_actor,
+    )
+    started = time.perf_counter()
+    done_rows, next_mark = 0, 0.1
+    actor_seconds = 0.0
+    for done_shards, row in enumerate(dataset.iter_rows(), start=1):
+        done_rows += int(row["rows"])
+        actor_seconds += float(row["seconds"])
+        if config.progress and (done_rows / total >= next_mark or done_shards == len(missing)):
+            elapsed = time.perf_counter() - started
+            print(
+                f"[index] {done_rows:,}/{total:,} documents ({done_rows / total:.0%}), "
+                f"{done_shards}/{len(missing)} shards, {done_rows / max(elapsed, 1e-9):,.0f} "
+                "documents/s",
+                flush=True,
+            )
+            while next_mark <= done_rows / total:
+                next_mark += 0.1
+    report["encode_s"] = time.perf_counter() - started
+    report["encode_actor_s"] = actor_seconds
+    report["encoded_documents"] = done_rows
+
+
+def _build_faiss(
+    work: str,
+    shards: int,
+    similarity: str,
+    kind: str,
+    config: IndexConfig,
+    count: int,
+) -> tuple[NegativeIndex, int]:
+    """The faiss index over every shard, added in chunks; returns it and its dimension."""
+    from santa.eval.retrieval import prepare_embeddings
+
+    nlist = config.nlist or max(1, int(4 * math.sqrt(count)))
+    # IVF learns its cells from the first vectors added: give it a large first chunk.
+    first_chunk = max(ADD_CHUNK_ROWS, 64 * nlist) if kind == "ivf" else ADD_CHUNK_ROWS
+    index: NegativeIndex | None = None
+    pending_ids: list[str] = []
+    pending: list[np.ndarray] = []
+    pending_rows = 0
+    dim = 0
+
+    def flush() -> None:
+        nonlocal index, pending_ids, pending, pending_rows
+        if not pending:
+            return
+        vectors = prepare_embeddings(np.concatenate(pending), similarity)
+        if index is None:
+            index = NegativeIndex(
+                vectors.shape[1], kind, nlist=nlist, nprobe=config.nprobe, hnsw_m=config.hnsw_m
+            )
+        index.add(vectors, pending_ids)
+        pending_ids, pending, pending_rows = [], [], 0
+
+    for shard in range(shards):
+        table = _read_shard(work, shard)
+        matrix = _embedding_matrix(table)
+        dim = matrix.shape[1]
+        pending_ids.extend(table.column("id").to_pylist())
+        pending.append(matrix)
+        pending_rows += matrix.shape[0]
+        if pending_rows >= (first_chunk if index is None else ADD_CHUNK_ROWS):
+            flush()
+    flush()
+    assert index is not None
+    return index, dim
+
+
+def build_index(config: IndexConfig) -> dict[str, Any]:
+    """Encode ``config.corpus`` with the model and publish the index; returns the manifest.
+
+    Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`) when shards must be encoded.
+    An output already published from the same model, corpus and settings is left as it is
+    (the manifest returned has ``up_to_date: true``).
+    """
+    from santa.eval.evaluation import EvalConfig, evaluation_lengths
+    from santa.models.checkpoints import load_model, resolve_model
+    from santa.negatives.miner import index_kind
+    from santa.runtime.runlock import RunLock
+
+    started = time.perf_counter()
+    resolved = resolve_model(config.checkpoint)
+    model, train_config = load_model(resolved)
+    if model.tokenizer is None:
+        raise ValueError(f"{config.checkpoint}: the model folder has no tokenizer")
+    query_length, document_length = evaluation_lengths(
+        model,
+        train_config,
+        EvalConfig(
+            max_query_length=config.max_query_length,
+            max_document_length=config.max_document_length,
+        ),
+    )
+    model_config = model.model_config
+    dimension = model.embedding_dim
+    del model  # the actors load their own copy
+    corpus = read_corpus(config.corpus, config.corpus_format)
+    count = len(corpus)
+    shard_size = _shard_size(config, count)
+    shards = math.ceil(count / shard_size)
+    kind = index_kind(config.index_kind, count)
+    settings = {
+        "max_document_length": document_length,
+        "shard_size": shard_size,
+        "precision": config.precision,
+        "batch_size": config.batch_size,
+    }
+    key = index_fingerprint(_model_identity(resolved), corpus, settings)
+    options = {
+        "fingerprint": key,
+        "index_kind": kind,
+        "nlist": config.nlist,
+        "nprobe": config.nprobe,
+        "hnsw_m": config.hnsw_m,
+        "max_query_length": query_length,
+    }
+    print(
+        f"[index] {count:,} documents from {corpus.uri} ({corpus.format}"
+        + (f"; skipped {dict(corpus.skipped)}" if corpus.skipped else "")
+        + f"), {shards} shard(s) of {shard_size:,}, model {resolved.model_uri}",
+        flush=True,
+    )
+    published = read_manifest(config.output)
+    if published is not None and published.get("config") == options:
+        print(f"[index] {config.output} is up to date (same model, corpus and settings)")
+        return {**published, "up_to_date": True}
+
+    with RunLock(config.output, force=config.force, description="ray_jobs.index"):
+        staged = _work_place(config.output, key)
+        shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
+        plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}
+        resumed = _prepare_work(staged, plan, corpus)
+        finished = _finished_shards(staged.staging, shard_rows) if resumed else set()
+        missing = [shard for shard in range(shards) if shard not in finished]
+        if finished:
+            print(
+                f"[index] resuming: {len(finished)} of {shards} shard(s) already encoded in "
+                f"{staged.staging}",
+                flush=True,
+            )
+        report: dict[str, Any] = {"encode_s": 0.0, "encoded_documents": 0}
+        _encode_missing(
+            config, resolved.model_uri, staged.staging, missing, plan, document_length, report
+        )
+        still_missing = set(missing) - _finished_shards(staged.staging, shard_rows)
+        if still_missing:
+            raise RuntimeError(f"shards {sorted(still_missing)[:5]} were not written")
+        indexed_at = time.perf_counter()
+        index, dim = _build_faiss(
+            staged.staging, shards, model_config.similarity, kind, config, count
+        )
+        if dim != dimension:
+            raise RuntimeError(
+                f"shards hold {dim}-dimensional vectors, the model gives {dimension}"
+            )
+        storage.write_bytes(storage.join(staged.staging, INDEX_FILE), index.to_bytes())
+        index_s = time.perf_counter() - indexed_at
+        total_s = time.perf_counter() - started
+        encoded = report.pop("encoded_documents")
+        manifest = {
+            "model": resolved.model_uri,
+            "checkpoint": resolved.checkpoint_uri or config.checkpoint,
+            "step": resolved.step,
+            "pooling": "decoder-0" if model_config.kind == "t5" else model_config.pooling,
+            "similarity": model_config.similarity,
+            "dimension": dimension,
+            "count": count,
+            "max_query_length": query_length,
+            "max_document_length": document_length,
+            "corpus": {"uri": corpus.uri, "format": corpus.format, "skipped": dict(corpus.skipped)},
+            "index": {
+                "kind": kind,
+                "nlist": index.nlist if kind == "ivf" else None,
+                "nprobe": index.nprobe if kind == "ivf" else None,
+                "hnsw_m": index.hnsw_m if kind == "hnsw" else None,
+                "gpu_built": index.on_gpu,
+            },
+            "shards": {
+                "count": shards,
+                "size": shard_size,
+                "encoded": len(missing),
+                "reused": len(finished),
+            },
+            "throughput": {
+                "documents_encoded": encoded,
+                "encode_s": round(report["encode_s"], 3),
+                # Wall time of the pool, actor start-up included.
+                "documents_per_s": round(encoded / report["encode_s"], 1) if encoded else None,
+                # What one actor encodes per second once loaded.
+                "documents_per_actor_s": round(encoded / report["encode_actor_s"], 1)
+                if encoded
+                else None,
+                "index_s": round(index_s, 3),
+                "total_s": round(total_s, 3),
+            },
+            **{k: v for k, v in report.items() if k in ("actors", "device", "precision")},
+            "config": options,
+        }
+        published = staged.publish(manifest)
+        _remove_other_work(config.output)
+    print(
+        f"[index] published {config.output}: {count:,} documents, {kind} index, dimension "
+        f"{dimension}, {manifest['throughput']['total_s']:.1f} s",
+        flush=True,
+    )
+    return published
+
+
+def _remove_other_work(output: str) -> None:
+    """Delete work folders of earlier, unfinished runs beside a local output (we hold the
+    lock, so nobody writes them)."""
+    if storage.is_s3(output):
+        return  # publishing deleted every other runs/ entry
+    final = storage.absolute(output).rstrip(os.sep)
+    parent, name = os.path.split(final)
+    for sibling in os.listdir(parent or "."):
+        if sibling.startswith(f"{name}{WORK_SUFFIX}"):
+            shutil.rmtree(os.path.join(parent, sibling), ignore_errors=True)
+
+
+def config_dict(config: IndexConfig) -> dict[str, Any]:
+    """The config as plain values (for reports)."""
+    return asdict(config)

@@ -1,0 +1,135 @@
+"""Export a model as a sentence-transformers folder that encodes as santa does.
+
+The folder is the Hugging Face folder santa writes plus sentence-transformers' module list
+in the format every release since 2.x reads (``modules.json`` with ``Transformer``,
+``Pooling``, an optional ``Dense`` and ``Normalize``, ``sentence_bert_config.json``,
+``config_sentence_transformers.json``):
+
+- pooling: santa's ``cls`` or ``mean``; a projection becomes a ``Dense`` module;
+- ``Normalize`` (and ``similarity_fn_name: cosine``) where santa scores by cosine, none and
+  ``dot`` where it scores by raw dot product;
+- ``max_seq_length``: the document length the evaluator uses for the model (santa encodes
+  queries at the query length; sentence-transformers has one length for every text);
+- lower-casing where the backbone lower-cases.
+
+T5 models are refused with one line: santa embeds with the decoder's state at position 0,
+and sentence-transformers' ``Transformer`` module runs a T5's encoder only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STExportError", "write_sentence_transformers_files"]
+
+# santa's activation names → the torch classes sentence-transformers' Dense imports.
+_ACTIVATION_CLASSES = {
+    "identity": "torch.nn.modules.linear.Identity",
+    "tanh": "torch.nn.modules.activation.Tanh",
+    "relu": "torch.nn.modules.activation.ReLU",
+    "gelu": "torch.nn.modules.activation.GELU",
+    "sigmoid": "torch.nn.modules.activation.Sigmoid",
+}
+
+
+class STExportError(ValueError):
+    """The model cannot be written as a sentence-transformers folder (the message says why)."""
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
+    """Add the sentence-transformers module files to a santa model folder; returns what
+    was written (pooling, similarity, max_seq_length, modules)."""
+    import torch
+
+    from santa.eval.evaluation import EvalConfig, evaluation_lengths
+    from santa.models.dual_encoder import DualEncoder
+
+    folder = Path(folder)
+    model = DualEncoder.from_pretrained(str(folder))
+    config = model.model_config
+    if config.kind == "t5":
+        raise STExportError(
+            "a T5 model cannot be a sentence-transformers folder: santa embeds with the "
+            "decoder's state at position 0 and sentence-transformers runs a T5's encoder only "
+            "(export without --format, and load it with santa.load)"
+        )
+    saved = folder / "santa_config.json"
+    train = json.loads(saved.read_text()).get("train", {}) if saved.is_file() else {}
+    _, document_length = evaluation_lengths(model, train, EvalConfig())
+    hidden = model.backbone.config.hidden_size
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    _write_json(
+        folder / "sentence_bert_config.json",
+        {"max_seq_length": document_length, "do_lower_case": bool(config.lowercase)},
+    )
+    _write_json(
+        folder / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": config.pooling == "cls",
+            "pooling_mode_mean_tokens": config.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
+    )
+    if model.projection is not None:
+        from safetensors.torch import save_file
+
+        path = "2_Dense"
+        _write_json(
+            folder / path / "config.json",
+            {
+                "in_features": hidden,
+                "out_features": model.projection.out_features,
+                "bias": model.projection.bias is not None,
+                "activation_function": _ACTIVATION_CLASSES[config.projection_activation],
+            },
+        )
+        state = {
+            f"linear.{key}": value.detach().to(torch.float32).contiguous()
+            for key, value in model.projection.state_dict().items()
+        }
+        save_file(state, str(folder / path / "model.safetensors"))
+        modules.append(
+            {"idx": 2, "name": "2", "path": path, "type": "sentence_transformers.models.Dense"}
+        )
+    if config.similarity == "cosine":
+        index = len(modules)
+        modules.append(
+            {
+                "idx": index,
+                "name": str(index),
+                "path": f"{index}_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    _write_json(folder / "modules.json", modules)
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {
+            "similarity_fn_name": "cosine" if config.similarity == "cosine" else "dot",
+            "prompts": {},
+            "default_prompt_name": None,
+        },
+    )
+    return {
+        "pooling": config.pooling,
+        "similarity": config.similarity,
+        "max_seq_length": document_length,
+        "modules": [module["type"].rsplit(".", 1)[-1] for module in modules],
+    }

@@ -1,0 +1,459 @@
+"""Index → search: corpus readers, the Ray index job (shards, resume, S3) and the searcher,
+whose ranks must be the evaluator's for the same model and queries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from santa.data.beir import load_beir
+from santa.eval import EvalConfig, evaluate
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.recipes import get_recipe
+from santa.search.corpus import detect_format, read_corpus
+from santa.search.indexing import EMBEDDINGS_DIR, IndexConfig, build_index, shard_name
+from santa.search.searcher import Searcher, first_line, format_hits
+from tests.datagen import stdlib_python_records, write_csn_layout
+from tests.training import stdlib_pair_rows, write_beir, write_pairs
+
+# ============================================================================ fixtures
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """A tiny T5 saved as a santa checkpoint (``model/`` with santa_config.json)."""
+    records = stdlib_python_records()
+    tokenizer = train_tokenizer(
+        [r["code"] for r in records] + [r["docstring"] for r in records], vocab_size=1000
+    )
+    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0)
+    root = tmp_path_factory.mktemp("checkpoint")
+    model.save_pretrained(str(root / "model"), santa_config=get_recipe("tiny"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory) -> str:
+    """A BEIR folder of 105 standard-library functions and their docstrings."""
+    return write_beir(tmp_path_factory.mktemp("beir"), stdlib_pair_rows())
+
+
+@pytest.fixture(scope="module")
+def built(checkpoint, beir, tmp_path_factory, ray_cluster) -> dict:
+    """The BEIR corpus indexed on two encoder actors, 4 shards of 30."""
+    output = tmp_path_factory.mktemp("indexes") / "stdlib"
+    config = IndexConfig(
+        checkpoint=checkpoint, corpus=beir, output=str(output), shard_size=30, num_actors=2
+    )
+    return {"config": config, "manifest": build_index(config), "output": str(output)}
+
+
+def _trec(path: Path) -> dict[str, list[str]]:
+    ranking: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        qid, _, doc, _rank, _score, _tag = line.split()
+        ranking.setdefault(qid, []).append(doc)
+    return ranking
+
+
+# ============================================================================ corpus readers
+
+
+def test_jsonl_corpus_skips_bad_rows_by_reason(tmp_path):
+    lines = [
+        json.dumps({"id": "a", "text": "first\nsecond line", "title": "A"}),
+        "{not json",
+        json.dumps({"id": "b", "text": "   "}),
+        json.dumps({"text": "no id"}),
+        json.dumps({"id": "a", "text": "again"}),
+        json.dumps(["a list"]),
+        json.dumps({"id": 7, "text": "numeric ids become strings"}),
+    ]
+    # Told apart by its rows, not its name (a file may be called corpus.jsonl).
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    corpus = read_corpus(str(tmp_path / "corpus.jsonl"))
+    assert corpus.format == "jsonl"
+    assert corpus.ids == ["a", "7"]
+    assert corpus.table.column("title").to_pylist() == ["A", ""]
+    assert dict(corpus.skipped) == {
+        "malformed_json": 2,
+        "empty_text": 1,
+        "missing_field": 1,
+        "duplicate_id": 1,
+    }
+
+
+def test_formats_are_told_apart_and_read_as_the_evaluator_and_trainer_embed(tmp_path, beir):
+    rows = stdlib_pair_rows()[:12]
+    # BEIR folder and its corpus.jsonl: the evaluator's document texts, in file order.
+    data = load_beir(beir)
+    assert detect_format(beir) == "beir"
+    folder = read_corpus(beir)
+    assert folder.ids == data.doc_ids
+    assert folder.table.column("text").to_pylist() == data.document_texts()
+    single = read_corpus(os.path.join(beir, "corpus.jsonl"))
+    assert single.format == "beir-corpus" and single.ids == data.doc_ids
+    # Preprocessed pairs: each doc_id once (two pairs sharing a document are one document).
+    pairs = write_pairs(tmp_path / "pairs", rows + [dict(rows[0], id="again", query="other")])
+    corpus = read_corpus(pairs)
+    assert corpus.format == "pairs"
+    assert corpus.ids == [row["doc_id"] for row in rows] and not corpus.skipped
+    # CodeSearchNet: ids are urls, the text the code without its docstring.
+    csn = tmp_path / "csn"
+    urls = write_csn_layout(csn, languages=("python",))
+    corpus = read_corpus(str(csn))
+    assert corpus.format == "codesearchnet"
+    assert set(corpus.ids) == set().union(*urls.values())
+    source = {r["url"]: r for r in stdlib_python_records(limit=120)}
+    for row in corpus.table.slice(0, 5).to_pylist():
+        docstring = source[row["id"]]["docstring"].strip().splitlines()[0]
+        assert docstring not in row["text"] and row["title"] == source[row["id"]]["func_name"]
+    # gzip jsonl of {id, text}
+    with gzip.open(tmp_path / "plain.jsonl.gz", "wt") as handle:
+        handle.write(json.dumps({"id": "x", "text": "y"}) + "\n")
+    assert read_corpus(str(tmp_path / "plain.jsonl.gz")).ids == ["x"]
+
+
+def test_unknown_layout_and_empty_corpus_are_clear_errors(tmp_path):
+    (tmp_path / "odd.jsonl").write_text(json.dumps({"foo": 1}) + "\n")
+    with pytest.raises(ValueError, match="cannot tell the corpus format"):
+        read_corpus(str(tmp_path / "odd.jsonl"))
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"id": "a", "text": ""}) + "\n")
+    with pytest.raises(ValueError, match="no document to index.*empty_text: 1"):
+        read_corpus(str(tmp_path / "empty.jsonl"))
+
+
+def test_first_line_and_table():
+    assert first_line("\n\n  def f(x):\n    return x\n") == "def f(x):"
+    assert first_line("a" * 200, 10) == "a" * 9 + "…"
+    from santa.search.searcher import Hit
+
+    table = format_hits("q", [Hit(1, 0.5, "doc-1", "", "def f():\n  pass")])
+    assert table.splitlines()[1].split() == ["rank", "score", "id", "text"]
+    assert table.splitlines()[2].split() == ["1", "0.5000", "doc-1", "def", "f():"]
+
+
+# ============================================================================ index → search
+
+
+def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, capsys):
+    manifest = built["manifest"]
+    assert manifest["count"] == 105 and manifest["dimension"] == 128
+    assert manifest["similarity"] == "cosine" and manifest["pooling"] == "decoder-0"
+    assert manifest["shards"] == {"count": 4, "size": 30, "encoded": 4, "reused": 0}
+    assert manifest["checkpoint"] == checkpoint and manifest["model"].endswith("model")
+    assert manifest["index"]["kind"] == "flat" and manifest["actors"] == 2
+    output = Path(built["output"])
+    shards = sorted((output / EMBEDDINGS_DIR).glob("*.parquet"))
+    assert [p.name for p in shards] == [shard_name(i) for i in range(4)]
+
+    evaluate(checkpoint, beir, EvalConfig(output=str(tmp_path / "eval"), baseline=None))
+    expected = _trec(tmp_path / "eval" / "run.model.trec")
+    data = load_beir(beir)
+    query_ids = list(data.queries)
+    searcher = Searcher.open(built["output"])
+    results = searcher.search([data.queries[q] for q in query_ids], 100)
+    for qid, hits in zip(query_ids, results, strict=True):
+        assert [hit.id for hit in hits] == expected[qid][: len(hits)], qid
+        assert [hit.rank for hit in hits] == list(range(1, len(hits) + 1))
+
+    # The command line gives the same hits.
+    from ray_jobs import search
+
+    chosen = query_ids[:3]
+    argv = ["--index", built["output"], "-k", "5", "--json"] + [data.queries[q] for q in chosen]
+    assert search.main(argv) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [[hit["id"] for hit in line["hits"]] for line in printed] == [
+        expected[q][:5] for q in chosen
+    ]
+    assert search.main(["--index", built["output"], "-k", "2", data.queries[chosen[0]]]) == 0
+    table = capsys.readouterr().out
+    assert "   1  " in table and expected[chosen[0]][0] in table
+
+
+def test_rerun_of_a_published_index_is_up_to_date(built):
+    again = build_index(built["config"])
+    assert again["up_to_date"] is True
+    assert again["manifest"]["run_id"] == built["manifest"]["manifest"]["run_id"]
+
+
+def test_resume_encodes_only_the_missing_shard(built, tmp_path):
+    """A run that died after three of four shards: its work folder is picked up again."""
+    key = built["manifest"]["config"]["fingerprint"]
+    output = tmp_path / "resumed"
+    work = Path(f"{output}.partial-{key}")
+    shutil.copytree(built["output"], work)
+    (work / "report.json").unlink()
+    (work / "index.faiss").unlink()
+    (work / EMBEDDINGS_DIR / shard_name(2)).unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in (work / EMBEDDINGS_DIR).iterdir()}
+    config = IndexConfig(
+        checkpoint=built["config"].checkpoint,
+        corpus=built["config"].corpus,
+        output=str(output),
+        shard_size=30,
+        num_actors=1,
+    )
+    manifest = build_index(config)
+    assert manifest["shards"] == {"count": 4, "size": 30, "encoded": 1, "reused": 3}
+    assert manifest["throughput"]["documents_encoded"] == 30
+    assert not work.exists()  # published: renamed into place
+    for name, mtime in kept.items():
+        assert (output / EMBEDDINGS_DIR / name).stat().st_mtime_ns == mtime, name
+    ids_a, emb_a = _embeddings(Path(built["output"]))
+    ids_b, emb_b = _embeddings(output)
+    assert ids_a == ids_b
+    np.testing.assert_allclose(emb_a, emb_b, atol=1e-5)
+
+
+def _embeddings(root: Path) -> tuple[list[str], np.ndarray]:
+    from santa.search.indexing import read_embeddings
+
+    return read_embeddings(str(root), 4)
+
+
+def test_index_and_search_on_s3(built, moto_s3, tmp_path):
+    bucket = moto_s3.create_bucket("santa-index")
+    rows = stdlib_pair_rows()[:40]
+    lines = "".join(
+        json.dumps({"id": f"fn-{i}", "text": row["document"]}) + "\n" for i, row in enumerate(rows)
+    )
+    from santa.runtime import storage
+
+    storage.write_bytes(f"{bucket}/corpus/docs.jsonl", lines.encode())
+    config = IndexConfig(
+        checkpoint=built["config"].checkpoint,
+        corpus=f"{bucket}/corpus",
+        output=f"{bucket}/indexes/fns",
+        shard_size=16,
+        num_actors=1,
+    )
+    manifest = build_index(config)
+    assert manifest["count"] == 40 and manifest["shards"]["count"] == 3
+    assert manifest["manifest"]["prefix"].startswith("runs/work-")
+    searcher = Searcher.open(f"{bucket}/indexes/fns")
+    hits = searcher.search([rows[3]["query"]], 40)[0]
+    assert len(hits) == 40 and {hit.id for hit in hits} == {f"fn-{i}" for i in range(40)}
+    assert searcher.describe()["count"] == 40
+
+
+# ============================================================================ Ray Serve
+
+
+def _request(url: str, body: bytes | None = None, method: str | None = None):
+    """(status, JSON payload) of one HTTP request on loopback."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _post(url: str, payload) -> tuple[int, dict]:
+    return _request(url, json.dumps(payload).encode(), "POST")
+
+
+def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cluster):
+    """The CLI deploys; real HTTP on loopback: hits equal the searcher's, 4xx for bad
+    requests with the replica still answering, two concurrent clients, clean shutdown."""
+    import threading
+    import time
+    import urllib.error
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    from ray_jobs import serve as serve_job
+    from tests.conftest import free_port
+
+    port = free_port()
+    args = serve_job.parse_args(
+        ["--index", built["output"], "--port", str(port), "--cpus-per-replica", "0.25"]
+        + ["--name", "search-test", "-k", "3"]
+    )
+    stop = threading.Event()
+    result: dict = {}
+    server = threading.Thread(target=lambda: result.update(code=serve_job.run(args, stop)))
+    server.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                status, health = _request(base + "/healthz")
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+                pass
+            assert time.time() < deadline and server.is_alive(), "Serve did not come up"
+            time.sleep(1)
+        assert health["status"] == "ok" and health["count"] == 105
+        assert health["similarity"] == "cosine"
+
+        searcher = Searcher.open(built["output"])
+        data = load_beir(built["config"].corpus)
+        queries = [data.queries[q] for q in list(data.queries)[:8]]
+        expected = [[hit.id for hit in hits] for hits in searcher.search(queries, 5)]
+
+        status, body = _post(base + "/search", {"query": queries[0], "k": 5})
+        assert status == 200 and [hit["id"] for hit in body["hits"]] == expected[0]
+        assert body["hits"][0]["rank"] == 1 and body["hits"][0]["text"]
+        status, body = _post(base + "/search", {"query": queries[1]})
+        assert status == 200 and len(body["hits"]) == 3  # the server's -k
+        status, body = _post(base + "/search", {"queries": queries[:2], "k": 5})
+        assert [[h["id"] for h in r["hits"]] for r in body["results"]] == expected[:2]
+
+        bad = [
+            (b"{not json", 400, "not JSON"),
+            (json.dumps({"k": 5}).encode(), 400, "query"),
+            (json.dumps({"query": "x", "k": 0}).encode(), 400, "k must be"),
+            (json.dumps({"query": "   "}).encode(), 400, "non-empty"),
+            (json.dumps({"query": "x", "top": 3}).encode(), 400, "unknown field"),
+            (json.dumps(["x"]).encode(), 400, "JSON object"),
+        ]
+        for payload, code, message in bad:
+            status, body = _request(base + "/search", payload, "POST")
+            assert status == code and message in body["error"], (payload, body)
+        assert _request(base + "/search")[0] == 405
+        assert _request(base + "/nowhere")[0] == 404
+        assert _request(base + "/healthz")[0] == 200  # the replica is still up
+
+        def client(offset: int) -> list[list[str]]:
+            answers = []
+            for query in queries[offset::2]:
+                status, body = _post(base + "/search", {"query": query, "k": 5})
+                assert status == 200
+                answers.append([hit["id"] for hit in body["hits"]])
+            return answers
+
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(client, (0, 1))
+        assert first == expected[0::2] and second == expected[1::2]
+    finally:
+        stop.set()
+        server.join(timeout=120)
+    assert result.get("code") == 0 and not server.is_alive()
+    assert "search-test" not in serve.status().applications
+    serve.shutdown()
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        _request(base + "/healthz")
+
+
+# ============================================================================ the demo's step
+
+
+def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, tmp_path, capsys):
+    from santa.search.demo import index_and_show, pick_queries
+
+    data = load_beir(beir)
+    assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
+    shown = index_and_show(
+        built["config"].checkpoint, beir, str(tmp_path / "index"), examples=3, k=3
+    )
+    out = capsys.readouterr().out
+    assert shown["count"] == 105 and len(shown["examples"]) == 3
+    assert out.count("query: ") == 3 and "python -m ray_jobs.search --index" in out
+    searcher = Searcher.open(str(tmp_path / "index"))
+    for example in shown["examples"]:
+        hits = searcher.search([example["query"]], 3)[0]
+        assert [hit["id"] for hit in example["hits"]] == [hit.id for hit in hits]
+        qid = next(q for q, text in data.queries.items() if text == example["query"])
+        answers = set(data.qrels[qid])
+        ranks = [hit.rank for hit in hits if hit.id in answers]
+        assert example["answer_rank"] == (ranks[0] if ranks else None)
+    assert out.count("← the judged answer") == sum(
+        1 for example in shown["examples"] if example["answer_rank"]
+    )
+
+
+def test_the_default_demo_is_minilm_and_tests_keep_tiny():
+    from ray_jobs import pipeline
+    from santa.pipeline import stage_config
+
+    def spec(*argv: str):
+        return pipeline.spec_from_args(pipeline.parse_args(list(argv)))
+
+    default = spec()
+    assert default.recipe == "minilm" and default.index
+    assert default.stages == ("pretrain", "finetune")
+    assert spec("--max-steps", "5").stages == ("pretrain", "finetune", "ance")
+    config = stage_config(default, "pretrain")
+    assert config.model.kind == "encoder" and config.train.max_steps == 20
+    assert config.train.global_batch_size == 32 and config.train.eval_every == 20
+    tiny = stage_config(spec("--recipe", "tiny"), "pretrain")
+    assert tiny.model.kind == "t5" and tiny.train.max_steps == 150
+    assert spec("--recipe", "tiny").stages == ("pretrain", "finetune", "ance")
+    assert not spec("--no-index").index
+
+
+@pytest.mark.slow
+def test_a_killed_index_job_resumes_with_the_missing_shards(built, tmp_path, ray_cluster):
+    """``kill -9`` of the index job once some shards are written; the same command again
+    encodes only the shards that were not."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    output = tmp_path / "killed"
+    argv = [sys.executable, "-m", "ray_jobs.index", "--checkpoint", built["config"].checkpoint]
+    argv += ["--corpus", built["config"].corpus, "--output", str(output), "--shard-size", "5"]
+    argv += ["--actors", "1", "--address", ray_cluster.address]
+    job = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    written: list[Path] = []
+    try:
+        while time.time() < deadline and job.poll() is None:
+            written = list(tmp_path.glob(f"killed.partial-*/{EMBEDDINGS_DIR}/part-*.parquet"))
+            if len(written) >= 3:
+                break
+            time.sleep(0.2)
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+    assert len(written) >= 3, "the job wrote no shard in time"
+    done = {p.name for p in written}
+    assert len(done) < 21 and not (output / "report.json").exists()
+    manifest = build_index(
+        IndexConfig(
+            checkpoint=built["config"].checkpoint,
+            corpus=built["config"].corpus,
+            output=str(output),
+            shard_size=5,
+            num_actors=1,
+        )
+    )
+    assert manifest["shards"]["count"] == 21
+    assert manifest["shards"]["reused"] >= len(done)
+    assert manifest["shards"]["encoded"] == 21 - manifest["shards"]["reused"]
+    searcher = Searcher.open(str(output))
+    reference = Searcher.open(built["output"])
+    query = load_beir(built["config"].corpus).queries
+    texts = list(query.values())[:5]
+    assert [[h.id for h in hits] for hits in searcher.search(texts, 10)] == [
+        [h.id for h in hits] for hits in reference.search(texts, 10)
+    ]
+
+
+def test_search_serve_flag_hands_the_other_flags_to_the_serve_job(monkeypatch):
+    from ray_jobs import search, serve
+
+    seen: dict = {}
+    monkeypatch.setattr(serve, "main", lambda argv: seen.update(argv=argv) or 0)
+    assert search.main(["--index", "idx", "--serve", "--replicas", "2", "-k", "4"]) == 0
+    args = serve.parse_args(seen["argv"])
+    assert (args.index, args.replicas, args.top_k) == ("idx", 2, 4)
