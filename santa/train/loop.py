@@ -30,6 +30,7 @@ from santa.model import DualEncoder
 from santa.negatives.miner import NegativesClient
 from santa.negatives.mining import NegativesTable
 from santa.train.entry import FirstEpoch, LoopConfig, epoch_batches
+from santa.train.optim import build_optimizer
 from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
@@ -126,7 +127,7 @@ def compute_losses(
 ) -> dict[str, torch.Tensor]:
     """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
-    output = ddp_model(**inputs)
+    output = ddp_model(**inputs, mep_reduction=config.train.mep_reduction)
     sda = contrastive_loss(
         output.query_embeddings,
         output.doc_embeddings,
@@ -174,12 +175,7 @@ class WorkerTrainer:
         if config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         use_gpu = config.train.use_gpu and torch.cuda.is_available()
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=config.train.learning_rate,
-            weight_decay=config.train.weight_decay,
-            fused=use_gpu or None,  # one kernel for all parameters on CUDA
-        )
+        self.optimizer = build_optimizer(model.parameters(), config.train, fused=use_gpu)
         self.steps = total_steps(config, loop.train_rows)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
