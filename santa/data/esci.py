@@ -18,7 +18,7 @@ ESCI parquet files, joins judgments to products on (``product_locale``, ``produc
 
 santa's own pretraining rule (``esci_pretrain="product"``, the default) is one pair per
 product of the locale with a description and bullet points, leaving out every product
-judged by a held-out (test or dev) query: no test document is seen before evaluation. The
+judged by a test query: no test document is seen before evaluation. The
 ``paper`` rule reproduces the scripts' pairs, test products included, and says so in the
 report.
 """

@@ -405,25 +405,14 @@ def _heldout_splits(config: PreprocessConfig) -> tuple[str, ...]:
 
 
 def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
-    """Products of the locale judged by a held-out query (test, or the carved dev):
-    santa's product pretraining must not see them. The ``paper`` rule keeps them, as
-    SANTA's scripts do."""
+    """Products of the locale judged by a test query: santa's product pretraining must not
+    see them (products of the carved dev queries stay, as before there was a dev split).
+    The ``paper`` rule keeps them all, as SANTA's scripts do."""
     if config.stage != "pretrain" or config.esci_pretrain == "paper":
         return set()  # ESCI splits by query: judgments cannot leak across splits
     examples = _read_examples(config).to_pandas()
-    examples = examples[examples["product_locale"] == config.locale]
-    held = set(examples.loc[examples["split"] == "test", "product_id"].astype(str))
-    if config.wanted_split == "train":
-        dev, _, _ = esci.select_judgments(
-            examples,
-            version=config.esci_version,
-            locale=config.locale,
-            split="valid",
-            dev_fraction=config.esci_dev_fraction,
-            dev_seed=config.esci_dev_seed,
-        )
-        held |= set(dev["product_id"].astype(str))
-    return held
+    in_locale = examples["product_locale"] == config.locale
+    return set(examples.loc[in_locale & (examples["split"] == "test"), "product_id"].astype(str))
 
 
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
@@ -449,7 +438,7 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
         if config.stage == "pretrain" and config.esci_pretrain == "product":
             esci_counts = {
                 "rule": "santa: one pair per product of the locale, products judged by test "
-                "or dev queries left out",
+                "queries left out",
                 "test_judgments": 0,
                 "paper_table5_pairs": esci.TABLE5_PRODUCT_PAIRS,
                 "comparable_to_table5": False,
