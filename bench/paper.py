@@ -11,7 +11,8 @@ Settings and the protocol each runs (``santa.eval.protocols``):
   SCodeR's Table 1. ``--data`` is GraphCodeBERT's layout, or a CodeSearchNet split file
   (``.jsonl[.gz]``, e.g. ../shared/fixtures/csn/ruby/valid.jsonl.gz) whose own functions
   then are the codebase: a one-language CodeSearch set (the sizes are printed beside
-  Table 7's, which the MRR depends on).
+  Table 7's, which the MRR depends on), or a code BEIR folder (each language's corpus its
+  codebase: the same texts ``--protocol retrieval`` ranks, languages kept apart).
 - ``adv``: CodeXGLUE's AdvTest MRR, beside SANTA's Tables 2 and 6 and SCodeR's Table 1.
 - ``esci-2`` / ``esci-4``: each query's judged products, NDCG@100 with two- or four-class
   gains, beside SANTA's Table 2. ``--data`` is a BEIR folder of ``ray_jobs.preprocess
@@ -94,6 +95,9 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dic
         write_codesearch_layout(records, workdir / "codesearch", language, split)
         notes["converted"] = f"{args.data}: its {len(records)} functions as the {language} codebase"
         return str(workdir / "codesearch"), split, notes
+    if args.setting == "codesearch" and storage.exists(storage.join(args.data, "corpus.jsonl")):
+        notes["converted"] = beir_as_codesearch(args.data, split, workdir / "codesearch")
+        return str(workdir / "codesearch"), split, notes
     if args.setting == "adv" and args.limit:
         rows = read_records(advtest_file(args.data, split))
         (workdir / "adv.jsonl").write_text(
@@ -116,6 +120,32 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dic
         notes["preprocessed"] = {"rows_written": report["rows_written"], "esci": report["esci"]}
         return output, split, notes
     return args.data, split, notes
+
+
+def beir_as_codesearch(uri: str, split: str, root: Path) -> str:
+    """A code BEIR folder (``ray_jobs.preprocess --stage eval``) in GraphCodeBERT's layout:
+    each language's corpus its codebase, each query answered by its judged document. The
+    texts are the BEIR texts as they are, so this runs the same data as ``--protocol
+    retrieval`` does, languages apart."""
+    from santa.data.beir import load_beir
+
+    beir = load_beir(uri, split)
+    by_language: dict[str, tuple[list, list]] = {}
+    for doc_id, doc in beir.corpus.items():
+        language = doc.get("language", "unknown")
+        by_language.setdefault(language, ([], []))[0].append({"url": doc_id, "code": doc["text"]})
+    for qid, text in beir.queries.items():
+        (answer,) = [doc for doc, label in beir.qrels[qid].items() if label > 0][:1]
+        language = beir.corpus[answer].get("language", "unknown")
+        row = {"url": answer, "docstring_tokens": [text]}  # one token: the text as it is
+        by_language[language][1].append(row)
+    for language, (codebase, queries) in by_language.items():
+        folder = root / language
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, rows in (("codebase", codebase), (split, queries)):
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            (folder / f"{name}.jsonl").write_text(text, encoding="utf-8")
+    return f"{uri}: the BEIR {split} split, each language's corpus as its codebase"
 
 
 def compare(setting: str, results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -92,6 +92,48 @@ def test_esci_settings(bench, tiny_checkpoint, tmp_path: Path, setting: str, met
     assert result["sizes"]["esci"]["paper_queries"] == 8_956 and output.is_file()
 
 
+def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_checkpoint, tmp_path):
+    """A one-language code BEIR folder: CodeSearch ranks the same texts as retrieval, so
+    their MRR@100 agree exactly; with two languages, each is ranked apart."""
+    from santa.eval import EvalConfig, evaluate
+    from tests.datagen import other_language_records, stdlib_python_records
+
+    records = {
+        "python": stdlib_python_records(limit=30),
+        "ruby": other_language_records("ruby", 10),
+    }
+    corpus, queries, qrels = [], [], []
+    for language, rows in records.items():
+        for index, record in enumerate(rows):
+            doc, query = f"{language}-d{index}", f"{language}-q{index}"
+            corpus.append({"_id": doc, "text": record["code"], "language": language})
+            queries.append({"_id": query, "text": " ".join(record["docstring_tokens"])})
+            qrels.append((query, doc, 1))
+    python_only = write_beir(
+        tmp_path / "python", corpus[:30], queries[:30], qrels[:30], split="valid"
+    )
+    lengths = ["--max-query-length", "32", "--max-document-length", "64"]
+    common = ["--setting", "codesearch", "--checkpoint", tiny_checkpoint, *lengths]
+    result = bench.main([*common, "--data", python_only, "--split", "valid"])
+    retrieval = evaluate(
+        tiny_checkpoint,
+        python_only,
+        EvalConfig(
+            split="valid",
+            baseline=None,
+            progress=False,
+            max_query_length=32,
+            max_document_length=64,
+        ),  # fmt: skip
+    )
+    by_language = result["metrics"]["model"]["by_language"]
+    assert by_language["python"]["mrr@100"] == pytest.approx(retrieval["model"]["mrr@100"])
+    both = write_beir(tmp_path / "both", corpus, queries, qrels, split="valid")
+    result = bench.main([*common, "--data", both, "--split", "valid"])
+    assert [row["column"] for row in result["rows"]] == ["python", "ruby", "overall"]
+    assert result["sizes"]["ruby"]["candidates"] == 10
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> str:
     from santa.model import DualEncoder
