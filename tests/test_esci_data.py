@@ -119,3 +119,19 @@ def test_pretraining_pairs_by_the_papers_rule_and_santas(tmp_path, ray_cluster) 
     assert not set(pairs["doc_id"]) & held
     assert santa["dropped"]["heldout_leak"] > 0
     assert santa["esci"]["comparable_to_table5"] is False
+
+
+def test_the_job_summary_prints_the_counts_beside_the_papers(tmp_path) -> None:
+    from ray_jobs.preprocess import format_report
+
+    examples = pd.DataFrame(write_esci_splits(tmp_path)["examples"])
+    config = {"esci_version": "small", "locale": "us"}
+    base = {"rows_read": 1, "rows_written": 1, "dropped": {}, "filtered": {}, "config": config}
+    base.update(entity_ratio={}, wall_time_s=1.0)
+    _, _, split = esci.select_judgments(examples, version="small", locale="us", split="valid")
+    text = format_report({**base, "esci": split})
+    assert "  valid         3 queries        12 judgments" in text
+    assert "(SANTA Table 1, small us: 2,611 / 51,706)" in text
+    _, _, pairs = esci.paper_pretrain_examples(examples, version="large", locale="us")
+    text = format_report({**base, "esci": {**pairs, "pairs_written": 40}})
+    assert "ESCI pretraining pairs 40   (SANTA Table 5, large us: 331,590)" in text
