@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sizes[dataset] = {
             "queries": queries,
             "candidates": queries if dataset == "adv" else outcome.info["num_judgments"],
-            "paper_queries": TABLE1_SIZES[dataset].get(split),
-            "paper_candidates": TABLE1_SIZES[dataset].get(split) if dataset == "adv" else None,
+            "paper_queries": TABLE1_SIZES[dataset]["queries"].get(split),
+            "paper_candidates": TABLE1_SIZES[dataset]["candidates"].get(split),
             "paper_table": "SANTA Table 1",
         }
     result = {

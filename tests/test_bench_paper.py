@@ -90,6 +90,8 @@ def test_esci_settings(bench, tiny_checkpoint, tmp_path: Path, setting: str, met
     expected = 82.59 if setting == "esci-2" else 83.15
     assert row["SANTA Table 2, SANTA (Hard Negative)"] == expected
     assert result["sizes"]["esci"]["paper_queries"] == 8_956 and output.is_file()
+    assert result["sizes"]["esci"]["paper_candidates"] == 181_701
+    assert result["sizes"]["esci"]["candidates"] == 4  # the judged products
 
 
 def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_checkpoint, tmp_path):

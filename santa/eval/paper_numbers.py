@@ -94,11 +94,17 @@ TABLE7_SIZES = {
     "ruby": {"valid": 1_400, "test": 1_261, "codebase": 4_360},
 }
 
-# SANTA Table 1: Adv's test query-code pairs (each query against every test function) and
-# ESCI small's queries (US).
+# SANTA Table 1: Adv's query-code pairs (a query is ranked against every function of its
+# split) and ESCI small's queries and judged products (US), per split.
 TABLE1_SIZES = {
-    "adv": {"train": 251_820, "valid": 9_604, "test": 19_210},
-    "esci": {"train": 18_277, "valid": 2_611, "test": 8_956},
+    "adv": {
+        "queries": {"train": 251_820, "valid": 9_604, "test": 19_210},
+        "candidates": {"valid": 9_604, "test": 19_210},
+    },
+    "esci": {
+        "queries": {"train": 18_277, "valid": 2_611, "test": 8_956},
+        "candidates": {"train": 367_946, "valid": 51_706, "test": 181_701},
+    },
 }
 
 _COLUMNS = {"adv": ("adv",), "esci-2": ("two-class",), "esci-4": ("four-class",)}
