@@ -101,8 +101,8 @@ def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_check
     from tests.datagen import other_language_records, stdlib_python_records
 
     records = {
-        "python": stdlib_python_records(limit=30),
-        "ruby": other_language_records("ruby", 10),
+        "python": stdlib_python_records(limit=16),
+        "ruby": other_language_records("ruby", 6),
     }
     corpus, queries, qrels = [], [], []
     for language, rows in records.items():
@@ -112,7 +112,7 @@ def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_check
             queries.append({"_id": query, "text": " ".join(record["docstring_tokens"])})
             qrels.append((query, doc, 1))
     python_only = write_beir(
-        tmp_path / "python", corpus[:30], queries[:30], qrels[:30], split="valid"
+        tmp_path / "python", corpus[:16], queries[:16], qrels[:16], split="valid"
     )
     lengths = ["--max-query-length", "32", "--max-document-length", "64"]
     common = ["--setting", "codesearch", "--checkpoint", tiny_checkpoint, *lengths]
@@ -133,7 +133,7 @@ def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_check
     both = write_beir(tmp_path / "both", corpus, queries, qrels, split="valid")
     result = bench.main([*common, "--data", both, "--split", "valid"])
     assert [row["column"] for row in result["rows"]] == ["python", "ruby", "overall"]
-    assert result["sizes"]["ruby"]["candidates"] == 10
+    assert result["sizes"]["ruby"]["candidates"] == 6
 
 
 @pytest.fixture(scope="module")

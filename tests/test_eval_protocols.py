@@ -66,9 +66,9 @@ def codesearch(tmp_path_factory) -> Path:
     the exact text of every Python query: pooled with Ruby, each Python query would find
     its own words first and its answer would drop a place."""
     root = tmp_path_factory.mktemp("codesearch")
-    python = stdlib_python_records(limit=24)
+    python = stdlib_python_records(limit=16)
     write_codesearch_layout(python, root, "python", "test")
-    ruby = other_language_records("ruby", 12)
+    ruby = other_language_records("ruby", 8)
     write_codesearch_layout(ruby, root, "ruby", "test")
     lures = [
         {"url": f"lure-{i}", "code": " ".join(r["docstring_tokens"]), "language": "ruby"}
@@ -94,9 +94,9 @@ def test_codesearch_ranks_each_language_against_its_own_codebase(tiny, codesearc
         expected[language] = mrr_by_hand(queries, docs, answers)
         assert by_language[language]["mrr"] == pytest.approx(expected[language], abs=1e-6)
         assert by_language[language]["num_candidates"] == len(subset.doc_ids)
-    assert by_language["ruby"]["num_candidates"] == 12 + 24  # its functions and the lures
+    assert by_language["ruby"]["num_candidates"] == 8 + 16  # its functions and the lures
     assert results["model"]["mrr"] == pytest.approx(sum(expected.values()) / 2, abs=1e-6)
-    assert results["model"]["num_queries"] == 24 + 12
+    assert results["model"]["num_queries"] == 16 + 8
 
     # Pooled, the lures (Python queries' own words, as Ruby functions) outrank answers.
     python = read_language(str(codesearch / "python"), "python", "test")
@@ -130,9 +130,9 @@ def test_codesearch_from_s3_with_outputs(tiny, codesearch, moto_s3, tmp_path) ->
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert written == json.loads(json.dumps(results))
     run = (tmp_path / "out" / "run.model.trec").read_text().splitlines()
-    assert len(run) == 12 * 36  # 12 queries, every candidate ranked (36 < top_k)
+    assert len(run) == 8 * 24  # 8 queries, every candidate ranked (24 < top_k)
     info = json.loads((tmp_path / "out" / "info.json").read_text())
-    assert info["protocol"] == "codesearch" and info["languages"]["ruby"]["queries"] == 12
+    assert info["protocol"] == "codesearch" and info["languages"]["ruby"]["queries"] == 8
 
 
 # =========================================================================== advtest
