@@ -1,9 +1,21 @@
-"""Evaluate a checkpoint (and BM25) on a BEIR split; print the metrics table.
+"""Evaluate a checkpoint (and BM25) under one of the protocols; print the metrics table.
 
     python -m ray_jobs.evaluate --checkpoint runs/ft/checkpoint_000003 --data runs/beir
+    python -m ray_jobs.evaluate --checkpoint runs/ft --protocol codesearch \\
+        --data data/CodeSearch --languages ruby go          # GraphCodeBERT's layout
+    python -m ray_jobs.evaluate --checkpoint runs/ft --protocol advtest --data AdvTest/test.jsonl
+    python -m ray_jobs.evaluate --checkpoint runs/ft --protocol esci --data runs/esci-test
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
         python -m ray_jobs.evaluate --checkpoint s3://b/ft/checkpoint_000003 \\
-        --data s3://b/beir --output s3://b/eval --protocol both
+        --data s3://b/beir --output s3://b/eval
+
+Protocols (santa.eval.protocols): ``retrieval`` (the default; BEIR, every query against the
+split's whole corpus), ``codesearch`` (SANTA Table 6: each language's queries against its
+own codebase, MRR per language and the mean), ``advtest`` (CodeXGLUE's AdvTest MRR) and
+``esci`` (SANTA Table 2: each query's judged products, two- and four-class NDCG@100).
+Earlier spellings still work: ``full`` is ``retrieval``; ``rerank`` and ``both`` re-rank (or
+also re-rank) a BEIR folder's judged candidates, santa's own ESCI re-ranking (``esci`` is
+the paper's, averaging every query as trec_eval -c).
 
 ``--checkpoint`` takes a Ray checkpoint folder (its ``model/``), a Ray Train run folder
 (its newest checkpoint), a sweep's ``best.json``, a santa or Hugging Face model folder, or
@@ -11,16 +23,26 @@ an ``s3://`` URI of one of these. The BEIR folder is what ``ray_jobs.preprocess
 --stage eval`` writes. Encoding runs in this process unless the corpus outnumbers
 ``--ray-threshold`` texts (or ``--ray`` forces it): then a Ray Data actor pool encodes on
 the cluster (GPUs when it has some) and Ray is started or joined only then.
+
+``--output`` is published whole: written beside and renamed in (locally), or under
+``runs/<run id>/`` named by the manifest ``report.json`` written last (S3).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
-from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
+from santa.data.outputs import staged_output
+from santa.data.schema import CODE_LANGUAGES
+from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
+from santa.eval.protocols import PROTOCOLS, ProtocolResult, run_protocol
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.preflight import check_input, check_writable
+
+# Spellings of --protocol from before the papers' protocols: variants of `retrieval`.
+LEGACY_PROTOCOLS = {"full": "full", "rerank": "rerank", "both": "both"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,12 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint", required=True, help="model: checkpoint, run or model folder (or s3://)"
     )
     parser.add_argument("--data", required=True, help="BEIR folder: local path or s3:// URI")
-    parser.add_argument("--split", default="test", help="qrels split (default: test)")
+    parser.add_argument(
+        "--split", default="test", help="split: qrels/{split}.tsv, {lang}/{split}.jsonl (test)"
+    )
     parser.add_argument(
         "--output", default=None, help="where metrics.json/.md and TREC runs go (optional)"
     )
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
-    parser.add_argument("--protocol", choices=("full", "rerank", "both"), default="full")
+    parser.add_argument(
+        "--protocol",
+        choices=(*PROTOCOLS, *LEGACY_PROTOCOLS),
+        default="retrieval",
+        metavar="{" + ",".join(PROTOCOLS) + "}",
+        help="how to evaluate (default: retrieval; full, rerank, both: retrieval's variants)",
+    )
+    parser.add_argument(
+        "--languages",
+        nargs="*",
+        choices=CODE_LANGUAGES,
+        default=[],
+        help="codesearch: the languages to evaluate (default: every one in --data)",
+    )
     parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
     parser.add_argument("--batch-size", type=int, default=64, help="texts per encoder batch")
     parser.add_argument(
@@ -78,12 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse → evaluate → print the table."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.languages and args.protocol != "codesearch":
+        parser.error("--languages selects CodeSearch languages: use it with --protocol codesearch")
+    protocol = "retrieval" if args.protocol in LEGACY_PROTOCOLS else args.protocol
     config = EvalConfig(
         split=args.split,
-        output=args.output,
+        output=None,  # set to the staging folder when there is an --output
         baseline=None if args.baseline == "none" else args.baseline,
-        protocol=args.protocol,
+        protocol=LEGACY_PROTOCOLS.get(args.protocol, "full"),
         max_query_length=args.max_query_length,
         max_document_length=args.max_document_length,
         top_k=args.top_k,
@@ -96,12 +137,27 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
     )
 
+    def run(output: str | None) -> ProtocolResult:
+        return run_protocol(
+            protocol,
+            args.checkpoint,
+            args.data,
+            dataclasses.replace(config, output=output),
+            languages=args.languages,
+        )
+
     def evaluate_and_print() -> int:
         check_input(args.data, "--data")
-        if args.output:
+        if not args.output:
+            outcome = run(None)
+        else:
             check_writable(args.output, "--output")
-        results = evaluate(args.checkpoint, args.data, config)
-        print(format_markdown(results), end="")
+            with staged_output(args.output) as staged:
+                outcome = run(staged.staging)
+                options = {"protocol": protocol, "checkpoint": args.checkpoint, "data": args.data}
+                report = {"config": {**options, "split": args.split}, "metrics": outcome.results}
+                staged.publish(report)
+        print(outcome.markdown, end="")
         if args.output:
             print(f"output: {args.output}")
         return 0

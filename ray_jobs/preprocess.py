@@ -12,11 +12,13 @@ import argparse
 import json
 import logging
 
+from santa.data import esci
 from santa.data.cosqa import write_cosqa_beir
 from santa.data.outputs import staged_output
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
+from santa.method.entities import PRODUCT_ENTITY_RULES
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.preflight import check_input, check_writable
 from santa.runtime.ray_utils import init_ray
@@ -51,6 +53,32 @@ def parse_args(
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--esci-version", choices=("small", "large"), default="small")
     parser.add_argument("--locale", default="us")
+    parser.add_argument(
+        "--esci-pretrain",
+        choices=esci.PRETRAIN_RULES,
+        default="product",
+        help="ESCI pretraining pairs: one per product, held-out products left out "
+        "(product), or one per Exact judgment as SANTA's scripts, test products included "
+        "(paper; use with --esci-version large)",
+    )
+    parser.add_argument(
+        "--esci-dev-fraction",
+        type=float,
+        default=esci.DEV_FRACTION,
+        help="ESCI: share of train queries carved out as --split valid (SANTA: 0.125)",
+    )
+    parser.add_argument(
+        "--esci-dev-seed",
+        type=int,
+        default=esci.DEV_SEED,
+        help="ESCI: seed of the dev carve (SANTA's random_state: 10)",
+    )
+    parser.add_argument(
+        "--product-entities",
+        choices=PRODUCT_ENTITY_RULES,
+        default="scripts",
+        help="ESCI entities: proper nouns as SANTA's scripts (scripts), or title nouns",
+    )
     parser.add_argument("--skip-tests", action="store_true", help="source: skip test directories")
     parser.add_argument(
         "--asst",
@@ -100,6 +128,10 @@ def parse_args(
         seed=args.seed,
         esci_version=args.esci_version,
         locale=args.locale,
+        esci_pretrain=args.esci_pretrain,
+        esci_dev_fraction=args.esci_dev_fraction,
+        esci_dev_seed=args.esci_dev_seed,
+        product_entities=args.product_entities,
         skip_tests=args.skip_tests,
         asst=args.asst,
         max_actors=args.max_actors,
@@ -160,10 +192,39 @@ def format_report(report: dict) -> str:
         lines.append(f"asst pairs    {report['asst']['written']:>10,}")
         for reason, count in report["asst"]["skipped"].items():
             lines.append(f"asst skipped {reason:<18}{count:>10,}")
+    lines += _esci_lines(report.get("esci"), report["config"])
+    for failed in report.get("failed_files", []):
+        lines.append(
+            f"failed file   {failed['path']}: {failed['reason']} ({failed['detail']}); "
+            f"{failed['rows_kept']:,} rows kept"
+        )
     lines.append(f"wall time     {report['wall_time_s']:>10.1f} s")
     if "beir" in report:
         lines.append("BEIR " + json.dumps(report["beir"]))
     return "\n".join(lines)
+
+
+def _esci_lines(counts: dict | None, config: dict) -> list[str]:
+    """ESCI's split and pair counts beside the paper's (Table 1, Table 5)."""
+    if not counts:
+        return []
+    if "queries" in counts:  # a judgments split
+        lines = [f"ESCI {config['esci_version']} {config['locale']}: {counts['rule']}"]
+        for split in ("train", "valid", "test"):
+            paper = counts["paper_table1"][split]
+            lines.append(
+                f"  {split:<6} {counts['queries'][split]:>8,} queries "
+                f"{counts['judgments'][split]:>9,} judgments   (SANTA Table 1, small us: "
+                f"{paper['queries']:,} / {paper['judgments']:,})"
+            )
+        return lines
+    comparable = "" if counts["comparable_to_table5"] else "; other version/locale"
+    return [
+        f"ESCI pretraining pairs {counts['pairs_written']:,}   (SANTA Table 5, large us: "
+        f"{counts['paper_table5_pairs']:,}{comparable})",
+        f"  {counts['rule']}",
+        f"  of which from test queries' judgments: {counts['test_judgments']:,} (before drops)",
+    ]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ COMPILE_MODES = ("gpu", "always", "never")
 SOFT_LABEL_MODES = ("offline", "online")
 SECTIONS = ("model", "train", "negatives", "scoder")
 NEGATIVE_INDEXES = ("flat", "ivf", "hnsw", "auto")
+OPTIMIZERS = ("adamw", "adam")
+# How the MEP cross-entropy is reduced over a batch (see santa.losses.mep_loss).
+MEP_REDUCTIONS = ("token_mean", "sum")
 
 
 def _fail(message: str) -> None:
@@ -183,10 +186,15 @@ class TrainConfig:
     (DR loss, paper Eq. 3, with in-batch and hard negatives)."""
 
     learning_rate: float = 1e-4
-    """Peak AdamW learning rate (after warm-up)."""
+    """Peak learning rate (after warm-up)."""
+
+    optimizer: str = "adamw"
+    """``"adamw"`` (santa's default, decoupled weight decay) or ``"adam"`` (the SANTA
+    paper's optimizer; the paper recipes use it with ``weight_decay=0``). Built by
+    :func:`santa.train.optim.build_optimizer`."""
 
     weight_decay: float = 0.01
-    """AdamW weight decay."""
+    """Weight decay: decoupled with AdamW, a coupled L2 penalty with Adam."""
 
     warmup_ratio: float = 0.1
     """Share of the total steps spent warming the learning rate up linearly from 0."""
@@ -215,6 +223,12 @@ class TrainConfig:
 
     mep_weight: float = 1.0
     """λ in ``L = L_SDA + λ·L_MEP``; MEP runs in the pretrain stage only and needs a T5."""
+
+    mep_reduction: str = "token_mean"
+    """How L_MEP is reduced over a batch: ``"token_mean"`` (the mean over every target
+    token of the batch: santa's default, and what SANTA's released code computes through
+    Hugging Face's T5 loss) or ``"sum"`` (the paper's Eq. 7: each document's loss is the
+    sum over its target tokens, averaged over the documents that have entities)."""
 
     sda_weight: float = 1.0
     """Weight of L_SDA (the DR loss in fine-tuning). 0 trains MEP alone: the paper's
@@ -258,6 +272,13 @@ class TrainConfig:
             _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
         if self.compile not in COMPILE_MODES:
             _fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.optimizer not in OPTIMIZERS:
+            _fail(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.mep_reduction not in MEP_REDUCTIONS:
+            _fail(
+                f"TrainConfig.mep_reduction must be one of {MEP_REDUCTIONS}, "
+                f"got {self.mep_reduction!r}"
+            )
         _check_positive(
             self,
             "learning_rate",
@@ -431,10 +452,16 @@ class ScoderConfig:
     """K: the dual encoder's top-K hits (positives removed) the negatives come from."""
 
     negatives_pool: int = 30
-    """Negatives kept per query from the top K; every stage samples its X⁻ from them."""
+    """Negatives kept per query from the top K; every stage samples its X⁻ from them.
+
+    santa's choice: each query's X⁻ is sampled from this pool once per iteration (the
+    ``examples/`` of ``iter-<i>``), and both the discriminators and the dual encoder train
+    on those examples, so that offline soft labels can be scored once for exactly what the
+    dual encoder sees. The paper's Algorithm 2 samples X⁻ at every training step (lines 6
+    and 10); across iterations santa re-mines and re-samples, as Algorithm 2's line 13."""
 
     discriminator_learning_rate: float = 1e-5
-    """Peak AdamW learning rate of the discriminators."""
+    """Peak learning rate of the discriminators (optimizer: ``train.optimizer``)."""
 
     discriminator_steps: int | None = None
     """Discriminator steps per iteration; ``None``: one pass over the examples."""
@@ -454,7 +481,9 @@ class ScoderConfig:
     discriminators, without gradient, on every batch."""
 
     heldout_fraction: float = 0.1
-    """Share of the examples the discriminators never train on (their held-out accuracy)."""
+    """Share of the examples the discriminators never train on (their held-out accuracy).
+    santa's choice, not the paper's (which trains the discriminators on every example):
+    it buys a measure of the discriminators; 0 trains them on everything."""
 
     discriminator_gradient_checkpointing: bool = False
     """Recompute the discriminators' activations in backward (also on with

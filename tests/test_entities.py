@@ -298,13 +298,14 @@ def pos_tagger_data() -> None:
         nltk.data.path.insert(0, str(shared))
 
 
-def test_product_entities(pos_tagger_data: None) -> None:
+def test_product_entities_title_nouns(pos_tagger_data: None) -> None:
+    """The paper's sentence read literally: description nouns whose word is in the title."""
     title = "Apple iPhone 12 Case with Screen Protector"
     description = (
         "This case fits the Apple iPhone 12 perfectly and comes with a screen protector. "
         "The protector is made of tempered glass; the case has a soft microfiber lining."
     )
-    spans = extract_product_entities(title, description)
+    spans = extract_product_entities(title, description, rule="title_nouns")
     assert [description[start:end] for start, end in spans] == [
         "case",
         "Apple",
@@ -315,8 +316,34 @@ def test_product_entities(pos_tagger_data: None) -> None:
         "case",
     ]
     # "12" (a number) and "with" (a preposition) are in the title but are not nouns.
+    assert extract_product_entities(title, "", rule="title_nouns") == []
+    assert extract_product_entities("", description, rule="title_nouns") == []
+
+
+def test_product_entities_follow_santas_scripts(pos_tagger_data: None) -> None:
+    """SANTA's build_product_entity.py: every proper noun (NNP/NNPS) of the description, and
+    every description word that is a proper noun of the title (each text tagged alone)."""
+    title = "Apple iPhone 12 Case with Screen Protector"  # iPhone is tagged NN here
+    description = (
+        "This case fits the Apple iPhone 12 perfectly and comes with a screen protector. "
+        "The protector is made of tempered glass. Works with MagSafe chargers from Apple."
+    )
+    spans = extract_product_entities(title, description)
+    assert [description[start:end] for start, end in spans] == [
+        "case",  # a common noun here, a proper noun (Case) of the title
+        "Apple",
+        "screen",
+        "protector",
+        "protector",
+        "MagSafe",  # a proper noun the title does not have: masked all the same
+        "Apple",
+    ]
+    # "iPhone" is in the title but not as a proper noun; "glass" is in neither.
+    assert "iPhone" not in [description[a:b] for a, b in spans]
     assert extract_product_entities(title, "") == []
     assert extract_product_entities("", description) == []
+    with pytest.raises(ValueError, match="product entity rule"):
+        extract_product_entities(title, description, rule="nouns")
 
 
 def test_missing_pos_tagger_names_the_install_command(tmp_path: Path) -> None:

@@ -201,7 +201,7 @@ def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
     product = {
         "product_id": "B7",
         "product_title": "Acme Coffee Grinder",
-        "product_description": "Stainless steel burrs and a quiet motor.",
+        "product_description": "it has stainless steel burrs and a quiet motor.",
         "product_bullet_point": "FAST: grinds in seconds",
         "product_locale": "us",
     }

@@ -21,6 +21,7 @@ from html.parser import HTMLParser
 __all__ = [
     "choose_bullet_point",
     "clean_docstring",
+    "has_markup",
     "remove_docstring",
     "split_bullet_points",
     "split_for_key",
@@ -376,6 +377,15 @@ def strip_html(text: str) -> str:
     # A second unescape catches double-escaped entities ("&amp;quot;") seen in ESCI.
     out = html.unescape("".join(parser.parts))
     return _WS_RE.sub(" ", out).strip()
+
+
+# What an HTML parser's text would change: a tag, a comment or doctype, or an entity.
+_MARKUP_RE = re.compile(r"<[A-Za-z/!?][^>]*>|&(?:#[0-9]+|#[xX][0-9A-Fa-f]+|[A-Za-z][A-Za-z0-9]*);")
+
+
+def has_markup(text: str | None) -> bool:
+    """Whether ``text`` holds HTML markup (a tag, comment, doctype or entity)."""
+    return bool(text) and _MARKUP_RE.search(text) is not None
 
 
 def split_bullet_points(text: str | None) -> list[str]:

@@ -94,6 +94,8 @@ class CodePairBuilder:
                     raise DropRow(Reason.OTHER_SPLIT)
             except DropRow as drop:
                 row = {"language": language, "drop_reason": drop.reason}
+                if preset_reason:  # a reader's row for a whole file: its message says why
+                    row["drop_detail"] = raw.decode("utf-8", "replace")
             row["row_key"] = f"{path}:{line_number:010d}"
             rows.append(row)
         return rows_to_table(rows)
@@ -117,11 +119,12 @@ def extract_source_records(batch: pa.Table, root: str, repo: str) -> pa.Table:
         language = EXTENSIONS.get("." + relative.rsplit(".", 1)[-1], "")
         try:
             records = extract_functions(decode_source(data), relative, language, repo=repo)
-        except UnicodeDecodeError:
-            emit(path, 0, b"", "", Reason.UNDECODABLE_BYTES)
+        except UnicodeDecodeError as error:
+            emit(path, 0, f"{path}: {error}".encode(), "", Reason.UNDECODABLE_BYTES)
             continue
-        except (SyntaxError, ValueError, RecursionError):
-            emit(path, 0, b"", "", Reason.UNPARSABLE_CODE)
+        except (SyntaxError, ValueError, RecursionError) as error:
+            message = f"{path}: {type(error).__name__}: {error}"
+            emit(path, 0, message.encode(), "", Reason.UNPARSABLE_CODE)
             continue
         for index, record in enumerate(records, start=1):
             raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
@@ -163,15 +166,14 @@ class ProductJudgmentBuilder:
 
     def __init__(self, judgments: pa.Table, options: PairOptions):
         self.options = options
-        self.by_product: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for judgment in judgments.to_pylist():
-            self.by_product[judgment["product_id"]].append(judgment)
+        self.by_product = judgments_by_product(judgments)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Join a batch of products with their judgments."""
         rows = []
         for product in batch.to_pylist():
-            for judgment in self.by_product.get(product["product_id"], ()):
+            key = (product["product_id"], product.get("product_locale"))
+            for judgment in self.by_product.get(key, ()):
                 example = {**product, **judgment}
                 try:
                     row = build_product_judgment_row(example, self.options)
@@ -179,6 +181,45 @@ class ProductJudgmentBuilder:
                 except DropRow as drop:
                     row = {"language": product.get("product_locale"), "drop_reason": drop.reason}
                 row["row_key"] = f"{judgment['query_id']}:{product['product_id']}"
+                rows.append(row)
+        return rows_to_table(rows)
+
+
+def judgments_by_product(judgments: pa.Table) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Judgments grouped by ESCI's product key, (``product_id``, ``product_locale``): one id
+    can name different products in different locales."""
+    by_product: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for judgment in judgments.to_pylist():
+        by_product[(judgment["product_id"], judgment["product_locale"])].append(judgment)
+    return by_product
+
+
+class ProductPaperPairBuilder:
+    """Ray Data operator: ESCI products → one pretraining pair per Exact judgment of theirs.
+
+    SANTA's scripts' pretraining pairs (``esci_pretrain="paper"``, :mod:`santa.data.esci`):
+    the judgments (query id and product key) are broadcast to every actor as in
+    :class:`ProductJudgmentBuilder`.
+    """
+
+    def __init__(self, judgments: pa.Table, options: PairOptions):
+        ensure_pos_tagger()  # fail fast on a node without the tagger, not per row
+        self.options = options
+        self.by_product = judgments_by_product(judgments)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Pairs of a batch of products, one per Exact judgment of each."""
+        rows = []
+        for product in batch.to_pylist():
+            key = (product["product_id"], product.get("product_locale"))
+            for judgment in self.by_product.get(key, ()):
+                query_id = str(judgment["query_id"])
+                try:
+                    row = build_product_pretrain_pair(product, self.options, judgment=query_id)
+                    row["drop_reason"] = ""
+                except DropRow as drop:
+                    row = {"language": product.get("product_locale"), "drop_reason": drop.reason}
+                row["row_key"] = f"{query_id}:{product['product_id']}"
                 rows.append(row)
         return rows_to_table(rows)
 

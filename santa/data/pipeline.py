@@ -22,12 +22,14 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
+from santa.data import esci
 from santa.data.beir import write_beir
 from santa.data.operators import (
     HELDOUT_MARK,
     CodePairBuilder,
     ProductJudgmentBuilder,
     ProductPairBuilder,
+    ProductPaperPairBuilder,
     extract_source_records,
     select_output_rows,
 )
@@ -43,6 +45,7 @@ from santa.data.records import PairOptions, Reason
 from santa.data.report import build_report, summarize
 from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
+from santa.method.entities import PRODUCT_ENTITY_RULES
 from santa.runtime import storage
 from santa.runtime.ray_utils import capacity_of, cluster_cpus
 
@@ -94,6 +97,15 @@ class PreprocessConfig:
     """ESCI task version: small (Task 1, the paper's) or large."""
     locale: str = "us"
     """ESCI product locale."""
+    esci_dev_fraction: float = esci.DEV_FRACTION
+    """ESCI: share of the train split's queries carved out as ``valid`` (SANTA's 0.125)."""
+    esci_dev_seed: int = esci.DEV_SEED
+    """ESCI: the seed of that carve (SANTA's ``random_state=10``; :mod:`santa.data.esci`)."""
+    esci_pretrain: str = "product"
+    """ESCI pretraining pairs: ``product`` (one per product, held-out products left out) or
+    ``paper`` (one per Exact judgment, as SANTA's scripts; test products included)."""
+    product_entities: str = "scripts"
+    """Product entity rule (:data:`santa.method.entities.PRODUCT_ENTITY_RULES`)."""
     max_query_chars: int = 4_096
     max_document_chars: int = 16_384
     skip_tests: bool = False
@@ -137,6 +149,12 @@ class PreprocessConfig:
             raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
         if self.esci_version not in ("small", "large"):
             raise ValueError("esci_version must be small or large")
+        if self.esci_pretrain not in esci.PRETRAIN_RULES:
+            raise ValueError(f"esci_pretrain must be one of {esci.PRETRAIN_RULES}")
+        if self.product_entities not in PRODUCT_ENTITY_RULES:
+            raise ValueError(f"product_entities must be one of {PRODUCT_ENTITY_RULES}")
+        if not 0 < self.esci_dev_fraction < 1:
+            raise ValueError(f"esci_dev_fraction must be in (0, 1), got {self.esci_dev_fraction}")
         sizes = (self.batch_size, self.lines_per_block, self.read_tasks_per_cpu)
         if min(*sizes, self.block_bytes, self.rows_per_file) < 1:
             raise ValueError(
@@ -158,6 +176,7 @@ class PreprocessConfig:
             seed=self.seed,
             max_query_chars=self.max_query_chars,
             max_document_chars=self.max_document_chars,
+            product_entities=self.product_entities,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -348,22 +367,34 @@ def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS)
 
 
-def _select_examples(config: PreprocessConfig, examples: pa.Table) -> tuple[pa.Table, Counter]:
-    """The judgments of the requested version, split and locale, and what was filtered."""
-    frame = examples.to_pandas()
-    filtered: Counter = Counter()
-    version = frame[f"{config.esci_version}_version"].astype(int) == 1
-    filtered[Reason.OTHER_VERSION] += int((~version).sum())
-    frame = frame[version]
-    locale = frame["product_locale"] == config.locale
-    filtered[Reason.OTHER_LOCALE] += int((~locale).sum())
-    frame = frame[locale]
-    split = frame["split"] == config.wanted_split
-    filtered[Reason.OTHER_SPLIT] += int((~split).sum())
-    frame = frame[split]
-    keep = frame[["query", "query_id", "product_id", "esci_label"]].copy()
+def _select_examples(
+    config: PreprocessConfig, examples: pa.Table
+) -> tuple[pa.Table, Counter, dict[str, Any]]:
+    """The judgments of the requested version, locale and split (``valid`` carved from
+    train as SANTA's scripts carve it), what was filtered, and the split's counts."""
+    frame, filtered, counts = esci.select_judgments(
+        examples.to_pandas(),
+        version=config.esci_version,
+        locale=config.locale,
+        split=config.wanted_split,
+        dev_fraction=config.esci_dev_fraction,
+        dev_seed=config.esci_dev_seed,
+    )
+    keep = frame[["query", "query_id", "product_id", "product_locale", "esci_label"]].copy()
     keep["query_id"] = keep["query_id"].astype(str)
-    return pa.Table.from_pandas(keep, preserve_index=False), filtered
+    return pa.Table.from_pandas(keep, preserve_index=False), filtered, counts
+
+
+def _paper_pretrain_judgments(
+    config: PreprocessConfig, examples: pa.Table
+) -> tuple[pa.Table, Counter, dict[str, Any]]:
+    """The Exact judgments SANTA's scripts make pretraining pairs of (``esci.paper_...``)."""
+    frame, filtered, counts = esci.paper_pretrain_examples(
+        examples.to_pandas(), version=config.esci_version, locale=config.locale
+    )
+    keep = frame[["query_id", "product_id", "product_locale"]].copy()
+    keep["query_id"] = keep["query_id"].astype(str)
+    return pa.Table.from_pandas(keep, preserve_index=False), filtered, counts
 
 
 def _heldout_splits(config: PreprocessConfig) -> tuple[str, ...]:
@@ -374,11 +405,14 @@ def _heldout_splits(config: PreprocessConfig) -> tuple[str, ...]:
 
 
 def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
-    """Products judged in another split: product pretraining must not see them."""
-    if config.stage != "pretrain":
+    """Products of the locale judged by a test query: santa's product pretraining must not
+    see them (products of the carved dev queries stay, as before there was a dev split).
+    The ``paper`` rule keeps them all, as SANTA's scripts do."""
+    if config.stage != "pretrain" or config.esci_pretrain == "paper":
         return set()  # ESCI splits by query: judgments cannot leak across splits
-    frame = _read_examples(config).to_pandas()
-    return set(frame.loc[frame["split"] != config.wanted_split, "product_id"].astype(str))
+    examples = _read_examples(config).to_pandas()
+    in_locale = examples["product_locale"] == config.locale
+    return set(examples.loc[in_locale & (examples["split"] == "test"), "product_id"].astype(str))
 
 
 def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
@@ -398,19 +432,29 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     options = config.pair_options()
     filtered: Counter = Counter()
     expected_rows = None
+    esci_counts: dict[str, Any] | None = None
     if config.dataset == "esci":
         products = _products_dataset(config)
-        if config.stage == "pretrain":
+        if config.stage == "pretrain" and config.esci_pretrain == "product":
+            esci_counts = {
+                "rule": "santa: one pair per product of the locale, products judged by test "
+                "queries left out",
+                "test_judgments": 0,
+                "paper_table5_pairs": esci.TABLE5_PRODUCT_PAIRS,
+                "comparable_to_table5": False,
+            }
             work = products.map_batches(
                 ProductPairBuilder,
                 fn_constructor_kwargs={"options": options, "locale": config.locale},
                 **_actor_pool(config),
             )
         else:
-            judgments, filtered = _select_examples(config, _read_examples(config))
+            paper_pairs = config.stage == "pretrain"
+            select = _paper_pretrain_judgments if paper_pairs else _select_examples
+            judgments, filtered, esci_counts = select(config, _read_examples(config))
             expected_rows = judgments.num_rows
             work = products.map_batches(
-                ProductJudgmentBuilder,
+                ProductPaperPairBuilder if paper_pairs else ProductJudgmentBuilder,
                 fn_constructor_kwargs={"judgments": judgments, "options": options},
                 **_actor_pool(config),
             )
@@ -455,6 +499,10 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     report["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
     if written is not None:
         report["beir"] = written
+    if esci_counts is not None:
+        report["esci"] = esci_counts
+        if config.stage == "pretrain":
+            esci_counts["pairs_written"] = report["rows_written"]
     if asst is not None:
         report["asst"] = asst  # derived pairs: not in rows_read / rows_written
         report["by_kind"]["asst"] = asst["written"]

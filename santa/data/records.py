@@ -15,6 +15,7 @@ from typing import Any
 from santa.data.cleaning import (
     choose_bullet_point,
     clean_docstring,
+    has_markup,
     remove_docstring,
     split_bullet_points,
     strip_html,
@@ -69,8 +70,14 @@ class Reason:
     OTHER_SPLIT = "other_split"
     OTHER_LOCALE = "other_locale"
     OTHER_VERSION = "other_version"
+    # ESCI pretraining by SANTA's scripts (esci_pretrain="paper"): only Exact judgments, and
+    # only products whose description holds HTML markup, make pairs.
+    OTHER_LABEL = "other_label"
+    PLAIN_DESCRIPTION = "plain_description"
 
-    FILTERS = frozenset({OTHER_LANGUAGE, OTHER_SPLIT, OTHER_LOCALE, OTHER_VERSION})
+    FILTERS = frozenset(
+        {OTHER_LANGUAGE, OTHER_SPLIT, OTHER_LOCALE, OTHER_VERSION, OTHER_LABEL, PLAIN_DESCRIPTION}
+    )
 
 
 class DropRow(Exception):
@@ -91,6 +98,7 @@ class PairOptions:
     max_query_chars: int = 4_096
     max_document_chars: int = 16_384
     max_entities: int = 100
+    product_entities: str = "scripts"  # santa.method.entities.PRODUCT_ENTITY_RULES
 
     def __post_init__(self) -> None:
         if self.stage not in ("pretrain", "finetune", "eval"):
@@ -279,15 +287,34 @@ def strip_html_keep_lines(text: str) -> str:
     return "\n".join(strip_html(line) for line in text.splitlines())
 
 
-def build_product_pretrain_pair(product: dict[str, Any], options: PairOptions) -> dict[str, Any]:
-    """One seeded random bullet point ↔ the product description, with noun entities masked."""
+def build_product_pretrain_pair(
+    product: dict[str, Any], options: PairOptions, judgment: str | None = None
+) -> dict[str, Any]:
+    """One seeded random bullet point ↔ the product description, with its entities masked.
+
+    ``judgment`` (a query id): the pair of that Exact judgment, by the rule of SANTA's
+    ``build_product_entity.py`` (:mod:`santa.data.esci`): the description must hold HTML
+    markup and two words at least, and the bullet point is drawn among all lines of the
+    field (an empty line drawn leaves no pair), per judgment.
+    """
     product_id = product.get("product_id")
     if not product_id:
         raise DropRow(Reason.MISSING_FIELD, "product_id")
     title = strip_html(product.get("product_title") or "")
-    description = strip_html(product.get("product_description") or "")
-    bullets = split_bullet_points(strip_html_keep_lines(product.get("product_bullet_point") or ""))
-    query = choose_bullet_point(product_id, bullets, options.seed) if bullets else None
+    raw_description = product.get("product_description") or ""
+    description = strip_html(raw_description)
+    raw_bullets = product.get("product_bullet_point") or ""
+    if judgment is None:
+        bullets = split_bullet_points(strip_html_keep_lines(raw_bullets))
+        query = choose_bullet_point(product_id, bullets, options.seed) if bullets else None
+    else:
+        if raw_description and not has_markup(raw_description):
+            raise DropRow(Reason.PLAIN_DESCRIPTION)
+        lines = [strip_html(line) for line in raw_bullets.split("\n")] if raw_bullets else []
+        key = f"{judgment}\x1f{product_id}"
+        query = choose_bullet_point(key, lines, options.seed) if lines else None
+        if len(description.split()) < 2:
+            description = ""  # the scripts skip descriptions of fewer than two words
     if not query:
         raise DropRow(Reason.EMPTY_DOCSTRING, "no bullet point")
     if not description:
@@ -295,15 +322,16 @@ def build_product_pretrain_pair(product: dict[str, Any], options: PairOptions) -
     _check_lengths(query, description, options)
     if contains_sentinel(description) or contains_sentinel(query):
         raise DropRow(Reason.SENTINEL_IN_TEXT)
-    spans = extract_product_entities(title, description)
+    spans = extract_product_entities(title, description, options.product_entities)
     masked = _mask(description, spans, product_id, options)
     row = empty_pair_row()
+    pair_key = product_id if judgment is None else f"{judgment}:{product_id}"
     row.update(
         kind=PRODUCT_PRETRAIN,
-        id=stable_hash("esci", product_id, query),
+        id=stable_hash("esci", pair_key, query),
         dataset="esci",
         language=product.get("product_locale") or "",
-        query_id=stable_hash("bullet", product_id, query),
+        query_id=stable_hash("bullet", pair_key, query),
         query=query,
         doc_id=product_id,
         title=title,
@@ -314,7 +342,7 @@ def build_product_pretrain_pair(product: dict[str, Any], options: PairOptions) -
         num_tokens=masked.num_tokens,
         num_masked_tokens=masked.num_masked_tokens,
         url=product_id,
-        dedup_key=stable_hash(product_id),
+        dedup_key=stable_hash(pair_key),
     )
     return row
 

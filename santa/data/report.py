@@ -28,7 +28,11 @@ _SUMMARY_COLUMNS = [
     "doc_id",
     "num_tokens",
     "num_masked_tokens",
+    "drop_detail",
 ]
+# Reasons a reader gives a whole input file (a row standing for it, at line 0 or after its
+# last good line).
+FILE_REASONS = frozenset({Reason.CORRUPT_FILE, Reason.UNREADABLE_FILE})
 
 
 def summarize(work: ray.data.Dataset) -> pd.DataFrame:
@@ -40,6 +44,36 @@ def summarize(work: ray.data.Dataset) -> pd.DataFrame:
     if not tables:
         return pd.DataFrame(columns=_SUMMARY_COLUMNS)
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+
+
+def failed_files(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each input file that failed or was cut short: path, reason, the reader's message,
+    the lines read from it before the fault and how many of them were written.
+
+    A truncated or corrupt ``.jsonl.gz`` (``corrupt_file``), an unreadable file, and a source
+    file that cannot be decoded or parsed as a whole (a row at line 0).
+    """
+    if rows.empty:
+        return []
+    line = rows["row_key"].str.rsplit(":", n=1).str[-1]
+    whole_file = rows["drop_reason"].isin(FILE_REASONS) | (
+        (line == "0" * 10) & (rows["drop_reason"] != "")
+    )
+    out = []
+    for _, failed in rows[whole_file].sort_values("row_key").iterrows():
+        path, _, at = failed["row_key"].rpartition(":")
+        same_file = rows["row_key"].str.startswith(path + ":") & ~whole_file
+        out.append(
+            {
+                "path": path,
+                "reason": failed["drop_reason"],
+                "detail": failed.get("drop_detail") or "",
+                "at_line": int(at),
+                "rows_read": int(same_file.sum()),
+                "rows_kept": int((same_file & (rows["drop_reason"] == "")).sum()),
+            }
+        )
+    return out
 
 
 def build_report(
@@ -83,6 +117,7 @@ def build_report(
     )
     return {
         "config": config.to_dict(),
+        "failed_files": failed_files(rows),
         "rows_read": int(rows_read),
         "rows_written": int(len(kept)),
         "by_kind": {str(k): int(v) for k, v in kept.groupby("kind").size().items()},

@@ -44,6 +44,7 @@ INTERNAL_FIELDS = [
     ("dedup_key", pa.string()),  # rows with equal keys are duplicates
     ("row_key", pa.string()),  # input position ("path:line"), orders duplicates
     ("drop_reason", pa.string()),  # "" for kept rows
+    ("drop_detail", pa.string()),  # what failed, for rows that stand for a whole file
 ]
 WORK_SCHEMA = pa.schema(list(PAIR_SCHEMA) + [pa.field(n, t) for n, t in INTERNAL_FIELDS])
 

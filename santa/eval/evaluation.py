@@ -39,6 +39,7 @@ __all__ = [
     "EvalConfig",
     "evaluate",
     "evaluate_model",
+    "load_encoder",
     "system_name",
 ]
 
@@ -60,7 +61,8 @@ class EvalConfig:
     baseline: str | None = "bm25"
     """``"bm25"`` evaluates BM25 beside the model; None (or ``"none"``) skips it."""
     protocol: str | Sequence[str] = "full"
-    """``full``, ``rerank``, ``both`` or a list of them."""
+    """``full`` (alias ``retrieval``), ``rerank``, ``both`` or a list of them. The papers'
+    own protocols (``codesearch``, ``advtest``, ``esci``) are :mod:`santa.eval.protocols`'."""
     max_query_length: int | None = None
     """Query tokens; None: the model's saved ``train.max_query_length``, else 50."""
     max_document_length: int | None = None
@@ -114,9 +116,13 @@ class EvalConfig:
 def _protocols(protocol: str | Sequence[str]) -> list[str]:
     if isinstance(protocol, str):
         protocol = list(PROTOCOLS) if protocol == "both" else [protocol]
+    # "retrieval" (the evaluation job's name for the BEIR protocol) is full retrieval.
+    protocol = ["full" if p == "retrieval" else p for p in protocol]
     unknown = [p for p in protocol if p not in PROTOCOLS]
     if unknown or not protocol:
-        raise ValueError(f"protocol must be full, rerank, both or a list of them; got {protocol}")
+        raise ValueError(
+            f"protocol must be full (retrieval), rerank, both or a list of them; got {protocol}"
+        )
     return list(protocol)
 
 
@@ -238,7 +244,8 @@ def evaluation_lengths(
 
     A santa checkpoint records the lengths it was trained with. A sentence-transformers
     folder declares one ``max_seq_length`` for every text, which is how its authors
-    encode; other folders get 50/240 (the paper's). The backbone's limit caps them all.
+    encode; other folders get 50/240 (SANTA's scripts' q_max_len/p_max_len; the paper states
+    no lengths). The backbone's limit caps them all.
     """
     limit = model.model_config.max_seq_length
     defaults = (limit, limit) if limit else (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOCUMENT_LENGTH)
@@ -247,6 +254,28 @@ def evaluation_lengths(
         train_config.get("max_document_length", defaults[1])
     )
     return model.token_limit(query), model.token_limit(document)
+
+
+def load_encoder(
+    model: str | DualEncoder, config: EvalConfig
+) -> tuple[DualEncoder, str | None, dict[str, Any]]:
+    """``(encoder on its device, model URI or None, the saved train config)`` of ``model``.
+
+    ``model`` is a :class:`DualEncoder` (used as it is) or anything
+    :func:`santa.models.checkpoints.resolve_model` accepts, loaded onto ``config.device``.
+    """
+    if not isinstance(model, str):
+        return model, None, {}
+    import torch
+
+    resolved = resolve_model(model)
+    encoder, train_config = load_model(resolved)
+    if encoder.tokenizer is None:
+        raise ValueError(f"{model}: the model folder has no tokenizer; evaluation needs one")
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return encoder.to(device), resolved.model_uri, train_config
 
 
 def evaluate(
@@ -268,8 +297,6 @@ def evaluate(
     ``metrics.md`` (the table), ``run.<system>.trec`` and ``info.json`` (what ran, counts,
     timings).
     """
-    import torch
-
     config = config or EvalConfig()
     started = time.perf_counter()
     protocols = config.protocols
@@ -281,20 +308,7 @@ def evaluate(
         check_trec_ids(doc_ids, "document")
         check_trec_ids(query_ids, "query")
 
-    model_uri: str | None = None
-    train_config: dict[str, Any] = {}
-    if isinstance(model, str):
-        resolved = resolve_model(model)
-        model_uri = resolved.model_uri
-        encoder, train_config = load_model(resolved)
-        if encoder.tokenizer is None:
-            raise ValueError(f"{model}: the model folder has no tokenizer; evaluation needs one")
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        encoder = encoder.to(device)
-    else:
-        encoder = model
+    encoder, model_uri, train_config = load_encoder(model, config)
     query_length, document_length = evaluation_lengths(encoder, train_config, config)
 
     use_ray, threshold = config.use_ray, config.ray_threshold

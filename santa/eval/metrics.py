@@ -51,8 +51,12 @@ def compute_metrics(
     *,
     graded: bool | None = None,
     query_languages: Mapping[str, str] | None = None,
+    metrics: Sequence[str] = METRICS,
 ) -> dict[str, Any]:
     """ranx metrics of ``ranking`` (ranked lists, best first) against ``qrels``.
+
+    ``metrics``: the binary-relevance metrics, ``name@cutoff`` with name ``mrr``, ``ndcg``
+    or ``recall`` (default :data:`METRICS`; e.g. ``mrr@1000``, GraphCodeBERT's cut-off).
 
     ``ranking`` is a :class:`RankedLists` (read as arrays) or any mapping of query id to
     ``[(doc id, score), ...]`` or ``[doc id, ...]``. ``graded=None`` detects ESCI grading
@@ -70,7 +74,7 @@ def compute_metrics(
             raise ValueError(f"graded qrels must use ESCI labels 0-3, got {sorted(bad)}")
     threshold = EXACT if graded else 1
     # suffix → (per-judgment relevance for ranx, metrics)
-    tables = [("", (labels >= threshold).astype(np.int64), METRICS)]
+    tables = [("", (labels >= threshold).astype(np.int64), tuple(metrics))]
     if graded:
         gain_of = np.array([round(ESCI_GAINS[label] * GAIN_SCALE) for label in range(4)])
         tables.append(("_4class", gain_of[labels], ("ndcg@100",)))

@@ -3,8 +3,9 @@
 Code entities are identifiers: Python through the standard-library ``tokenize`` module
 (NAME tokens that are not keywords), Java, Go, JavaScript, Ruby and PHP through
 tree-sitter grammars (identifier-like leaf nodes that are not reserved words). Product
-entities are the nouns of a product description that also occur in its title, found with
-NLTK's averaged-perceptron POS tagger.
+entities are the proper nouns of a product description and its words that are proper nouns
+of its title, found with NLTK's averaged-perceptron POS tagger: the rule of SANTA's released
+scripts (:data:`PRODUCT_ENTITY_RULES`).
 
 Every function returns character spans ``(start, end)`` into the given string (Python
 ``str`` indices), sorted by start and non-overlapping, so that the masking step can cut
@@ -41,6 +42,7 @@ from santa.data.schema import CODE_LANGUAGES
 
 __all__ = [
     "MAX_ERROR_FRACTION",
+    "PRODUCT_ENTITY_RULES",
     "PosTaggerMissingError",
     "UnparsableCodeError",
     "ensure_pos_tagger",
@@ -61,6 +63,16 @@ POS_TAGGER_INSTALL_COMMAND = f"python -m nltk.downloader {POS_TAGGER_RESOURCE}"
 
 # Penn Treebank noun tags: common/proper, singular/plural.
 _NOUN_TAGS = frozenset({"NN", "NNS", "NNP", "NNPS"})
+_PROPER_NOUN_TAGS = frozenset({"NNP", "NNPS"})
+# How product entities are chosen. The paper (A.3) says "nouns and proper nouns that appear
+# in both product descriptions and titles"; SANTA's released code
+# (processing/Product/build_product_entity.py) masks every proper noun (NNP/NNPS) of the
+# description, and every description word equal (case-insensitively) to a proper noun of
+# the title, both texts tagged separately:
+# - "scripts": that rule, santa's default;
+# - "title_nouns": description nouns of any kind (NN/NNS/NNP/NNPS) whose word is in the
+#   title, the paper's sentence read literally (santa's rule before it was checked).
+PRODUCT_ENTITY_RULES = ("scripts", "title_nouns")
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _PRODUCT_WORD_RE = re.compile(r"\w+|[^\w\s]+")
@@ -511,18 +523,34 @@ def ensure_pos_tagger() -> Any:
     return _pos_tagger
 
 
-def extract_product_entities(title: str, description: str) -> list[tuple[int, int]]:
-    """Return spans of description nouns (NN/NNS/NNP/NNPS) that also occur in the title."""
-    # Word/punctuation tokens with spans, no downloaded resources needed; this is the
-    # pattern of nltk's WordPunctTokenizer, applied with finditer to keep the offsets.
-    title_words = {m.group().lower() for m in _PRODUCT_WORD_RE.finditer(title)}
+def extract_product_entities(
+    title: str, description: str, rule: str = "scripts"
+) -> list[tuple[int, int]]:
+    """Spans of the description's entities under ``rule`` (:data:`PRODUCT_ENTITY_RULES`).
+
+    Both texts are split into word/punctuation tokens (the pattern of NLTK's
+    WordPunctTokenizer, kept with offsets; SANTA's code uses ``nltk.word_tokenize``, which
+    needs the Punkt models) and tagged by NLTK's perceptron tagger.
+    """
+    if rule not in PRODUCT_ENTITY_RULES:
+        raise ValueError(f"product entity rule must be one of {PRODUCT_ENTITY_RULES}, not {rule!r}")
+    title_matches = list(_PRODUCT_WORD_RE.finditer(title))
     matches = list(_PRODUCT_WORD_RE.finditer(description))
-    if not title_words or not matches:
+    if not title_matches or not matches:
         return []
     tagger = ensure_pos_tagger()
     tags = tagger.tag([m.group() for m in matches])
+    if rule == "title_nouns":
+        title_words = {m.group().lower() for m in title_matches}
+        return [
+            m.span()
+            for m, (_, tag) in zip(matches, tags, strict=True)
+            if tag in _NOUN_TAGS and m.group().lower() in title_words
+        ]
+    title_tags = tagger.tag([m.group() for m in title_matches])
+    title_proper = {word.lower() for word, tag in title_tags if tag in _PROPER_NOUN_TAGS}
     return [
         m.span()
         for m, (_, tag) in zip(matches, tags, strict=True)
-        if tag in _NOUN_TAGS and m.group().lower() in title_words
+        if tag in _PROPER_NOUN_TAGS or m.group().lower() in title_proper
     ]

@@ -116,19 +116,30 @@ def contrastive_loss(
         return F.cross_entropy(scores, positives)  # fp32 scores → fp32 softmax
 
 
-def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def mep_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    reduction: str = "token_mean",
+) -> torch.Tensor:
     """Token-level cross-entropy of the MEP decoder (paper Eq. 7), padding ignored.
 
     Args:
         logits: decoder scores over the vocabulary.
         labels: target token ids; ``ignore_index`` marks padding (not counted).
         ignore_index: label value to skip.
+        reduction: ``"token_mean"``: the mean over the counted target tokens of the batch
+            (what SANTA's released code computes, through Hugging Face's T5 loss);
+            ``"sum"``: Eq. 7 as printed, each document's loss the *sum* over its target
+            tokens, averaged over the documents with at least one counted token.
 
     Inputs:
         ``logits`` ``(batch, target_length, vocab)``, ``labels`` ``(batch, target_length)``.
 
     Returns:
-        A scalar: the mean over the non-ignored target tokens of this batch.
+        A scalar. Both reductions divide the same sum of token losses, by the number of
+        counted tokens or of documents with targets; a batch with nothing to predict
+        gives 0.
 
     References:
         SANTA (Li et al., 2023), Eq. 7; Raffel et al., *Exploring the Limits of Transfer
@@ -148,9 +159,14 @@ def mep_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -10
         ignore_index=ignore_index,
         reduction="sum",
     )
-    # The mean over counted tokens; a batch of pairs with nothing to mask (SDA only) gives
-    # 0, not the NaN of an empty mean, and no host sync is needed to find that out.
-    return summed / (labels != ignore_index).sum().clamp(min=1)
+    counted = labels != ignore_index  # (batch, target_length)
+    # A batch of pairs with nothing to mask (SDA only) gives 0, not the NaN of an empty
+    # mean, and no host sync is needed to find that out.
+    if reduction == "token_mean":
+        return summed / counted.sum().clamp(min=1)
+    if reduction == "sum":
+        return summed / counted.any(dim=1).sum().clamp(min=1)
+    raise ValueError(f"reduction must be 'token_mean' or 'sum', got {reduction!r}")
 
 
 def total_loss(

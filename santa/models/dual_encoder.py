@@ -192,7 +192,11 @@ class DualEncoder(nn.Module):
         return self._pool_encoder(input_ids, attention_mask)
 
     def encode_with_mep(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        reduction: str = "token_mean",
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass over a masked document: ``(embeddings (batch, dim), MEP loss)``.
 
@@ -200,6 +204,7 @@ class DualEncoder(nn.Module):
         ``<extra_id_0> ent_0 ... </s>``, padded with the pad token or ``-100`` (both ignored
         by the loss). The decoder input is ``labels`` shifted right, so position 0 is
         ``decoder_start_token_id`` and its last-layer state is exactly :meth:`encode`'s.
+        ``reduction``: see :func:`santa.method.losses.mep_loss` (``train.mep_reduction``).
         """
         if not self.is_t5:
             raise ValueError(
@@ -211,7 +216,7 @@ class DualEncoder(nn.Module):
         decoder_input_ids = self._shift_right(loss_labels)  # (batch, target_length)
         hidden = self._t5_decoder_states(input_ids, attention_mask, decoder_input_ids)
         logits = self._lm_logits(hidden)  # (batch, target_length, vocab)
-        return hidden[:, 0], losses.mep_loss(logits, loss_labels)
+        return hidden[:, 0], losses.mep_loss(logits, loss_labels, reduction=reduction)
 
     def similarity(
         self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor
@@ -235,6 +240,7 @@ class DualEncoder(nn.Module):
         mep_labels: torch.Tensor | None = None,
         hard_negative_input_ids: torch.Tensor | None = None,
         hard_negative_attention_mask: torch.Tensor | None = None,
+        mep_reduction: str = "token_mean",
     ) -> DualEncoderOutput:
         """Everything one training step needs, in one call (so DDP sees one forward).
 
@@ -247,7 +253,10 @@ class DualEncoder(nn.Module):
             if masked_document_input_ids is None or masked_document_attention_mask is None:
                 raise ValueError("mep_labels need masked_document_input_ids and its mask")
             masked_embeddings, output.mep_loss = self.encode_with_mep(
-                masked_document_input_ids, masked_document_attention_mask, mep_labels
+                masked_document_input_ids,
+                masked_document_attention_mask,
+                mep_labels,
+                reduction=mep_reduction,
             )
             if not self.embed_unmasked_document:
                 output.doc_embeddings = masked_embeddings

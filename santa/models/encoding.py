@@ -35,7 +35,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Token lengths used when neither the caller nor the model's santa_config.json sets them.
+# Token lengths used when neither the caller nor the model's santa_config.json sets them:
+# SANTA's scripts' q_max_len / p_max_len (the paper states no lengths).
 DEFAULT_MAX_QUERY_LENGTH = 50
 DEFAULT_MAX_DOCUMENT_LENGTH = 240
 

@@ -35,6 +35,7 @@ from santa.method.losses import (
 from santa.models.dual_encoder import DualEncoder
 from santa.runtime import storage
 from santa.scoder.discriminator import DiscriminatorPair
+from santa.train.optim import build_optimizer
 from santa.train.state import (
     OPTIMIZER_FILE,
     RNG_FILE,
@@ -119,10 +120,8 @@ class _Worker:
         seed_everything(config.train.seed)
         torch.set_num_threads(spec.threads)
         self.model = self.build_model()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.learning_rate,
-            weight_decay=config.train.weight_decay,
+        self.optimizer = build_optimizer(
+            self.model.parameters(), config.train, learning_rate=self.learning_rate
         )
         warmup = int(math.ceil(config.train.warmup_ratio * spec.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, spec.steps)

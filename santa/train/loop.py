@@ -33,6 +33,7 @@ from santa.method.distributed import all_gather_with_grad, identity_gather
 from santa.runtime import storage
 from santa.train.epochs import FirstEpoch, epoch_batches
 from santa.train.loop_config import OBJECTIVES, LoopConfig
+from santa.train.optim import build_optimizer
 from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
@@ -182,11 +183,11 @@ class WorkerTrainer:
 
         model = self.model = self.objective.build_model()
         self.use_gpu = config.train.use_gpu and torch.cuda.is_available()
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = build_optimizer(
             model.parameters(),
-            lr=self.objective.learning_rate(),
-            weight_decay=config.train.weight_decay,
-            fused=self.use_gpu or None,  # one kernel for all parameters on CUDA
+            config.train,
+            fused=self.use_gpu,  # one kernel for all parameters on CUDA
+            learning_rate=self.objective.learning_rate(),
         )
         self.steps = total_steps(config, loop.train_rows)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))

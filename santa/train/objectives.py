@@ -62,7 +62,7 @@ def compute_losses(
 ) -> dict[str, torch.Tensor]:
     """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
-    output = ddp_model(**inputs)
+    output = ddp_model(**inputs, mep_reduction=config.train.mep_reduction)
     sda = contrastive_loss(
         output.query_embeddings,
         output.doc_embeddings,
