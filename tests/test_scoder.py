@@ -337,7 +337,6 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
     assert second.error is None and second.metrics["step"] == 3
     state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
     assert state["resumed_at"] == [1]  # the broken step-2 checkpoint skipped
-    assert f"checkpoint {newest} cannot be loaded" in capsys.readouterr().err
     DiscriminatorPair.from_pretrained(str(Path(second.checkpoint.path, "discriminators")))
 
     dual = fit(config, RunSpec(name="g", objective="dual_encoder", warm_start=backbone, **common))
