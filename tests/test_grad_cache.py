@@ -11,8 +11,10 @@ objective, bf16 autocast and ``torch.compile`` go through the same step.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -445,3 +447,75 @@ def test_two_workers_under_torch_compile(tmp_path) -> None:
     """The compiled DDP module (``train.compile``) honours ``no_sync`` and gives the eager
     step's gradients (compiling takes a minute here)."""
     check_two_workers(run_two_workers(tmp_path, ["t5-compiled"])["t5-compiled"])
+
+
+# --------------------------------------------------------------------------- the loop's part
+
+
+def test_the_santa_objective_dispatches_to_grad_cache() -> None:
+    """``train.grad_cache_chunk_size`` turns the objective's forward/backward into the
+    GradCache step (the duplicate keys built from the batch's ids), with the plain step's
+    gradients and losses."""
+    from types import SimpleNamespace
+
+    from santa.train.loop_config import LoopConfig
+    from santa.train.objectives import SantaObjective
+
+    model = tiny_t5()
+    batch = make_batch(model, hard=False, mep=True)
+    arrays = {k: v.numpy() for k, v in batch.items() if k != "doc_keys"}
+    arrays["doc_id"] = np.array([f"d{i}" for i in range(GLOBAL_BATCH)], dtype=object)
+    arrays["doc_id"][5] = "d1"
+    arrays["query_id"] = np.array([f"q{i}" for i in range(GLOBAL_BATCH)], dtype=object)
+    results = {}
+    for chunk in (0, CHUNK):
+        config = santa_config(model, grad_cache_chunk_size=chunk)
+        objective = SantaObjective(LoopConfig(santa=config, init_model="unused"))
+        trainer = SimpleNamespace(
+            model=model,
+            forward_model=model,
+            ddp_model=model,
+            autocast=contextlib.nullcontext(),
+            gather=identity_gather,
+            device=torch.device("cpu"),
+            state={"step": 0},
+            rank=0,
+            world_size=1,
+        )
+        objective.setup(trainer)
+        model.zero_grad(set_to_none=True)
+        losses = objective.forward_backward(trainer, arrays)
+        results[chunk] = (gradients(model), {k: float(v.detach()) for k, v in losses.items()})
+    assert relative_error(results[CHUNK][0], results[0][0]) <= TOLERANCE
+    assert results[CHUNK][1] == pytest.approx(results[0][1], rel=1e-6)
+    # The keys reached the loss: without the duplicate mask the loss is another.
+    unmasked = {k: v for k, v in batch.items() if k != "doc_keys"}
+    unmasked_sda = float(compute_losses(model, unmasked, config, identity_gather)["loss_sda"])
+    assert abs(unmasked_sda - results[0][1]["loss_sda"]) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
+    """Through ``fit`` on two Ray Train workers (DDP, gloo): 20 steps of SDA + MEP with
+    GradCache log the losses of the plain run, step by step."""
+    from santa.train.trainer import RunSpec, fit
+    from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows())
+    common = {"data": data, "storage": str(tmp_path / "runs"), "cpus_per_worker": 0.5}
+    overrides = {"max_steps": 20, "log_every": 1, "checkpoint_every": 20, "num_workers": 2}
+    losses = {}
+    for name, chunk in (("plain", 0), ("cached", CHUNK)):
+        config = tiny_config(**overrides, grad_cache_chunk_size=chunk)
+        result = fit(config, RunSpec(name=name, **common))
+        assert result.error is None and result.metrics["step"] == 20
+        lines = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        losses[name] = {
+            row["step"]: (row["loss"], row["loss_sda"], row["loss_mep"])
+            for row in map(json.loads, lines)
+        }
+    assert sorted(losses["cached"]) == list(range(1, 21))
+    for step, expected in losses["plain"].items():
+        assert losses["cached"][step] == pytest.approx(expected, rel=1e-4), step
+    assert losses["plain"][20][0] < losses["plain"][1][0]  # it trained

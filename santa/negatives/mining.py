@@ -31,6 +31,7 @@ __all__ = [
     "load_mining_corpus",
     "mine_hard_negatives",
     "positive_scores",
+    "read_filtered_counts",
     "read_negatives_table",
 ]
 
@@ -276,6 +277,15 @@ def read_negatives_table(uri: str) -> NegativesTable:
         encode_s=float(meta.get("santa.encode_s", 0.0)),
         filtered=json.loads(meta.get("santa.filtered", "{}")),
     )
+
+
+def read_filtered_counts(uri: str) -> dict[str, int]:
+    """What mining dropped for a table, by reason (its Parquet metadata only); ``{}`` for
+    a table written before santa counted it."""
+    target = uri if uri.endswith(".parquet") else storage.join(uri, "negatives.parquet")
+    filesystem, path = storage.resolve(target)
+    metadata = pq.read_schema(path, filesystem=filesystem).metadata or {}
+    return json.loads(metadata.get(b"santa.filtered", b"{}").decode())
 
 
 @dataclass
