@@ -519,3 +519,51 @@ def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
     for step, expected in losses["plain"].items():
         assert losses["cached"][step] == pytest.approx(expected, rel=1e-4), step
     assert losses["plain"][20][0] < losses["plain"][1][0]  # it trained
+
+
+def test_the_soft_label_objective_dispatches_to_grad_cache() -> None:
+    """SCodeR's dual-encoder objective: rows of text (tokenized in the worker) with offline
+    soft labels; the GradCache step gives the plain step's gradients and figures."""
+    from types import SimpleNamespace
+
+    from santa.models.tokenizer import train_tokenizer
+    from santa.scoder.objectives import SoftLabelObjective
+    from santa.train.loop_config import LoopConfig
+
+    texts = [f"def read_{i}(path): return open(path).read() # item {i}" for i in range(12)]
+    tokenizer = train_tokenizer(texts * 20, vocab_size=500)
+    model = DualEncoder.build_tiny(ModelConfig(tiny_d_model=32, tiny_d_ff=64), tokenizer)
+    generator = torch.Generator().manual_seed(5)
+    rows = {
+        "query": [f"read item {i}" for i in range(5)],
+        "candidates": [[texts[(i + j) % 12] for j in range(3)] for i in range(5)],
+        "kind": ["code_pair"] * 5,
+        "scores": torch.randn(5, 3, generator=generator).tolist(),
+    }
+    results = {}
+    for chunk in (0, 2):
+        config = SantaConfig(
+            model=model.model_config,
+            train=TrainConfig(
+                stage="finetune",
+                max_query_length=8,
+                max_document_length=16,
+                grad_cache_chunk_size=chunk,
+            ),
+        )
+        objective = SoftLabelObjective(LoopConfig(santa=config, init_model="unused"))
+        trainer = SimpleNamespace(
+            model=model,
+            forward_model=model,
+            ddp_model=model,
+            autocast=contextlib.nullcontext(),
+            device=torch.device("cpu"),
+        )
+        objective.setup(trainer)
+        model.zero_grad(set_to_none=True)
+        losses = objective.forward_backward(trainer, rows)
+        figures = {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in losses.items()}
+        results[chunk] = (gradients(model), figures)
+    assert relative_error(results[2][0], results[0][0]) <= TOLERANCE
+    assert results[2][1] == pytest.approx(results[0][1], rel=1e-6)
+    assert set(results[0][1]) >= {"loss", "loss_adv", "loss_distill", "accuracy"}

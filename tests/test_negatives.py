@@ -256,8 +256,8 @@ def test_positive_scores_take_the_best_positive() -> None:
     assert scores == {"q0": 2.0, "q1": 1.0}
 
 
-def test_the_mined_table_counts_what_was_filtered(tmp_path) -> None:
-    """refresh_table with the default filter: counts in the table, its Parquet metadata
+def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
+    """refresh_table with the ratio filter on: counts in the table, its Parquet metadata
     and the trainers' metrics; with a trained-looking model a near copy is filtered."""
     from santa.negatives.miner import NegativesClient, refresh_table
     from santa.negatives.mining import MiningCorpus
@@ -282,9 +282,14 @@ def test_the_mined_table_counts_what_was_filtered(tmp_path) -> None:
 
     from santa.config import SantaConfig
 
-    config = SantaConfig().with_overrides(["negatives.per_query=3", "negatives.top_k=4"])
-    table = refresh_table(None, corpus, config, encoder=Encoder())
+    config = SantaConfig().with_overrides(
+        ["negatives.per_query=3", "negatives.top_k=4", "negatives.max_score_ratio=0.95"]
+    )
+    with caplog.at_level("WARNING", logger="santa.negatives.miner"):
+        table = refresh_table(None, corpus, config, encoder=Encoder())
     assert table.negatives == {"q": ["f1", "f2"]}
+    # Most queries short of negatives (here the one): said, since trainers fill them.
+    assert "left 1 of 1 queries with fewer than 3" in caplog.text
     assert table.filtered["score_ratio"] == 1 and table.filtered["positive"] == 1
     back = read_negatives_table(table.write_parquet(str(tmp_path / "t")))
     assert back.filtered == table.filtered

@@ -139,6 +139,20 @@ def refresh_table(
         score_filter=score_filter,
         filtered=filtered,
     )
+    if score_filter.active and negatives:
+        short = sum(len(ids) < settings.per_query for ids in negatives.values())
+        if short > len(negatives) // 2:
+            # Trainers fill these with random documents: hard negatives become random ones.
+            logger.warning(
+                "the false-negative filter left %d of %d queries with fewer than %d mined "
+                "negative(s) (%d hits scored above %s x the positive): the model ranks most "
+                "positives low; negatives.max_score_ratio=none keeps its hard negatives",
+                short,
+                len(negatives),
+                settings.per_query,
+                filtered["score_ratio"] + filtered["score_margin"],
+                settings.max_score_ratio,
+            )
     documents = {doc: corpus.documents[doc] for ids in negatives.values() for doc in ids}
     table = NegativesTable(
         negatives=negatives,

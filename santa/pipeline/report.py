@@ -134,8 +134,9 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
         lines += [
             "## Hard-negative mining",
             "",
-            f"Table `{mining['table']}`; false-negative filter: score above "
-            f"{mining['max_score_ratio']} × the positive's, margin {mining['min_margin']}.",
+            f"Table `{mining['table']}`; false-negative filter: score ratio "
+            f"{mining['max_score_ratio'] or 'off'}, margin {mining['min_margin'] or 'off'} "
+            "(`negatives.max_score_ratio`, `negatives.min_margin`).",
             "",
             "| hits dropped as | count |",
             "|---|---:|",

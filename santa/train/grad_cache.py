@@ -93,8 +93,9 @@ def chunk_slices(rows: int, chunk_size: int) -> list[slice]:
 
 
 def ddp_no_sync(model: torch.nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
-    """``model.no_sync`` for a DDP module (gradients accumulate without all-reduce); a
-    do-nothing context otherwise."""
+    """``model.no_sync`` for a DDP module, compiled or not (gradients accumulate without
+    all-reduce); a do-nothing context otherwise."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model.no_sync
     return contextlib.nullcontext

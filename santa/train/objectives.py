@@ -23,7 +23,6 @@ from santa.train.loop import Objective
 
 __all__ = [
     "BATCH_KEYS",
-    "DUPLICATE_KEYS",
     "DualEncoderObjective",
     "SantaObjective",
     "compute_losses",
@@ -43,11 +42,6 @@ BATCH_KEYS = {
     "masked_attention_mask": "masked_document_attention_mask",
     "labels": "mep_labels",
 }
-
-
-# Tensors of a batch that are not model inputs: the documents' duplicate keys
-# (santa.method.duplicates), read by the contrastive loss.
-DUPLICATE_KEYS = ("doc_keys", "hard_negative_keys")
 
 
 def to_tensors(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]:
