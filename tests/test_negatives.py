@@ -307,3 +307,29 @@ def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
     metrics = client.metrics(5, client.tables[0])
     assert metrics["negatives_filtered_score_ratio"] == 1.0
     assert metrics["negatives_filtered_positive"] == 1.0
+
+
+def test_a_cosine_model_mines_by_cosine_like_evaluation() -> None:
+    """Vectors are normalized before the inner-product index when the model's similarity
+    is cosine (evaluation does the same), so a long vector does not win by its norm."""
+    from santa.config import SantaConfig
+    from santa.negatives.miner import refresh_table
+    from santa.negatives.mining import MiningCorpus
+
+    vectors = {"q": [1.0, 0.0], "pos": [0.0, 1.0], "long": [3.0, 3.0], "aligned": [1.0, 0.05]}
+    corpus = MiningCorpus(
+        documents={name: name for name in ("pos", "long", "aligned")},
+        queries={"q": "q"},
+        positives={"q": {"pos"}},
+        duplicate_of={name: name for name in ("pos", "long", "aligned")},
+    )
+
+    class Encoder:
+        def encode(self, jobs):
+            return [np.array([vectors[t] for t in texts], dtype=np.float32) for texts, _ in jobs]
+
+    common = ["negatives.per_query=2", "negatives.top_k=2"]
+    for similarity, expected in (("dot", ["long", "aligned"]), ("cosine", ["aligned", "long"])):
+        config = SantaConfig().with_overrides([*common, f"model.similarity={similarity}"])
+        table = refresh_table(None, corpus, config, encoder=Encoder())
+        assert table.negatives == {"q": expected}, similarity  # in rank order
