@@ -4,9 +4,11 @@
         --data runs/csn-finetune --output runs/negatives [--top-k 100] [--sample 1]
 
 Encodes every document and training query of ``--data`` (the preprocess job's output),
-retrieves the top-K documents per query with faiss, drops every positive of the query and
-duplicates of positives, samples ``--sample`` negatives per query (seeded) and writes
-``negatives.parquet`` (query_id, negative_ids) under ``--output``. Train on it with
+retrieves the top-K documents per query with faiss, drops every positive of the query,
+duplicates of positives (normalized text) and hits scoring too close to the positive
+(``--max-score-ratio``, ``--min-margin``: likely false negatives), samples ``--sample``
+negatives per query (seeded) and writes ``negatives.parquet`` (query_id, negative_ids, and
+the counts of what was dropped in its metadata) under ``--output``. Train on it with
 ``python -m ray_jobs.finetune ... --hard-negatives table:OUTPUT``.
 """
 
@@ -16,7 +18,7 @@ import argparse
 import json
 import logging
 
-from santa.config import SantaConfig
+from santa.config import NegativesConfig, SantaConfig
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from santa.negatives.miner import refresh_table
@@ -34,6 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--sample", type=int, default=1, help="negatives kept per query")
     parser.add_argument("--skip-top", type=int, default=0, help="hits skipped after positives")
+    parser.add_argument(
+        "--max-score-ratio",
+        default=str(NegativesConfig().max_score_ratio).lower(),
+        help="drop hits scoring above this share of the positive's score ('none': off)",
+    )
+    parser.add_argument(
+        "--min-margin",
+        default="none",
+        help="drop hits scoring within this margin of the positive's score ('none': off)",
+    )
     parser.add_argument("--index", choices=("flat", "ivf", "hnsw"), default="flat")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -56,6 +68,8 @@ def mine(args: argparse.Namespace) -> int:
             f"negatives.top_k={args.top_k}",
             f"negatives.skip_top={args.skip_top}",
             f"negatives.index={args.index}",
+            f"negatives.max_score_ratio={args.max_score_ratio}",
+            f"negatives.min_margin={args.min_margin}",
             f"negatives.batch_size={args.batch_size}",
             f"train.seed={args.seed}",
             "train.max_query_length="
@@ -79,6 +93,7 @@ def mine(args: argparse.Namespace) -> int:
         "queries": len(counts),
         "negatives": sum(counts),
         "queries_short": sum(1 for c in counts if c < args.sample),
+        "filtered": table.filtered,
         "build_s": round(table.build_s, 2),
     }
     print(json.dumps(summary, indent=2))

@@ -267,6 +267,21 @@ class TrainConfig:
     compile_backend: str = "inductor"
     """The ``torch.compile`` backend (``inductor``; ``aot_eager`` needs no C++ compiler)."""
 
+    grad_cache_chunk_size: int = 0
+    """GradCache (Gao et al., 2021): embed each worker's batch in chunks of this many pairs
+    without activations, compute the loss of the whole global batch and its gradient with
+    respect to the embeddings, then re-run each chunk with activations and back-propagate
+    that gradient. The gradients are those of the whole batch (exact, dropout included), at
+    the activation memory of one chunk and about one more forward pass. 0: off (one forward
+    over the worker's batch). A size that divides the per-worker batch keeps every chunk
+    the same shape (one graph under ``torch.compile``). Objectives that train the dual
+    encoder use it; SCodeR's discriminators (a per-example loss) do not."""
+
+    mask_duplicates: bool = True
+    """A document that appears twice in the global batch (the same doc id, or the same
+    tokens) is not a negative of the query whose positive it is: its score is masked before
+    the softmax. Hard negatives are checked the same way."""
+
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
@@ -294,6 +309,11 @@ class TrainConfig:
             "checkpoint_every",
             "eval_every",
         )
+        if self.grad_cache_chunk_size < 0:
+            _fail(
+                "TrainConfig.grad_cache_chunk_size must be >= 0 (0: off), got "
+                f"{self.grad_cache_chunk_size}"
+            )
         if self.weight_decay < 0:
             _fail(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.warmup_ratio < 1:
@@ -383,6 +403,21 @@ class NegativesConfig:
     batch_size: int = 64
     """Texts per encoder batch when mining."""
 
+    max_score_ratio: float | None = None
+    """Positive-aware false-negative filter (NV-Retriever's TopK-PercPos, Moreira et al.,
+    2024): drop a mined hit scoring above this share of its query's positive score (for a
+    negative positive score ``p``: above ``p - (1 - ratio)·|p|``). Scores are the model's
+    similarity (dot, or cosine), before any temperature. ``None`` (the default): off.
+    NV-Retriever's best setting, 0.95, ranks with a strong separate teacher; santa mines
+    with the model being trained, and every hit a weak model scores above the positive is
+    dropped: at tiny scale (bench/quality/negative_filtering.py) 0.95, and 0.99 too, left two
+    thirds of the queries without a mined negative. Turn it on when mining with a model
+    that ranks positives near the top (the counts in the table say what it dropped)."""
+
+    min_margin: float | None = None
+    """Absolute false-negative filter (TopK-MarginPos): drop a mined hit scoring above the
+    positive's score minus this margin; ``none``: off."""
+
     def __post_init__(self) -> None:
         if self.per_query < 0:
             _fail(f"NegativesConfig.per_query must be >= 0, got {self.per_query}")
@@ -403,6 +438,13 @@ class NegativesConfig:
             )
         if self.skip_top < 0:
             _fail(f"NegativesConfig.skip_top must be >= 0, got {self.skip_top}")
+        if self.max_score_ratio is not None and not 0 < self.max_score_ratio <= 1:
+            _fail(
+                "NegativesConfig.max_score_ratio must be in (0, 1] or none, got "
+                f"{self.max_score_ratio}"
+            )
+        if self.min_margin is not None and self.min_margin < 0:
+            _fail(f"NegativesConfig.min_margin must be >= 0 or none, got {self.min_margin}")
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a plain dict."""

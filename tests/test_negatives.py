@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from santa.negatives.mining import (
+    FalseNegativeFilter,
     NegativesTable,
     load_mining_corpus,
     mine_hard_negatives,
+    positive_scores,
     read_negatives_table,
 )
 from tests.training import write_pairs
@@ -177,3 +179,157 @@ def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path)
     )
     decoded = tokenizer.batch_decode(out["document_input_ids"], skip_special_tokens=True)
     assert [text.strip() for text in decoded] == ["Acme a lamp", "def f(): pass"]
+
+
+# --------------------------------------------------------------------- false negatives
+
+
+def test_a_planted_near_duplicate_of_the_positive_is_removed_counted_and_the_rest_kept(
+    tmp_path,
+) -> None:
+    """Among q's top hits: a copy of its positive with other whitespace and case (same
+    text once normalized), and a near-duplicate whose score is within 5 % of the
+    positive's. Both go, counted by reason; the other hits stay, in rank order."""
+    code = "def read_config(path):\n    with open(path) as handle:\n        return load(handle)"
+    rows = [
+        _row(query_id="q", query="read config", doc_id="pos", document=code),
+        _row(query_id="o1", query="x", doc_id="copy", document=code.upper().replace("    ", "\t")),
+        _row(query_id="o2", query="x", doc_id="near", document=code.replace("load", "loads")),
+        *(
+            _row(query_id=f"o{i}", query="x", doc_id=f"d{i}", document=f"def f{i}(): pass")
+            for i in range(3, 9)
+        ),
+    ]
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows))
+    assert corpus.duplicate_of["copy"] == "pos"
+    hits = [["pos", "copy", "near", "d3", "d4", "d5", "d6", "d7", "d8"]]
+    scores = [[10.0, 9.9, 9.8, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]
+    filtered: dict[str, int] = {}
+    mined = mine_hard_negatives(
+        ["q"],
+        hits,
+        corpus.positives,
+        n=20,
+        duplicate_of=corpus.duplicate_of,
+        hit_scores=scores,
+        positive_scores={"q": 10.0},
+        score_filter=FalseNegativeFilter(max_score_ratio=0.95),
+        filtered=filtered,
+    )
+    assert mined == {"q": ["d3", "d4", "d5", "d6", "d7", "d8"]}
+    assert filtered == {
+        "positive": 1,
+        "same_text": 1,
+        "duplicate_hit": 0,
+        "score_ratio": 1,
+        "score_margin": 0,
+    }
+    # Without the score filter the near-duplicate is a negative; the normalized copy never.
+    plain = mine_hard_negatives(
+        ["q"], hits, corpus.positives, n=20, duplicate_of=corpus.duplicate_of
+    )
+    assert plain == {"q": ["near", "d3", "d4", "d5", "d6", "d7", "d8"]}
+
+
+def test_margin_filter_and_negative_positive_scores() -> None:
+    margin = FalseNegativeFilter(min_margin=1.5)
+    assert margin.reason(8.6, 10.0) == "score_margin"
+    assert margin.reason(8.5, 10.0) is None
+    ratio = FalseNegativeFilter(max_score_ratio=0.9)
+    assert ratio.reason(9.1, 10.0) == "score_ratio" and ratio.reason(8.9, 10.0) is None
+    # A negative positive score: the threshold stays below the positive, 10 % of |p| away.
+    # (ratio · p = -9 would drop hits scoring below the positive and keep those above it).
+    assert ratio.reason(-10.5, -10.0) == "score_ratio"
+    assert ratio.reason(-11.5, -10.0) is None
+    assert ratio.reason(-9.0, -10.0) == "score_ratio"
+    assert not FalseNegativeFilter().active
+    with pytest.raises(ValueError, match="hit_scores and positive_scores"):
+        mine_hard_negatives(["q"], [["d"]], {}, n=1, score_filter=ratio)
+
+
+def test_positive_scores_take_the_best_positive() -> None:
+    queries = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=np.float32)
+    docs = np.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0]], dtype=np.float32)
+    rows = {"a": 0, "b": 1, "c": 2}
+    positives = {"q0": {"a", "b"}, "q1": {"c", "missing"}, "q2": {"missing"}}
+    scores = positive_scores(["q0", "q1", "q2"], queries, positives, rows, docs, block=1)
+    assert scores == {"q0": 2.0, "q1": 1.0}
+
+
+def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
+    """refresh_table with the ratio filter on: counts in the table, its Parquet metadata
+    and the trainers' metrics; with a trained-looking model a near copy is filtered."""
+    from santa.negatives.miner import NegativesClient, refresh_table
+    from santa.negatives.mining import MiningCorpus
+
+    corpus = MiningCorpus(
+        documents={"p": "positive", "n": "near copy", "f1": "far one", "f2": "far two"},
+        queries={"q": "query"},
+        positives={"q": {"p"}},
+        duplicate_of={"p": "p", "n": "n", "f1": "f1", "f2": "f2"},
+    )
+    vectors = {
+        "query": [1.0, 0.0],
+        "positive": [1.0, 0.1],
+        "near copy": [0.98, 0.2],
+        "far one": [0.5, 1.0],
+        "far two": [0.1, 1.0],
+    }
+
+    class Encoder:  # stands in for the encoder pool: fixed embeddings per text
+        def encode(self, jobs):
+            return [np.array([vectors[t] for t in texts], dtype=np.float32) for texts, _ in jobs]
+
+    from santa.config import SantaConfig
+
+    config = SantaConfig().with_overrides(
+        ["negatives.per_query=3", "negatives.top_k=4", "negatives.max_score_ratio=0.95"]
+    )
+    with caplog.at_level("WARNING", logger="santa.negatives.miner"):
+        table = refresh_table(None, corpus, config, encoder=Encoder())
+    assert table.negatives == {"q": ["f1", "f2"]}
+    # Most queries short of negatives (here the one): said, since trainers fill them.
+    assert "left 1 of 1 queries with fewer than 3" in caplog.text
+    assert table.filtered["score_ratio"] == 1 and table.filtered["positive"] == 1
+    back = read_negatives_table(table.write_parquet(str(tmp_path / "t")))
+    assert back.filtered == table.filtered
+    unfiltered = refresh_table(
+        None,
+        corpus,
+        config.with_overrides(["negatives.max_score_ratio=none"]),
+        encoder=Encoder(),
+    )
+    assert unfiltered.negatives == {"q": ["n", "f1", "f2"]}
+    assert unfiltered.filtered["score_ratio"] == 0
+    client = NegativesClient(
+        f"table:{tmp_path / 't'}", data_uri="", n=3, seed=0, rank=0, world_size=1
+    )
+    metrics = client.metrics(5, client.tables[0])
+    assert metrics["negatives_filtered_score_ratio"] == 1.0
+    assert metrics["negatives_filtered_positive"] == 1.0
+
+
+def test_a_cosine_model_mines_by_cosine_like_evaluation() -> None:
+    """Vectors are normalized before the inner-product index when the model's similarity
+    is cosine (evaluation does the same), so a long vector does not win by its norm."""
+    from santa.config import SantaConfig
+    from santa.negatives.miner import refresh_table
+    from santa.negatives.mining import MiningCorpus
+
+    vectors = {"q": [1.0, 0.0], "pos": [0.0, 1.0], "long": [3.0, 3.0], "aligned": [1.0, 0.05]}
+    corpus = MiningCorpus(
+        documents={name: name for name in ("pos", "long", "aligned")},
+        queries={"q": "q"},
+        positives={"q": {"pos"}},
+        duplicate_of={name: name for name in ("pos", "long", "aligned")},
+    )
+
+    class Encoder:
+        def encode(self, jobs):
+            return [np.array([vectors[t] for t in texts], dtype=np.float32) for texts, _ in jobs]
+
+    common = ["negatives.per_query=2", "negatives.top_k=2"]
+    for similarity, expected in (("dot", ["long", "aligned"]), ("cosine", ["aligned", "long"])):
+        config = SantaConfig().with_overrides([*common, f"model.similarity={similarity}"])
+        table = refresh_table(None, corpus, config, encoder=Encoder())
+        assert table.negatives == {"q": expected}, similarity  # in rank order

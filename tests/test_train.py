@@ -311,4 +311,8 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
     assert finetune_state["loss_mep"] == 0  # DR loss only after pretraining
     markdown = (run / "report.md").read_text()
     assert "| santa (ance) |" in markdown and "| ance | 4 |" in markdown
+    # What the false-negative filter dropped from the mined table, by reason.
+    filtered = report["mining"]["filtered"]
+    assert filtered["positive"] > 0 and set(filtered) >= {"same_text", "score_ratio"}
+    assert "## Hard-negative mining" in markdown and "| positive |" in markdown
     assert (run / "training.png").stat().st_size > 10_000

@@ -11,7 +11,9 @@ number of steps, with two CPU threads each:
 - ``st-mnrl``: sentence-transformers' ``SentenceTransformerTrainer`` with
   ``MultipleNegativesRankingLoss``;
 - ``st-cached``: the same with ``CachedMultipleNegativesRankingLoss`` (mini-batches of
-  ``--mini-batch``), its answer to large batches on small memory.
+  ``--mini-batch``), its answer to large batches on small memory;
+- ``santa-cached``: ``santa-local`` with santa's GradCache (``train.grad_cache_chunk_size``
+  = ``--mini-batch``), to set beside ``st-cached`` at the same batch and chunk size.
 
 Every run is its own subprocess, started in turn (A B C D A B C D …) so that slow drift of
 a shared machine hits every system alike; the 1-minute load average before each run is
@@ -57,12 +59,13 @@ if not __package__:  # run as a file (python bench/perf/versus_st.py): the repo 
 
 from bench import common
 
-SYSTEMS = ("santa-ray", "santa-local", "st-mnrl", "st-cached")
+SYSTEMS = ("santa-ray", "santa-local", "st-mnrl", "st-cached", "santa-cached")
 LABELS = {
     "santa-ray": "santa, Ray Train 2 workers x 1 thread",
     "santa-local": "santa's loop, 1 process x 2 threads, no Ray",
     "st-mnrl": "sentence-transformers, MNRL, 2 threads",
     "st-cached": "sentence-transformers, CachedMNRL, 2 threads",
+    "santa-cached": "santa's loop with GradCache, 1 process x 2 threads, no Ray",
 }
 RECIPE = "minilm-finetune"
 RESULTS = common.RESULTS_DIR / "versus_st.json"
@@ -94,8 +97,9 @@ def loop_pairs_per_s(step_ends: list[float], started: float, batch: int, window:
 # --- children: one system, one run ------------------------------------------------------
 
 
-def child_santa_local(args: argparse.Namespace) -> dict:
-    """santa's own step in this process: tokenize, forward, DR loss, backward, AdamW."""
+def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
+    """santa's own step in this process: tokenize, forward, DR loss, backward, AdamW;
+    with ``cached``, GradCache in chunks of ``--mini-batch`` pairs."""
     import pyarrow.parquet as pq
     import torch
 
@@ -103,7 +107,7 @@ def child_santa_local(args: argparse.Namespace) -> dict:
     from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
     from santa.train.data import tokenize_pairs
-    from santa.train.objectives import compute_losses, to_tensors
+    from santa.train.objectives import compute_losses, santa_grad_cache_step, to_tensors
     from santa.train.trainer import tokenization_settings
 
     torch.set_num_threads(args.threads)
@@ -122,9 +126,14 @@ def child_santa_local(args: argparse.Namespace) -> dict:
     for step in range(args.steps):
         start = (step * batch) % (table.num_rows - batch)
         arrays = tokenize_pairs(table.slice(start, batch), tokenizer_path=backbone, **settings)
-        losses = compute_losses(model, to_tensors(arrays, "cpu"), config, identity_gather)
+        tensors = to_tensors(arrays, "cpu")
         optimizer.zero_grad(set_to_none=True)
-        losses["loss"].backward()
+        if cached:
+            santa_grad_cache_step(
+                model, model, tensors, config, identity_gather, chunk_size=args.mini_batch
+            )
+        else:
+            compute_losses(model, tensors, config, identity_gather)["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip or 1.0)
         optimizer.step()
         ends.append(time.perf_counter())
@@ -249,8 +258,8 @@ def windows_pairs_per_s(lines: list[str], batch: int, window: int) -> float:
 def run_child(args: argparse.Namespace) -> int:
     """Run one system once and write its JSON line to ``--result``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.child == "santa-local":
-        result = child_santa_local(args)
+    if args.child in ("santa-local", "santa-cached"):
+        result = child_santa_local(args, cached=args.child == "santa-cached")
     elif args.child in ("st-mnrl", "st-cached"):
         result = child_sentence_transformers(args, cached=args.child == "st-cached")
     elif args.child == "santa-ray":
@@ -520,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=5, help="first steps left out of loop")
     parser.add_argument("--query-length", type=int, default=50)
     parser.add_argument("--doc-length", type=int, default=240)
-    parser.add_argument("--mini-batch", type=int, default=8, help="CachedMNRL mini-batch")
+    parser.add_argument(
+        "--mini-batch", type=int, default=8, help="CachedMNRL mini-batch and santa's chunk"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one process)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from santa.method.distributed import Gather, identity_gather
+from santa.method.duplicates import duplicate_positive_mask
 
 __all__ = ["contrastive_loss", "mep_loss", "similarity_scores", "total_loss"]
 
@@ -53,6 +54,8 @@ def contrastive_loss(
     gather: Gather = identity_gather,
     similarity: str = "dot",
     temperature: float = 1.0,
+    doc_keys: torch.Tensor | None = None,
+    hard_negative_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of each query against its document, all other documents and hard negatives.
 
@@ -77,10 +80,17 @@ def contrastive_loss(
         gather: ``local -> (gathered, offset)``; the identity for one process.
         similarity: ``"dot"`` or ``"cosine"``.
         temperature: scores are divided by it before the softmax.
+        doc_keys: optional integer keys of each document (:mod:`santa.method.duplicates`:
+            its id, its tokens); gathered like the embeddings. A candidate sharing a key
+            with query ``i``'s positive, other than that positive itself, is the same
+            document seen twice: its score is masked (``-inf``) for query ``i``, so a
+            query is never pushed away from a copy of its own positive.
+        hard_negative_keys: the same for the hard negatives (needs ``doc_keys``).
 
     Inputs:
         ``query_embeddings`` ``(batch, dim)``, ``doc_embeddings`` ``(batch, dim)``,
-        ``hard_negative_embeddings`` ``(batch * n, dim)`` or ``None``.
+        ``hard_negative_embeddings`` ``(batch * n, dim)`` or ``None``, ``doc_keys``
+        ``(batch, kinds)`` and ``hard_negative_keys`` ``(batch * n, kinds)`` int64 or ``None``.
 
     Returns:
         A scalar: the mean over the local queries.
@@ -112,8 +122,35 @@ def contrastive_loss(
         query_embeddings, candidate_embeddings, similarity=similarity, temperature=temperature
     )  # (batch, candidates)
     positives = offset + torch.arange(len(query_embeddings), device=scores.device)  # (batch,)
+    if doc_keys is not None:
+        scores = _mask_duplicates(
+            scores, positives, doc_keys, hard_negative_keys, hard_negative_embeddings, gather
+        )
     with torch.autocast(device_type=scores.device.type, enabled=False):
         return F.cross_entropy(scores, positives)  # fp32 scores → fp32 softmax
+
+
+def _mask_duplicates(
+    scores: torch.Tensor,
+    positives: torch.Tensor,
+    doc_keys: torch.Tensor,
+    hard_negative_keys: torch.Tensor | None,
+    hard_negative_embeddings: torch.Tensor | None,
+    gather: Gather,
+) -> torch.Tensor:
+    """``scores`` with every copy of a query's positive (but the positive) set to ``-inf``."""
+    if (hard_negative_keys is None) != (hard_negative_embeddings is None):
+        raise ValueError("hard_negative_keys must come with hard_negative_embeddings")
+    keys = [gather(doc_keys)[0]]  # (world * batch, kinds)
+    if hard_negative_keys is not None:
+        keys.append(gather(hard_negative_keys)[0])  # (world * batch * n, kinds)
+    candidate_keys = torch.cat(keys, dim=0).to(scores.device)  # (candidates, kinds)
+    if candidate_keys.shape[0] != scores.shape[1]:
+        raise ValueError(
+            f"{candidate_keys.shape[0]} candidate keys for {scores.shape[1]} candidates"
+        )
+    mask = duplicate_positive_mask(candidate_keys[positives], candidate_keys, positives)
+    return scores.masked_fill(mask, float("-inf"))  # (batch, candidates)
 
 
 def mep_loss(

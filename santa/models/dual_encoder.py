@@ -211,12 +211,20 @@ class DualEncoder(nn.Module):
                 "MEP needs a T5-family backbone: encoder-only backbones train with the "
                 "SDA/DR loss only (set train.mep_weight=0)"
             )
-        pad_id = self.backbone.config.pad_token_id
-        loss_labels = labels.masked_fill(labels == pad_id, -100)  # (batch, target_length)
+        loss_labels = self.mep_loss_labels(labels)  # (batch, target_length)
         decoder_input_ids = self._shift_right(loss_labels)  # (batch, target_length)
         hidden = self._t5_decoder_states(input_ids, attention_mask, decoder_input_ids)
         logits = self._lm_logits(hidden)  # (batch, target_length, vocab)
         return hidden[:, 0], losses.mep_loss(logits, loss_labels, reduction=reduction)
+
+    def mep_loss_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """MEP targets as the loss counts them: the pad token is ignored (``-100``)."""
+        return labels.masked_fill(labels == self.backbone.config.pad_token_id, -100)
+
+    def mep_token_count(self, labels: torch.Tensor) -> torch.Tensor:
+        """Target tokens the MEP loss of ``labels`` ``(batch, target_length)`` averages over:
+        a scalar (chunks of a batch weigh their mean MEP loss by it, GradCache)."""
+        return (self.mep_loss_labels(labels) != -100).sum()
 
     def similarity(
         self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor

@@ -39,11 +39,14 @@ from santa.method.distributed import all_reduce_min
 from santa.models.encoding import TextEncoder
 from santa.negatives.encoders import EncoderPool, LocalEncoder
 from santa.negatives.mining import (
+    FILTER_REASONS,
+    FalseNegativeFilter,
     MiningCorpus,
     NegativesTable,
     load_documents,
     load_mining_corpus,
     mine_hard_negatives,
+    positive_scores,
     read_negatives_table,
 )
 
@@ -84,9 +87,13 @@ def refresh_table(
 ) -> NegativesTable:
     """Encode corpus and queries, search top-K, mine: one table carrying its negatives' texts.
 
-    How it mines is ``config.negatives``; lengths and seed are ``config.train``'s. ``encoder``
-    is an :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh) or anything
-    with its ``encode(jobs)``; without one, ``model`` encodes in this process.
+    How it mines is ``config.negatives`` (including the false-negative filter,
+    ``max_score_ratio`` / ``min_margin``, against each query's positive score); lengths and
+    seed are ``config.train``'s. Scores are the model's similarity: with cosine the vectors
+    are normalized first, as evaluation does. ``encoder`` is an
+    :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh) or anything with its
+    ``encode(jobs)``; without one, ``model`` encodes in this process. The table counts what
+    was filtered, by reason (``table.filtered``).
     """
     started = time.perf_counter()
     settings, train = config.negatives, config.train
@@ -101,11 +108,16 @@ def refresh_table(
         ]
     )
     encoded_s = time.perf_counter() - started
+    similarity = model.model_config.similarity if model is not None else config.model.similarity
+    if similarity == "cosine":
+        doc_vectors, query_vectors = _unit(doc_vectors), _unit(query_vectors)
     kind = index_kind(settings.index, len(doc_ids))
     index = NegativeIndex.build(doc_vectors, doc_ids, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
     extra = settings.skip_top + max((len(p) for p in corpus.positives.values()), default=1)
-    hits, _ = index.search(query_vectors, settings.top_k + extra)
+    hits, scores = index.search(query_vectors, settings.top_k + extra)
+    score_filter = FalseNegativeFilter(settings.max_score_ratio, settings.min_margin)
+    filtered = dict.fromkeys(FILTER_REASONS, 0)
     negatives = mine_hard_negatives(
         query_ids,
         hits,
@@ -114,7 +126,33 @@ def refresh_table(
         seed=train.seed + step,
         skip_top=settings.skip_top,
         duplicate_of=corpus.duplicate_of,
+        hit_scores=scores,
+        positive_scores=positive_scores(
+            query_ids,
+            query_vectors,
+            corpus.positives,
+            index.positions,
+            doc_vectors,
+        )
+        if score_filter.active
+        else None,
+        score_filter=score_filter,
+        filtered=filtered,
     )
+    if score_filter.active and negatives:
+        short = sum(len(ids) < settings.per_query for ids in negatives.values())
+        if short > len(negatives) // 2:
+            # Trainers fill these with random documents: hard negatives become random ones.
+            logger.warning(
+                "the false-negative filter left %d of %d queries with fewer than %d mined "
+                "negative(s) (%d hits scored above %s x the positive): the model ranks most "
+                "positives low; negatives.max_score_ratio=none keeps its hard negatives",
+                short,
+                len(negatives),
+                settings.per_query,
+                filtered["score_ratio"] + filtered["score_margin"],
+                settings.max_score_ratio,
+            )
     documents = {doc: corpus.documents[doc] for ids in negatives.values() for doc in ids}
     table = NegativesTable(
         negatives=negatives,
@@ -123,8 +161,15 @@ def refresh_table(
         build_s=time.perf_counter() - started,
         documents=documents,
         encode_s=encoded_s,
+        filtered=filtered,
     )
     return table
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (cosine similarity as inner products)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
 class HardNegativeMiner:
@@ -447,7 +492,13 @@ class NegativesClient:
     # ------------------------------------------------------------ batches
 
     def negatives_for(self, table: NegativesTable, query_ids, doc_ids, step: int) -> list[str]:
-        """``n`` negative texts per query, in query order (``len(query_ids) * n`` texts).
+        """The texts of :meth:`negative_ids_for` (``len(query_ids) * n`` texts)."""
+        return [
+            table.documents[doc] for doc in self.negative_ids_for(table, query_ids, doc_ids, step)
+        ]
+
+    def negative_ids_for(self, table: NegativesTable, query_ids, doc_ids, step: int) -> list[str]:
+        """``n`` negative ids per query, in query order (``len(query_ids) * n`` ids).
 
         Missing ones (a query the table does not know, or with fewer than ``n``) are filled
         with random documents of the table (other negatives) other than the query's own
@@ -457,7 +508,7 @@ class NegativesClient:
         fill_ids = self._fill_ids.get(table.step)
         if fill_ids is None:
             fill_ids = self._fill_ids[table.step] = sorted(table.documents)
-        texts: list[str] = []
+        ids: list[str] = []
         for query_id, own in zip(query_ids, doc_ids, strict=True):
             chosen = list(table.negatives.get(str(query_id), []))[: self.n]
             while len(chosen) < self.n:
@@ -467,8 +518,8 @@ class NegativesClient:
                 if candidate != own or len(fill_ids) == 1:
                     chosen.append(candidate)
                     self.stats["filled"] += 1
-            texts.extend(table.documents[doc] for doc in chosen)
-        return texts
+            ids.extend(chosen)
+        return ids
 
     def metrics(self, step: int, table: NegativesTable | None) -> dict[str, float]:
         """What the trainer reports about negatives at ``step``."""
@@ -483,4 +534,10 @@ class NegativesClient:
             "negatives_filled": float(self.stats["filled"]),
             "miner_restarts": float(self.stats["miner_restarts"]),
             "miner_errors": float(self.stats["miner_errors"]),
+            # What mining dropped for the table in use (false-negative filtering).
+            **{
+                f"negatives_filtered_{reason}": float(table.filtered.get(reason, 0))
+                for reason in FILTER_REASONS
+                if table is not None
+            },
         }

@@ -6,25 +6,32 @@ the actor that runs them while training goes on).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind
 from santa.data.outputs import published_root
+from santa.method.duplicates import text_key
 from santa.runtime import storage
 
 __all__ = [
+    "FILTER_REASONS",
+    "FalseNegativeFilter",
     "MiningCorpus",
     "NegativesTable",
     "load_documents",
     "load_mining_corpus",
     "mine_hard_negatives",
+    "positive_scores",
+    "read_filtered_counts",
     "read_negatives_table",
 ]
 
@@ -36,6 +43,42 @@ NEGATIVES_SCHEMA = pa.schema([("query_id", pa.string()), ("negative_ids", pa.lis
 TEXTS_FIELD = pa.field("negative_texts", pa.list_(pa.string()))
 
 
+# Why a hit was not a candidate negative, as counted in a table's ``filtered``: a judged
+# positive of the query; a document whose normalized text equals a positive's; a repeat of
+# an earlier hit's text; a score too close to the positive's (ratio, absolute margin).
+FILTER_REASONS = ("positive", "same_text", "duplicate_hit", "score_ratio", "score_margin")
+
+
+@dataclass(frozen=True)
+class FalseNegativeFilter:
+    """Positive-aware removal of likely false negatives (NV-Retriever, Moreira et al., 2024,
+    arXiv:2407.15831: TopK-PercPos and TopK-MarginPos).
+
+    A hit is dropped when it scores above ``max_score_ratio`` × its query's positive score
+    or within ``min_margin`` of it. The ratio is NV-Retriever's for positive scores; for a
+    negative positive score ``p`` (raw dot products can be) the threshold is
+    ``p - (1 - ratio)·|p|``, the same distance below the positive, where ``ratio·p`` would
+    lie above it. ``None`` turns a rule off.
+    """
+
+    max_score_ratio: float | None = None
+    min_margin: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any rule is on."""
+        return self.max_score_ratio is not None or self.min_margin is not None
+
+    def reason(self, score: float, positive_score: float) -> str | None:
+        """Why a hit scoring ``score`` is dropped (a :data:`FILTER_REASONS` entry), or None."""
+        ratio = self.max_score_ratio
+        if ratio is not None and score > positive_score - (1.0 - ratio) * abs(positive_score):
+            return "score_ratio"
+        if self.min_margin is not None and score > positive_score - self.min_margin:
+            return "score_margin"
+        return None
+
+
 def mine_hard_negatives(
     query_ids: Sequence[str],
     hit_ids: Sequence[Sequence[str]],
@@ -45,31 +88,59 @@ def mine_hard_negatives(
     seed: int = 0,
     skip_top: int = 0,
     duplicate_of: Mapping[str, str] | None = None,
+    hit_scores: Sequence[Sequence[float]] | np.ndarray | None = None,
+    positive_scores: Mapping[str, float] | None = None,
+    score_filter: FalseNegativeFilter | None = None,
+    filtered: dict[str, int] | None = None,
 ) -> dict[str, list[str]]:
     """Sample ``n`` negatives per query from its ranked hits.
 
     Every positive of the query is dropped (all of its judged positives, not only the pair it
     came from), and so is every document whose content duplicates a positive
-    (``duplicate_of`` maps a document id to a canonical id shared by documents with equal
-    text). Of what remains, the first ``skip_top`` hits are skipped (the likeliest false
-    negatives) and ``n`` are drawn without replacement from the rest, in rank order. The draw
-    depends only on ``seed`` and the query id, so it is reproducible and independent of the
-    order queries come in. A query with fewer candidates gets fewer negatives.
+    (``duplicate_of`` maps a document id to a canonical id shared by documents whose
+    normalized text is equal, :func:`santa.method.duplicates.normalized_text`). With
+    ``score_filter``, ``hit_scores`` (aligned with ``hit_ids``) and ``positive_scores``
+    (query id → its positive's score), hits scoring too close to the positive are dropped
+    as likely false negatives (:class:`FalseNegativeFilter`). Of what remains, in rank
+    order, the first ``skip_top`` hits are skipped and ``n`` are drawn without replacement
+    from the rest, kept in rank order. The draw depends only on ``seed`` and the query id,
+    so it is reproducible and independent of the order queries come in. A query with fewer
+    candidates gets fewer negatives. ``filtered`` (if given) counts the dropped hits by
+    reason (:data:`FILTER_REASONS`).
     """
     if n < 0 or skip_top < 0:
         raise ValueError(f"n and skip_top must be >= 0, got n={n}, skip_top={skip_top}")
     if len(query_ids) != len(hit_ids):
         raise ValueError(f"{len(query_ids)} query ids but {len(hit_ids)} hit lists")
+    scoring = score_filter is not None and score_filter.active
+    if scoring and (hit_scores is None or positive_scores is None):
+        raise ValueError("a score filter needs hit_scores and positive_scores")
+    if scoring and len(hit_scores) != len(hit_ids):
+        raise ValueError(f"{len(hit_ids)} hit lists but {len(hit_scores)} score lists")
     canonical = duplicate_of or {}
+    counts = dict.fromkeys(FILTER_REASONS, 0)
     mined: dict[str, list[str]] = {}
-    for query_id, hits in zip(query_ids, hit_ids, strict=True):
+    for row, (query_id, hits) in enumerate(zip(query_ids, hit_ids, strict=True)):
         positive_ids = positives.get(query_id, set())
         positive_keys = {canonical.get(doc, doc) for doc in positive_ids}
+        positive_score = positive_scores.get(query_id) if scoring else None
+        scores = hit_scores[row] if positive_score is not None else None
         seen: set[str] = set()
         candidates: list[str] = []
-        for doc in hits:
+        for rank, doc in enumerate(hits):
             key = canonical.get(doc, doc)
-            if doc in positive_ids or key in positive_keys or key in seen:
+            if doc in positive_ids:
+                reason = "positive"
+            elif key in positive_keys:
+                reason = "same_text"
+            elif key in seen:
+                reason = "duplicate_hit"
+            elif scores is not None:
+                reason = score_filter.reason(float(scores[rank]), positive_score)
+            else:
+                reason = None
+            if reason is not None:
+                counts[reason] += 1
                 continue
             seen.add(key)
             candidates.append(doc)
@@ -77,7 +148,46 @@ def mine_hard_negatives(
         rng = random.Random(f"{seed}:{query_id}")
         picked = sorted(rng.sample(range(len(candidates)), min(n, len(candidates))))
         mined[query_id] = [candidates[i] for i in picked]
+    if filtered is not None:
+        for reason, count in counts.items():
+            filtered[reason] = filtered.get(reason, 0) + count
     return mined
+
+
+def positive_scores(
+    query_ids: Sequence[str],
+    query_vectors: np.ndarray,
+    positives: Mapping[str, set[str]],
+    doc_rows: Mapping[str, int],
+    doc_vectors: np.ndarray,
+    block: int = 65_536,
+) -> dict[str, float]:
+    """Each query's best positive score (inner product, as the index scores hits).
+
+    The best of its positives: a hit is a likely false negative when it comes close to any
+    of them (an ESCI query's Complements score below its Exact matches; measured against
+    the weakest positive, most true negatives would go). Queries without an embedded
+    positive are left out (nothing to filter against).
+    """
+    pairs = [
+        (row, doc_rows[doc])
+        for row, query_id in enumerate(query_ids)
+        for doc in positives.get(query_id, ())
+        if doc in doc_rows
+    ]
+    if not pairs:
+        return {}
+    index = np.asarray(pairs, dtype=np.int64)  # (pairs, 2)
+    best = np.full(len(query_ids), -np.inf, dtype=np.float32)
+    for start in range(0, len(index), block):  # bounded memory whatever the corpus
+        rows, docs = index[start : start + block, 0], index[start : start + block, 1]
+        scores = np.einsum("ij,ij->i", query_vectors[rows], doc_vectors[docs])  # (block,)
+        np.maximum.at(best, rows, scores.astype(np.float32))
+    return {
+        query_id: float(best[row])
+        for row, query_id in enumerate(query_ids)
+        if np.isfinite(best[row])
+    }
 
 
 @dataclass
@@ -99,6 +209,8 @@ class NegativesTable:
     documents: dict[str, str] = field(default_factory=dict)
     encode_s: float = 0.0
     """The part of ``build_s`` spent encoding the corpus and the queries."""
+    filtered: dict[str, int] = field(default_factory=dict)
+    """Hits dropped while mining, by reason (:data:`FILTER_REASONS`)."""
 
     def referenced_ids(self) -> set[str]:
         """Every document id some query's negatives name."""
@@ -116,6 +228,7 @@ class NegativesTable:
             "santa.built_at": str(self.built_at),
             "santa.build_s": str(self.build_s),
             "santa.encode_s": str(self.encode_s),
+            "santa.filtered": json.dumps(self.filtered, sort_keys=True),
         }
 
     def to_arrow(self) -> pa.Table:
@@ -162,7 +275,17 @@ def read_negatives_table(uri: str) -> NegativesTable:
         build_s=float(meta.get("santa.build_s", 0.0)),
         documents=documents,
         encode_s=float(meta.get("santa.encode_s", 0.0)),
+        filtered=json.loads(meta.get("santa.filtered", "{}")),
     )
+
+
+def read_filtered_counts(uri: str) -> dict[str, int]:
+    """What mining dropped for a table, by reason (its Parquet metadata only); ``{}`` for
+    a table written before santa counted it."""
+    target = uri if uri.endswith(".parquet") else storage.join(uri, "negatives.parquet")
+    filesystem, path = storage.resolve(target)
+    metadata = pq.read_schema(path, filesystem=filesystem).metadata or {}
+    return json.loads(metadata.get(b"santa.filtered", b"{}").decode())
 
 
 @dataclass
@@ -171,7 +294,8 @@ class MiningCorpus:
 
     ``documents``: every document (doc id → text, judged-only ESCI products included);
     ``queries``: the training queries (query id → text); ``positives``: query id → ids of
-    its positive documents; ``duplicate_of``: doc id → the first doc id with the same text.
+    its positive documents; ``duplicate_of``: doc id → the first doc id with the same text
+    after normalization (case, whitespace, Unicode form: near-duplicates).
     """
 
     documents: dict[str, str]
@@ -223,12 +347,12 @@ def load_mining_corpus(data_uri: str) -> MiningCorpus:
     documents: dict[str, str] = {}
     queries: dict[str, str] = {}
     positives: dict[str, set[str]] = {}
-    first_with_text: dict[str, str] = {}
+    first_with_text: dict[int, str] = {}  # normalized text's key → the first doc id
     duplicate_of: dict[str, str] = {}
     for kind, query_id, query, doc_id, document, label in _corpus_rows(data_uri):
         if doc_id not in documents:
             documents[doc_id] = document
-            duplicate_of[doc_id] = first_with_text.setdefault(document, doc_id)
+            duplicate_of[doc_id] = first_with_text.setdefault(text_key(document), doc_id)
         if label is None or label >= POSITIVE_MIN_LABEL:
             positives.setdefault(query_id, set()).add(doc_id)
         if is_training_row(kind, label):

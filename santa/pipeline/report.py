@@ -128,6 +128,21 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
                 f"| {summary['wall_time_s']:.1f} |"
             )
         lines.append("")
+    mining = report.get("mining") or {}
+    if mining.get("filtered"):
+        filtered = mining["filtered"]
+        lines += [
+            "## Hard-negative mining",
+            "",
+            f"Table `{mining['table']}`; false-negative filter: score ratio "
+            f"{mining['max_score_ratio'] or 'off'}, margin {mining['min_margin'] or 'off'} "
+            "(`negatives.max_score_ratio`, `negatives.min_margin`).",
+            "",
+            "| hits dropped as | count |",
+            "|---|---:|",
+            *(f"| {reason} | {count:,} |" for reason, count in filtered.items()),
+            "",
+        ]
     lines += [
         "## Time",
         "",

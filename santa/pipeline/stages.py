@@ -182,6 +182,7 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
 
     stages: list[dict[str, Any]] = []
     previous = ""  # the model folder the next stage starts from
+    mining: dict[str, Any] = {}
     for stage in spec.stages:
         data = train_uri if stage == "pretrain" else (spec.finetune_data or train_uri)
         negatives = "none"
@@ -195,6 +196,8 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
                     previous, data, layout.negatives, configs["ance"]
                 )
                 phases["mine_s"] = time.time() - mined_at
+            if negatives.startswith("table:"):
+                mining = _mining_summary(negatives.removeprefix("table:"), configs["ance"])
         config = stage_config(spec, stage, negatives) if stage == "ance" else configs[stage]
         stages.append(train_stage(spec, stage, config, data, dev_uri, previous))
         phases[f"{stage}_s"] = stages[-1]["seconds"]
@@ -228,6 +231,7 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
         "metrics": metrics,
         "evaluated_with": evaluated_with,
         "phases": phases,
+        "mining": mining,
     }
     storage.write_json(layout.report, report)
     plot = plot_history(stages, layout.root)
@@ -246,6 +250,19 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
     print(f"outputs: {layout.root} (report.md, checkpoint {report['checkpoint']})", flush=True)
     print(f"wall time: {phases['total_s']:.0f} s", flush=True)
     return report
+
+
+def _mining_summary(table: str, config: SantaConfig) -> dict[str, Any]:
+    """The mined table and what its false-negative filter dropped, for the report."""
+    from santa.negatives.mining import read_filtered_counts
+
+    negatives = config.negatives
+    return {
+        "table": table,
+        "max_score_ratio": negatives.max_score_ratio,
+        "min_margin": negatives.min_margin,
+        "filtered": read_filtered_counts(table),
+    }
 
 
 def build_corpus(spec: PipelineSpec, layout: RunLayout) -> tuple[str, str, str, dict]:

@@ -28,6 +28,7 @@ from santa.method.losses import (
 )
 from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
+from santa.train.grad_cache import ChunkForward, chunk_slices, ddp_no_sync, grad_cache_backward
 from santa.train.loop import Objective
 from santa.train.objectives import DualEncoderObjective
 
@@ -38,6 +39,8 @@ __all__ = [
     "listwise_entropy",
     "own_candidate_scores",
     "pair_length",
+    "soft_label_grad_cache_step",
+    "soft_label_losses",
 ]
 
 DISCRIMINATORS_DIR = "discriminators"  # inside a discriminator-stage checkpoint
@@ -167,33 +170,121 @@ class SoftLabelObjective(DualEncoderObjective):
                     ).float()
         return scores
 
-    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
-        rows = _rows(batch)
+    def inputs(self, trainer, rows: dict[str, list]) -> dict[str, torch.Tensor]:
+        """The model inputs of a batch: its queries and, query-major, every candidate."""
         train = self.config.train
         model: DualEncoder = trainer.model
-        queries, candidates = rows["query"], rows["candidates"]
-        width = len(candidates[0])
-        encoded_queries = model.tokenize(queries, train.max_query_length, "max_length")
+        encoded_queries = model.tokenize(rows["query"], train.max_query_length, "max_length")
         encoded_documents = model.tokenize(
-            [text for row in candidates for text in row], train.max_document_length, "max_length"
+            [text for row in rows["candidates"] for text in row],
+            train.max_document_length,
+            "max_length",
         )
-        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
         device = trainer.device
-        output = trainer.forward_model(
-            query_input_ids=encoded_queries["input_ids"].to(device),
-            query_attention_mask=encoded_queries["attention_mask"].to(device),
-            document_input_ids=encoded_documents["input_ids"].to(device),
-            document_attention_mask=encoded_documents["attention_mask"].to(device),
+        return {
+            "query_input_ids": encoded_queries["input_ids"].to(device),
+            "query_attention_mask": encoded_queries["attention_mask"].to(device),
+            "document_input_ids": encoded_documents["input_ids"].to(device),
+            "document_attention_mask": encoded_documents["attention_mask"].to(device),
+        }
+
+    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+        rows = _rows(batch)
+        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
+        output = trainer.forward_model(**self.inputs(trainer, rows))
+        return soft_label_losses(
+            trainer.model,
+            output.query_embeddings,
+            output.doc_embeddings,
+            teacher,
+            self.config.scoder.adversarial_weight,
         )
-        every = model.similarity(output.query_embeddings, output.doc_embeddings)
-        scores = own_candidate_scores(every, width)  # (batch, 1 + n)
-        weight = self.config.scoder.adversarial_weight
-        loss = soft_labeled_loss(scores, teacher, adversarial_weight=weight)
-        with torch.no_grad():
-            return {
-                "loss": loss,
-                "loss_adv": float(adversarial_loss(scores, teacher)),
-                "loss_distill": float(distillation_loss(scores, teacher)),
-                "soft_label_entropy": float(listwise_entropy(teacher).mean()),
-                "accuracy": float((scores.argmax(dim=1) == 0).float().mean()),
-            }
+
+    def forward_backward(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+        chunk_size = self.config.train.grad_cache_chunk_size
+        if not chunk_size:
+            return super().forward_backward(trainer, batch)
+        rows = _rows(batch)
+        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
+        return soft_label_grad_cache_step(
+            trainer.forward_model,
+            trainer.model,
+            self.inputs(trainer, rows),
+            teacher,
+            self.config.scoder.adversarial_weight,
+            chunk_size=chunk_size,
+            autocast=trainer.autocast,
+            no_sync=ddp_no_sync(trainer.ddp_model),
+        )
+
+
+def soft_label_losses(
+    model: DualEncoder,
+    query_embeddings: torch.Tensor,
+    candidate_embeddings: torch.Tensor,
+    teacher: torch.Tensor,
+    adversarial_weight: float,
+) -> dict[str, torch.Tensor | float]:
+    """Eq. 10 from the embeddings of the queries ``(batch, dim)`` and of their candidates
+    ``(batch * (1 + n), dim)``, query-major; ``loss`` and the logged figures."""
+    width = teacher.shape[1]
+    every = model.similarity(query_embeddings, candidate_embeddings)
+    scores = own_candidate_scores(every, width)  # (batch, 1 + n)
+    loss = soft_labeled_loss(scores, teacher, adversarial_weight=adversarial_weight)
+    with torch.no_grad():
+        return {
+            "loss": loss,
+            "loss_adv": float(adversarial_loss(scores, teacher)),
+            "loss_distill": float(distillation_loss(scores, teacher)),
+            "soft_label_entropy": float(listwise_entropy(teacher).mean()),
+            "accuracy": float((scores.argmax(dim=1) == 0).float().mean()),
+        }
+
+
+def soft_label_grad_cache_step(
+    forward_model: torch.nn.Module,
+    model: DualEncoder,
+    inputs: dict[str, torch.Tensor],
+    teacher: torch.Tensor,
+    adversarial_weight: float,
+    *,
+    chunk_size: int,
+    autocast=None,
+    no_sync=None,
+) -> dict[str, torch.Tensor | float]:
+    """:func:`soft_label_losses` and its backward by GradCache (:mod:`santa.train.grad_cache`):
+    chunks of ``chunk_size`` examples (a query and its ``1 + n`` candidates)."""
+    rows, width = teacher.shape
+    chunks = [
+        {
+            key: value[part.start * width : part.stop * width]
+            if key.startswith("document")
+            else value[part]
+            for key, value in inputs.items()
+        }
+        for part in chunk_slices(rows, chunk_size)
+    ]
+
+    def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
+        output = forward_model(**chunk)
+        return ChunkForward({"query": output.query_embeddings, "doc": output.doc_embeddings})
+
+    figures: dict[str, torch.Tensor | float] = {}
+
+    def loss_from_embeddings(embeddings: dict[str, torch.Tensor]) -> torch.Tensor:
+        figures.update(
+            soft_label_losses(
+                model, embeddings["query"], embeddings["doc"], teacher, adversarial_weight
+            )
+        )
+        return figures["loss"]
+
+    loss, _ = grad_cache_backward(
+        chunks,
+        forward,
+        loss_from_embeddings,
+        device=teacher.device,
+        autocast=autocast,
+        no_sync=no_sync or ddp_no_sync(forward_model),
+    )
+    return {**figures, "loss": loss}

@@ -54,7 +54,8 @@ class Objective:
     with the trainer built), then per step :meth:`losses` (inside autocast; the ``loss``
     entry is back-propagated, every entry is averaged into the logged window) and
     :meth:`after_step`; at reports :meth:`report_metrics` and :meth:`progress_line`; at
-    checkpoints :meth:`save_model` / :meth:`load_model`.
+    checkpoints :meth:`save_model` / :meth:`load_model`. :meth:`forward_backward` runs
+    :meth:`losses` and its backward; an objective replaces it to chunk the step (GradCache).
     """
 
     tag = "train"
@@ -82,6 +83,17 @@ class Objective:
     def losses(self, trainer: WorkerTrainer, batch: Any) -> dict[str, torch.Tensor | float]:
         """One batch's forward: ``{"loss": tensor to back-propagate, other metrics...}``."""
         raise NotImplementedError
+
+    def forward_backward(
+        self, trainer: WorkerTrainer, batch: Any
+    ) -> dict[str, torch.Tensor | float]:
+        """One batch's gradients, accumulated into the (zeroed) parameters; returns
+        :meth:`losses`' entries. By default :meth:`losses` under autocast, then backward;
+        GradCache (``train.grad_cache_chunk_size``) runs its own chunked forward/backward."""
+        with trainer.autocast:
+            losses = self.losses(trainer, batch)
+        losses["loss"].backward()
+        return losses
 
     def after_step(self, trainer: WorkerTrainer) -> None:
         """After the optimizer step (the step counter already advanced)."""
@@ -299,10 +311,8 @@ class WorkerTrainer:
         train = self.config.train
         started = time.perf_counter()
         self.model.train()
-        with self.autocast:
-            losses = self.objective.losses(self, batch)
         self.optimizer.zero_grad(set_to_none=True)
-        losses["loss"].backward()
+        losses = self.objective.forward_backward(self, batch)
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.ddp_model.parameters(), train.grad_clip)
         self.optimizer.step()

@@ -8,12 +8,17 @@ batch between steps.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from santa.method.duplicates import document_keys
 from santa.method.losses import contrastive_loss, total_loss
 from santa.models.dual_encoder import DualEncoder
 from santa.runtime.layout import checkpoint_model
+from santa.train.grad_cache import ChunkForward, chunk_slices, ddp_no_sync, grad_cache_backward
 from santa.train.loop import Objective
 
 __all__ = [
@@ -22,6 +27,7 @@ __all__ = [
     "SantaObjective",
     "compute_losses",
     "hard_negative_batch",
+    "santa_grad_cache_step",
     "to_tensors",
 ]
 
@@ -70,10 +76,95 @@ def compute_losses(
         gather=gather,
         similarity=config.model.similarity,
         temperature=config.model.temperature,
+        doc_keys=batch.get("doc_keys"),
+        hard_negative_keys=batch.get("hard_negative_keys"),
     )
     loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
     mep = output.mep_loss if output.mep_loss is not None else torch.zeros(())
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
+
+
+def santa_grad_cache_step(
+    forward_model: torch.nn.Module,
+    model: DualEncoder,
+    batch: dict[str, torch.Tensor],
+    config,
+    gather,
+    *,
+    chunk_size: int,
+    autocast: contextlib.AbstractContextManager | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`compute_losses` and its backward, by GradCache (:mod:`santa.train.grad_cache`).
+
+    The worker's batch is embedded in chunks of ``chunk_size`` pairs (a query, its
+    document, its masked document and MEP target, its ``n`` hard negatives); the SDA/DR
+    loss is that of the whole global batch, and MEP is computed in the re-run chunks, each
+    weighted by its share of the batch's target tokens so that the sum is the batch's MEP.
+    Gradients land in the parameters (accumulated: zero them first); returns the losses,
+    detached, with the keys of :func:`compute_losses`.
+
+    ``forward_model`` is what runs a chunk (DDP-wrapped, maybe compiled), ``model`` the
+    plain :class:`DualEncoder` under it; ``no_sync`` defaults to ``forward_model``'s when it
+    is a DDP module.
+    """
+    train = config.train
+    inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
+    rows = inputs["query_input_ids"].shape[0]
+    hard = inputs.get("hard_negative_input_ids")
+    per_query = 0 if hard is None else hard.shape[0] // rows
+    labels = inputs.get("mep_labels")
+    batch_tokens = None if labels is None else model.mep_token_count(labels).clamp(min=1)
+    chunks = [
+        {
+            # Hard negatives are query-major: a chunk of queries owns a block of them.
+            key: value[part.start * per_query : part.stop * per_query]
+            if key.startswith("hard_negative")
+            else value[part]
+            for key, value in inputs.items()
+        }
+        for part in chunk_slices(rows, chunk_size)
+    ]
+
+    def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
+        output = forward_model(**chunk)
+        embeddings = {"query": output.query_embeddings, "doc": output.doc_embeddings}
+        if output.hard_negative_embeddings is not None:
+            embeddings["hard"] = output.hard_negative_embeddings
+        if output.mep_loss is None:
+            return ChunkForward(embeddings)
+        # The chunk's mean over its target tokens, as a part of the batch's mean.
+        mep = output.mep_loss * (model.mep_token_count(chunk["mep_labels"]) / batch_tokens)
+        loss = train.mep_weight * mep if train.mep_weight else None
+        return ChunkForward(embeddings, loss=loss, metrics={"loss_mep": mep})
+
+    seen: dict[str, torch.Tensor] = {}
+
+    def loss_from_embeddings(embeddings: dict[str, torch.Tensor]) -> torch.Tensor:
+        sda = contrastive_loss(
+            embeddings["query"],
+            embeddings["doc"],
+            embeddings.get("hard"),
+            gather=gather,
+            similarity=config.model.similarity,
+            temperature=config.model.temperature,
+            doc_keys=batch.get("doc_keys"),
+            hard_negative_keys=batch.get("hard_negative_keys"),
+        )
+        seen["sda"] = sda.detach()
+        return total_loss(sda, None, 0.0, train.sda_weight)
+
+    device = inputs["query_input_ids"].device
+    weighted_sda, sums = grad_cache_backward(
+        chunks,
+        forward,
+        loss_from_embeddings,
+        device=device,
+        autocast=autocast,
+        no_sync=no_sync or ddp_no_sync(forward_model),
+    )
+    mep = sums.get("loss_mep", torch.zeros((), device=device))
+    return {"loss": weighted_sda + sums.get("loss", 0.0), "loss_sda": seen["sda"], "loss_mep": mep}
 
 
 class DualEncoderObjective(Objective):
@@ -118,23 +209,47 @@ class SantaObjective(DualEncoderObjective):
             if self.config.negatives.wait_for_first:
                 self.negatives.wait_for_first()
 
-    def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def batch_tensors(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The step's tensors: the model inputs, hard negatives, the duplicate keys."""
         config, negatives = self.config, self.negatives
         tensors = to_tensors(batch, trainer.device)
         self.table = None
+        hard_ids: list[str] = []
         if negatives is not None:
             negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
             self.table = negatives.agreed_table(trainer.device)
             if self.table is not None:
-                texts = negatives.negatives_for(
+                hard_ids = negatives.negative_ids_for(
                     self.table, batch["query_id"], batch["doc_id"], trainer.state["step"]
                 )
+                texts = [self.table.documents[doc] for doc in hard_ids]
                 tensors.update(
                     hard_negative_batch(
                         trainer.model, texts, config.train.max_document_length, trainer.device
                     )
                 )
-        return compute_losses(trainer.forward_model, tensors, config, trainer.gather)
+        if config.train.mask_duplicates:
+            tensors.update(_duplicate_keys(trainer.model, batch, tensors, hard_ids))
+        return tensors
+
+    def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        tensors = self.batch_tensors(trainer, batch)
+        return compute_losses(trainer.forward_model, tensors, self.config, trainer.gather)
+
+    def forward_backward(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        chunk_size = self.config.train.grad_cache_chunk_size
+        if not chunk_size:
+            return super().forward_backward(trainer, batch)
+        return santa_grad_cache_step(
+            trainer.forward_model,
+            trainer.model,
+            self.batch_tensors(trainer, batch),
+            self.config,
+            trainer.gather,
+            chunk_size=chunk_size,
+            autocast=trainer.autocast,
+            no_sync=ddp_no_sync(trainer.ddp_model),
+        )
 
     def after_step(self, trainer) -> None:
         if self.negatives is not None:
@@ -156,6 +271,26 @@ class SantaObjective(DualEncoderObjective):
         if "negatives_step" in metrics:
             line += f" negatives@{int(metrics['negatives_step'])}"
         return line
+
+
+def _duplicate_keys(
+    model: DualEncoder,
+    batch: dict[str, np.ndarray],
+    tensors: dict[str, torch.Tensor],
+    hard_ids: list[str],
+) -> dict[str, torch.Tensor]:
+    """Each document's keys (id, embedded tokens) for the loss's duplicate mask."""
+    rows = len(tensors["query_input_ids"])
+    doc_ids = batch["doc_id"] if "doc_id" in batch else [""] * rows
+    # The tokens the document's embedding comes from: the masked document in single-pass
+    # MEP, the document otherwise (see DualEncoder.forward).
+    single_pass = "labels" in tensors and not model.embed_unmasked_document
+    embedded = tensors["masked_input_ids" if single_pass else "document_input_ids"]
+    keys = {"doc_keys": document_keys(doc_ids, embedded, embedded.device)}
+    if hard_ids:
+        hard = tensors["hard_negative_input_ids"]
+        keys["hard_negative_keys"] = document_keys(hard_ids, hard, hard.device)
+    return keys
 
 
 def _negatives_client(loop, rank: int, world: int):
