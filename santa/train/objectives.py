@@ -22,6 +22,7 @@ __all__ = [
     "SantaObjective",
     "compute_losses",
     "hard_negative_batch",
+    "placeholder_negatives",
     "to_tensors",
 ]
 
@@ -57,16 +58,38 @@ def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, d
     }
 
 
+def placeholder_negatives(tensors: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """``n`` stand-in hard negatives per query, ``(batch * n, length)``: the batch's own
+    documents, shifted by one row.
+
+    Before the asynchronous miner's first table, the step still encodes ``n`` documents per
+    query, so the compiled forward sees the shapes of every later step and never recompiles
+    when the table arrives; the loss leaves them out (``use_hard_negatives=False``).
+    """
+    key = "document_input_ids" if "document_input_ids" in tensors else "masked_input_ids"
+    ids = tensors[key]  # (batch, length)
+    mask = tensors[key.replace("input_ids", "attention_mask")]
+    return {
+        "hard_negative_input_ids": torch.roll(ids, 1, 0).repeat_interleave(n, 0),
+        "hard_negative_attention_mask": torch.roll(mask, 1, 0).repeat_interleave(n, 0),
+    }
+
+
 def compute_losses(
-    ddp_model: torch.nn.Module, batch: dict[str, torch.Tensor], config, gather
+    ddp_model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    config,
+    gather,
+    use_hard_negatives: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
+    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses
+    (``use_hard_negatives=False``: the batch's hard negatives are encoded, not scored)."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
     output = ddp_model(**inputs)
     sda = contrastive_loss(
         output.query_embeddings,
         output.doc_embeddings,
-        output.hard_negative_embeddings,
+        output.hard_negative_embeddings if use_hard_negatives else None,
         gather=gather,
         similarity=config.model.similarity,
         temperature=config.model.temperature,
@@ -134,7 +157,15 @@ class SantaObjective(DualEncoderObjective):
                         trainer.model, texts, config.train.max_document_length, trainer.device
                     )
                 )
-        return compute_losses(trainer.forward_model, tensors, config, trainer.gather)
+            else:  # no table yet: the same shapes, left out of the loss
+                tensors.update(placeholder_negatives(tensors, negatives.n))
+        return compute_losses(
+            trainer.forward_model,
+            tensors,
+            config,
+            trainer.gather,
+            use_hard_negatives=self.table is not None,
+        )
 
     def after_step(self, trainer) -> None:
         if self.negatives is not None:
