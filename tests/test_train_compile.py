@@ -122,14 +122,17 @@ def test_a_run_reports_a_constant_compile_count_when_the_miners_table_arrives(
     mid-stage and ``compile_graphs`` stays what the first step compiled."""
     from santa.train.trainer import RunSpec, fit
 
-    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:160])
+    # Enough pairs that the miner's first refresh (it mines the training pairs) takes
+    # longer than the first steps: the first windows train before the table arrives.
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:1500])
     config = tiny_config(
-        {"source": "async", "per_query": 1, "refresh_every": 4},
+        {"source": "async", "per_query": 1, "refresh_every": 10},
         compile="always",
         compile_backend="aot_eager",  # Dynamo's graphs without a C++ compiler
         num_workers=2,
         max_steps=60,
-        log_every=4,
+        log_every=1,
+        checkpoint_every=60,
     )
     result = fit(config, RunSpec(data=data, storage=str(tmp_path), name="compiled"))
     assert result.error is None, result.error
