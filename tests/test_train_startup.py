@@ -19,7 +19,7 @@ def test_caches_sit_beside_the_runs_that_share_them() -> None:
     assert run.shared_cache.root == "s3://bucket/runs/demo/.santa-cache"
     # a pipeline's stages share their pipeline run's folder
     assert run.stage("pretrain").cache == run.stage("ance").cache == run.shared_cache
-    assert run.cache.compile("k") == "s3://bucket/runs/.santa-cache/compile/k.bin"
+    assert run.cache.compile("k") == "s3://bucket/runs/.santa-cache/compile/k"
     assert run.cache.tokenizer("v1") == "s3://bucket/runs/.santa-cache/tokenizers/v1"
 
 

@@ -22,7 +22,7 @@ stages, a sweep's trials) are run folders inside it::
         .santa-cache/                  caches the runs nested in this one share (CacheLayout)
     STORAGE/.santa-cache/              caches the runs of this storage share:
         tokenizers/<key>/              a tokenizer trained for the data (tiny recipe)
-        compile/<key>.bin              torch.compile's work (torch.compiler cache artifacts)
+        compile/<key>/<shape>.bin      torch.compile's work (torch.compiler cache artifacts)
 
 Only this module (and the published-output rules of :mod:`santa.data.outputs`) spells
 these names.
@@ -317,8 +317,9 @@ class CacheLayout:
         return self.path("tokenizers", key)
 
     def compile(self, key: str) -> str:
-        """torch.compile's cache artifacts for one model shape, device and torch version."""
-        return self.path("compile", f"{key}.bin")
+        """torch.compile's cache artifacts of one model, device and torch version (a blob
+        per stage shape inside)."""
+        return self.path("compile", key)
 
 
 def checkpoint_uri(checkpoint: Any, storage_root: str) -> str:

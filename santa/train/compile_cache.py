@@ -7,9 +7,11 @@ AOTAutograd caches), and ``torch.compiler.save_cache_artifacts`` packs what this
 compiled into one blob that ``load_cache_artifacts`` puts back into a fresh process's
 caches. Rank 0 saves the blob under the storage's cache folder
 (:meth:`santa.runtime.layout.CacheLayout.compile`, local or S3) once it has compiled;
-every worker loads it before compiling. The key groups runs that compile the same graphs
-(torch version, device, backend, the model section and the batch shape); a blob that does
-not match is only a cache miss, since Inductor checks every entry by its own hash.
+every worker loads it before compiling. A model's folder (torch version, device, backend, the
+model section, precision, workers: :func:`cache_key`) holds one blob per stage shape
+(:func:`shape_key`) and a worker loads them all: a rerun or another run of the same shape
+finds its own graphs, a later stage the subgraphs it shares with earlier ones. A blob that
+does not match is only a cache miss, since Inductor checks every entry by its own hash.
 
 :func:`compile_stats` counts the graphs Dynamo compiled (``unique_graphs``): the training
 loop reports it, and a recompile mid-run (a new shape, a new input) shows as a step up.
@@ -26,25 +28,25 @@ from santa.runtime import storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cache_key", "compile_stats", "load_compile_cache", "save_compile_cache"]
+__all__ = ["cache_key", "compile_stats", "load_compile_cache", "save_compile_cache", "shape_key"]
 
 
-def cache_key(config, *, objective: str, device: str) -> str:
-    """A short key for the graphs a run compiles: same key, same graphs (mostly)."""
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_key(config, *, device: str) -> str:
+    """The folder key of a model's compiled graphs: torch, device, backend, the model
+    section, the precision switches and the DDP world (stages of a run share it)."""
     import torch
 
     train = config.train
-    shape = {
+    family = {
         "torch": torch.__version__,
         "device": device,
         "cuda": torch.version.cuda if device == "cuda" else None,
-        "objective": objective,
         "model": config.model.to_dict(),
         "backend": train.compile_backend,
-        "batch": train.per_worker_batch_size(),
-        "lengths": [train.max_query_length, train.max_document_length, train.max_target_length],
-        "mep": train.uses_mep,
-        "negatives": config.negatives.per_query if config.negatives.source != "none" else 0,
         "precision": [
             train.bf16,
             train.bf16_weights,
@@ -53,23 +55,38 @@ def cache_key(config, *, objective: str, device: str) -> str:
         ],
         "workers": train.num_workers,  # DDP splits graphs at its buckets
     }
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-    return f"{device}-torch{torch.__version__.split('+')[0]}-{digest[:16]}"
+    return f"{device}-torch{torch.__version__.split('+')[0]}-{_digest(family)}"
 
 
-def load_compile_cache(uri: str) -> bool:
-    """Put the saved artifacts at ``uri`` into this process's compile caches (before
-    compiling); False when there are none or they do not load."""
+def shape_key(config, *, objective: str) -> str:
+    """The file of one stage's shapes in the model's folder (batch, lengths, MEP, hard
+    negatives, objective): every stage keeps its own, and every stage loads them all."""
+    train = config.train
+    shape = {
+        "objective": objective,
+        "batch": train.per_worker_batch_size(),
+        "lengths": [train.max_query_length, train.max_document_length, train.max_target_length],
+        "mep": train.uses_mep,
+        "negatives": config.negatives.per_query if config.negatives.source != "none" else 0,
+    }
+    return f"{objective}-{_digest(shape)}.bin"
+
+
+def load_compile_cache(folder: str) -> int:
+    """Put every saved blob under ``folder`` into this process's compile caches (before
+    compiling); how many loaded (a blob that does not load is skipped with a warning)."""
     import torch
 
-    try:
-        if not uri or not storage.exists(uri):
-            return False
-        loaded = torch.compiler.load_cache_artifacts(storage.read_bytes(uri))
-    except Exception as error:  # noqa: BLE001 - a bad cache only costs a compile
-        logger.warning("compile cache %s not loaded (%s): compiling from scratch", uri, error)
-        return False
-    return loaded is not None
+    if not folder or not storage.exists(folder):
+        return 0
+    loaded = 0
+    for uri in storage.list_files(folder, suffixes=(".bin",)):
+        try:
+            if torch.compiler.load_cache_artifacts(storage.read_bytes(uri)) is not None:
+                loaded += 1
+        except Exception as error:  # noqa: BLE001 - a bad blob only costs a compile
+            logger.warning("compile cache %s not loaded (%s)", uri, error)
+    return loaded
 
 
 def save_compile_cache(uri: str) -> bool:

@@ -37,6 +37,7 @@ from santa.train.compile_cache import (
     compile_stats,
     load_compile_cache,
     save_compile_cache,
+    shape_key,
 )
 from santa.train.epochs import EpochReader
 from santa.train.loop_config import OBJECTIVES, LoopConfig
@@ -260,10 +261,13 @@ class WorkerTrainer:
         self.compile_cache_uri = ""
         if self.compiles:
             if config.train.compile_cache and loop.cache_root:
-                key = cache_key(config, objective=loop.objective, device=self.device.type)
-                self.compile_cache_uri = CacheLayout(loop.cache_root).compile(key)
-                if load_compile_cache(self.compile_cache_uri):
-                    self.startup["compile_cache_loaded"] = 1.0
+                folder = CacheLayout(loop.cache_root).compile(
+                    cache_key(config, device=self.device.type)
+                )
+                self.compile_cache_uri = storage.join(
+                    folder, shape_key(config, objective=loop.objective)
+                )
+                self.startup["compile_cache_loaded"] = float(load_compile_cache(folder))
             self.forward_model = torch.compile(self.ddp_model, backend=config.train.compile_backend)
         self.compile_cache_saved = False
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else nullcontext()
