@@ -62,13 +62,15 @@ DEFAULTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line."""
+    """Command line (sets the OpenMP threads of this process before torch is imported)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--window", type=int, default=None, help="steps per logged window")
     parser.add_argument("--pairs", type=int, default=None, help="training pairs (0: all)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads per loop")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU: torch (and OpenMP) threads of the plain loop"
+    )
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="config override (both)"
     )
@@ -76,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--skip-ray", action="store_true", help="plain loop only")
     args = parser.parse_args(argv)
+    # As Ray does for its workers (OMP_NUM_THREADS = their CPUs): without it the plain
+    # loop's OpenMP threads spin against each other on a busy machine (on the 2-core dev
+    # VM, 40x slower than with one thread).
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.device is None:
         import torch
 
