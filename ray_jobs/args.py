@@ -38,8 +38,9 @@ def run_parser(
         "--miner-gpus",
         type=float,
         default=None,
-        help="async hard negatives: GPUs per encoder actor, fractions allowed "
-        "(negatives.encoder_gpus, default 0: CPU)",
+        help="async hard negatives: GPUs per encoder actor (negatives.encoder_gpus, default "
+        "0: CPU); a fraction such as 0.25 shares a training worker's GPU, which then asks "
+        "for the rest",
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
     parser.add_argument(

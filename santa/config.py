@@ -27,6 +27,7 @@ SIMILARITIES = ("dot", "cosine")
 PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 COMPILE_MODES = ("gpu", "always", "never")
+DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
 SOFT_LABEL_MODES = ("offline", "online")
 SECTIONS = ("model", "train", "negatives", "scoder")
 NEGATIVE_INDEXES = ("flat", "ivf", "hnsw", "auto")
@@ -282,6 +283,27 @@ class TrainConfig:
     tokens) is not a negative of the query whose positive it is: its score is masked before
     the softmax. Hard negatives are checked the same way."""
 
+    compile_cache: bool = True
+    """Keep torch.compile's work (Inductor's caches, ``torch.compiler.save_cache_artifacts``)
+    in the storage's cache folder and load it before compiling: the later stages of a run,
+    a resumed run and other runs of the same shape skip most of the compile."""
+
+    distributed_backend: str = "auto"
+    """``torch.distributed`` backend: ``auto`` (NCCL when the workers have GPUs, else gloo),
+    ``nccl`` or ``gloo`` (e.g. a GPU-shaped request on workers without CUDA)."""
+
+    bf16_weights: bool = False
+    """On GPU: train bf16 weights and keep an fp32 master copy for the optimizer, instead of
+    autocast's per-op casts (checkpoints and the optimizer stay fp32)."""
+
+    fused_rms_norm: bool = False
+    """Run T5's RMS layer norms through ``torch.nn.functional.rms_norm`` (a fused kernel on
+    GPU) instead of transformers' five-op version."""
+
+    bf16_position_bias: bool = False
+    """Under bf16 autocast: compute T5's relative position bias in bf16 once, instead of an
+    fp32 bias every attention layer casts."""
+
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
@@ -293,6 +315,11 @@ class TrainConfig:
             _fail(
                 f"TrainConfig.mep_reduction must be one of {MEP_REDUCTIONS}, "
                 f"got {self.mep_reduction!r}"
+            )
+        if self.distributed_backend not in DISTRIBUTED_BACKENDS:
+            _fail(
+                f"TrainConfig.distributed_backend must be one of {DISTRIBUTED_BACKENDS}, "
+                f"got {self.distributed_backend!r}"
             )
         _check_positive(
             self,

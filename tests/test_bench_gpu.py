@@ -56,6 +56,7 @@ def test_tiny_cpu_run_writes_consistent_results(tmp_path: Path) -> None:
         "--index-size=1000",
         "--queries=50",
         "--k=10",
+        "--fused-rms-norm",
         f"--output={output}",
     ]
     proc = subprocess.run(
@@ -86,9 +87,14 @@ def test_tiny_cpu_run_writes_consistent_results(tmp_path: Path) -> None:
     assert encode["embedding_dim"] == D
     assert result["config"]["precision"] == "fp32"
 
+    assert result["config"]["fused_rms_norm"] and not result["config"]["bf16_weights"]
+
     search = result["faiss"]
     assert search["cpu"]["queries_per_s"] > 0 and search["cpu"]["hits_per_query"] == 10
     assert search["index_size"] == 1000 and search["dim"] == 768
+    ivf = search["ivf"]["cpu"]  # IVF beside exact search, and how much of it it finds
+    assert ivf["queries_per_s"] > 0 and 0 < ivf["recall_at_k"] <= 1
+    assert "| faiss ivf IP cpu" in proc.stdout
 
     meta = result["meta"]  # the harness's record of the run
     assert meta["command"] == "python bench/perf/gpu.py " + " ".join(args)

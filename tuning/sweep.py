@@ -320,6 +320,11 @@ def run_sweep(args: argparse.Namespace) -> int:
     layout = RunLayout.of(storage_root, args.name)
     sweep_root = layout.root
     init_ray(args.address)
+    # A trial the cluster can never hold fails here in one line, not in every trial.
+    from santa.runtime.resources import check_plan
+    from santa.train.trainer import run_plan
+
+    check_plan(run_plan(config, args.cpus_per_worker), job="each trial")
 
     # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml).
     trainable = tune.with_resources(train_trial, {**TRIAL_DRIVER_RESOURCES, **head_placement()})

@@ -53,10 +53,13 @@ Encoding: ``DualEncoder.encode`` at length ``s`` under ``inference_mode`` (bf16 
 CUDA): FLOPs per document = encoder(s) + decoder(t=1 over s) (≈ 49.9 GFLOP for T5-base at
 240).
 
-faiss: exact inner-product search (santa.index.NegativeIndex, kind "flat") of
-``--queries`` random queries, top ``--k``, over ``--index-size`` random ``--dim``-d (768)
-documents, on
-CPU and, when faiss has GPU support and torch sees CUDA, on GPU.
+faiss: inner-product search (santa.index.NegativeIndex, what the hard-negative miner builds)
+of ``--queries`` random queries, top ``--k``, over ``--index-size`` random ``--dim``-d (768)
+documents (on a GPU 1,000,000 x 768 by default), exact (``flat``) and ``ivf`` (its recall of
+the exact top k), on CPU and, when faiss has GPU support and torch sees CUDA, on GPU.
+
+Precision switches (the training loop's, santa.train.precision; GPU): ``--bf16-weights``
+(bf16 weights with an fp32 master copy), ``--fused-rms-norm``, ``--bf16-position-bias``.
 
 Prints a table and writes JSON (``--output``, default bench/results/gpu.json) with the
 harness's ``meta`` (date, commit, command, machine) beside the device and its peak.
@@ -80,10 +83,16 @@ from transformers import T5Config, T5ForConditionalGeneration
 if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common
-from santa.config import ModelConfig
-from santa.method.losses import contrastive_loss, total_loss
-from santa.models.dual_encoder import DualEncoder
+from bench import common  # noqa: E402
+from santa.config import ModelConfig, SantaConfig, TrainConfig  # noqa: E402
+from santa.method.distributed import identity_gather  # noqa: E402
+from santa.models.dual_encoder import DualEncoder  # noqa: E402
+from santa.train.objectives import compute_losses  # noqa: E402
+from santa.train.precision import (  # noqa: E402
+    MasterWeights,
+    use_bf16_position_bias,
+    use_fused_rms_norm,
+)
 
 RESULTS = common.RESULTS_DIR / "gpu.json"
 
@@ -228,35 +237,68 @@ def random_ids(rows: int, length: int, vocab: int, device: torch.device) -> torc
 # --------------------------------------------------------------------------- parts
 
 
+def step_config(args, model: DualEncoder) -> SantaConfig:
+    """The loop's config for this step: its lengths, λ and precision switches."""
+    return SantaConfig(
+        model=model.model_config,
+        train=TrainConfig(
+            global_batch_size=args.batch,
+            max_query_length=args.query_length,
+            max_document_length=args.document_length,
+            max_target_length=args.target_length,
+            mep_weight=args.mep_weight,
+            bf16_weights=args.bf16_weights,
+            fused_rms_norm=args.fused_rms_norm,
+            bf16_position_bias=args.bf16_position_bias,
+        ),
+    )
+
+
 def bench_train(model: DualEncoder, args, device: torch.device, autocast) -> dict[str, Any]:
-    """Warm-up then timed SDA + MEP steps; seconds per step and pairs/s."""
+    """Warm-up then timed SDA + MEP steps; seconds per step and pairs/s.
+
+    The step is the training loop's (santa.train.loop): ``compute_losses`` on a batch
+    keyed as the loop's batches are, the precision switches of ``santa.train.precision``
+    (bf16 compute weights with an fp32 master, fused RMS norm, bf16 position bias), AdamW
+    on the fp32 weights, grad-norm clip 1.0.
+    """
     vocab = model.backbone.config.vocab_size
     batch = args.batch
+    config = step_config(args, model)
     query_ids = random_ids(batch, args.query_length, vocab, device)  # (batch, q)
     document_ids = random_ids(batch, args.document_length, vocab, device)  # (batch, s)
     mep_labels = random_ids(batch, args.target_length, vocab, device)  # (batch, t)
     inputs = {
         "query_input_ids": query_ids,
         "query_attention_mask": torch.ones_like(query_ids),
-        "masked_document_input_ids": document_ids,
-        "masked_document_attention_mask": torch.ones_like(document_ids),
-        "mep_labels": mep_labels,
+        "masked_input_ids": document_ids,
+        "masked_attention_mask": torch.ones_like(document_ids),
+        "labels": mep_labels,
     }
+    on_gpu = device.type == "cuda"
+    if args.fused_rms_norm:
+        use_fused_rms_norm(model)
+    if on_gpu and args.bf16_position_bias:
+        use_bf16_position_bias(model)
+    master = MasterWeights(model) if on_gpu and args.bf16_weights else None
+    compute = master.compute if master is not None else model
     fused = {"fused": True} if args.fused_adamw else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **fused)
-    model.train()
-    forward = torch.compile(model) if args.compile else model
+    compute.train()
+    forward = torch.compile(compute) if args.compile else compute
 
     def step() -> torch.Tensor:
         with autocast:
-            output = forward(**inputs)
-            sda = contrastive_loss(output.query_embeddings, output.doc_embeddings)
-            loss = total_loss(sda, output.mep_loss, args.mep_weight)
+            losses = compute_losses(forward, inputs, config, identity_gather)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses["loss"].backward()
+        if master is not None:
+            master.gradients_to_master()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return loss
+        if master is not None:
+            master.weights_to_compute()
+        return losses["loss"]
 
     for _ in range(args.warmup):
         step()
@@ -324,18 +366,53 @@ def bench_encode(model: DualEncoder, args, device: torch.device, autocast) -> di
     }
 
 
+def time_index(
+    kind: str, where: str, documents: np.ndarray, queries: np.ndarray, k: int
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Build ``kind`` on ``where`` and search every query; the timings and the hit rows."""
+    from santa.index import NegativeIndex
+
+    ids = [str(i) for i in range(len(documents))]
+    started = time.perf_counter()
+    index = NegativeIndex.build(documents, ids, kind, use_gpu=where == "gpu")
+    build_s = time.perf_counter() - started
+    index.search_rows(queries[: min(100, len(queries))], k)  # warm-up
+    started = time.perf_counter()
+    rows, _ = index.search_rows(queries, k)  # (nq, k)
+    search_s = time.perf_counter() - started
+    timing = {
+        "build_s": build_s,
+        "search_s": search_s,
+        "queries_per_s": len(queries) / search_s,
+        "hits_per_query": int(rows.shape[1]),
+    }
+    if kind == "ivf":
+        timing.update(nlist=index.nlist, nprobe=index.nprobe)
+    return timing, rows
+
+
+def recall_against(exact: np.ndarray, approximate: np.ndarray) -> float:
+    """Share of the exact top-k rows an approximate search also returned."""
+    found = [
+        len(set(e.tolist()) & set(a.tolist())) for e, a in zip(exact, approximate, strict=True)
+    ]
+    return float(np.sum(found) / exact.size)
+
+
 def bench_faiss(args, dim: int) -> dict[str, Any]:
-    """Queries/s of exact inner-product top-k search via NegativeIndex, CPU and GPU."""
+    """Queries/s of inner-product top-k search via NegativeIndex (what the miner builds):
+    exact (flat) and IVF, on CPU and, with faiss-gpu and CUDA, on GPU; IVF's recall of
+    the exact top k."""
     import faiss
 
-    from santa.index import NegativeIndex, faiss_has_gpu
+    from santa.index import faiss_has_gpu
 
     rng = np.random.default_rng(0)
     documents = rng.standard_normal((args.index_size, dim), dtype=np.float32)  # (n, dim)
     queries = rng.standard_normal((args.queries, dim), dtype=np.float32)  # (nq, dim)
-    ids = [str(i) for i in range(args.index_size)]
+    kinds = [kind.strip() for kind in args.faiss_kinds.split(",") if kind.strip()]
     result: dict[str, Any] = {
-        "index": "flat inner product (NegativeIndex kind='flat')",
+        "index": "NegativeIndex: " + ", ".join(kinds) + " (inner product)",
         "index_size": args.index_size,
         "dim": dim,
         "queries": args.queries,
@@ -345,27 +422,22 @@ def bench_faiss(args, dim: int) -> dict[str, Any]:
         "faiss_gpus": faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0,
     }
     gpu_possible = faiss_has_gpu() and torch.cuda.is_available()
-    for where in ("cpu", "gpu"):
-        if where == "gpu" and not gpu_possible:
-            result["gpu"] = None
-            result["gpu_note"] = "faiss has no GPU support here (or torch sees no CUDA)"
-            continue
-        started = time.perf_counter()
-        index = NegativeIndex.build(documents, ids, "flat", use_gpu=where == "gpu")
-        build_s = time.perf_counter() - started
-        index.search_rows(queries[: min(100, len(queries))], args.k)  # warm-up
-        started = time.perf_counter()
-        rows, _ = index.search_rows(queries, args.k)  # (nq, k)
-        search_s = time.perf_counter() - started
-        result[where] = {
-            "build_s": build_s,
-            "search_s": search_s,
-            "queries_per_s": args.queries / search_s,
-            "hits_per_query": int(rows.shape[1]),
-        }
-        del index
-    if result.get("gpu"):
-        result["gpu_speedup"] = result["gpu"]["queries_per_s"] / result["cpu"]["queries_per_s"]
+    exact: dict[str, np.ndarray] = {}
+    for kind in kinds:
+        # flat keeps its place at the top (cpu, gpu); other kinds nest under their name.
+        target = result if kind == "flat" else result.setdefault(kind, {})
+        for where in ("cpu", "gpu"):
+            if where == "gpu" and not gpu_possible:
+                target["gpu"] = None
+                result["gpu_note"] = "faiss has no GPU support here (or torch sees no CUDA)"
+                continue
+            target[where], rows = time_index(kind, where, documents, queries, args.k)
+            if kind == "flat":
+                exact[where] = rows
+            elif where in exact:
+                target[where]["recall_at_k"] = recall_against(exact[where], rows)
+        if target.get("gpu") and target.get("cpu"):
+            target["gpu_speedup"] = target["gpu"]["queries_per_s"] / target["cpu"]["queries_per_s"]
     return result
 
 
@@ -394,6 +466,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-faiss", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True)")
+    parser.add_argument(
+        "--bf16-weights", action="store_true", help="GPU: bf16 weights, fp32 master copy"
+    )
+    parser.add_argument("--fused-rms-norm", action="store_true", help="F.rms_norm for T5's norms")
+    parser.add_argument(
+        "--bf16-position-bias", action="store_true", help="GPU: T5's position bias in bf16"
+    )
+    parser.add_argument(
+        "--faiss-kinds", default="flat,ivf", help="faiss indexes to compare (flat, ivf)"
+    )
     parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
     parser.add_argument("--tf32", action="store_true", help="TF32 for float32 matmuls")
     parser.add_argument(
@@ -491,6 +573,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "gradient_checkpointing": args.gradient_checkpointing,
             "compile": args.compile,
             "fused_adamw": args.fused_adamw,
+            "bf16_weights": args.bf16_weights and on_gpu,
+            "fused_rms_norm": args.fused_rms_norm,
+            "bf16_position_bias": args.bf16_position_bias and on_gpu,
             "attention": model_attention,
             "tf32": args.tf32,
         },
@@ -543,13 +628,25 @@ def print_table(result: dict[str, Any]) -> None:
     ]
     search = result["faiss"]
     if search:
-        for where in ("cpu", "gpu"):
-            if search.get(where):
+        shape = f"{search['index_size']:,} x {search['dim']}, {search['queries']:,} queries"
+        for kind in ("flat", "ivf"):
+            timings = search if kind == "flat" else search.get(kind)
+            if timings is None:
+                continue
+            for where in ("cpu", "gpu"):
+                timing = timings.get(where)
+                if not timing:
+                    continue
+                recall = (
+                    f", recall@{search['k']} {timing['recall_at_k']:.3f}"
+                    if "recall_at_k" in timing
+                    else ""
+                )
                 rows.append(
                     [
-                        f"faiss flat IP {where} ({search['index_size']:,} x {search['dim']}, "
-                        f"{search['queries']:,} queries, top {search['k']})",
-                        f"{search[where]['queries_per_s']:.0f} queries/s",
+                        f"faiss {kind} IP {where} ({shape}, top {search['k']}; build "
+                        f"{timing['build_s']:.1f}s{recall})",
+                        f"{timing['queries_per_s']:.0f} queries/s",
                         "",
                         "",
                     ]

@@ -221,10 +221,14 @@ class DualEncoder(nn.Module):
         """MEP targets as the loss counts them: the pad token is ignored (``-100``)."""
         return labels.masked_fill(labels == self.backbone.config.pad_token_id, -100)
 
-    def mep_token_count(self, labels: torch.Tensor) -> torch.Tensor:
-        """Target tokens the MEP loss of ``labels`` ``(batch, target_length)`` averages over:
-        a scalar (chunks of a batch weigh their mean MEP loss by it, GradCache)."""
-        return (self.mep_loss_labels(labels) != -100).sum()
+    def mep_token_count(self, labels: torch.Tensor, reduction: str = "token_mean") -> torch.Tensor:
+        """What the MEP loss of ``labels`` ``(batch, target_length)`` divides by: its
+        counted target tokens (``token_mean``) or its documents with a target (``sum``); a
+        scalar (chunks of a batch weigh their MEP loss by it, GradCache)."""
+        counted = self.mep_loss_labels(labels) != -100  # (batch, target_length)
+        if reduction == "sum":
+            return counted.any(dim=1).sum()
+        return counted.sum()
 
     def similarity(
         self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor

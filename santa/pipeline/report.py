@@ -73,6 +73,51 @@ def plot_history(stages: list[dict[str, Any]], run_uri: str) -> str | None:
     return target
 
 
+# The phases before a stage's first step, in the order they happen (santa.train.trainer's
+# on the driver, santa.train.loop's on the workers).
+STARTUP_PHASES = (
+    ("startup_initial_model_s", "initial model"),
+    ("startup_data_plan_s", "data plan"),
+    ("startup_miner_s", "miner"),
+    ("startup_worker_start_s", "worker start"),
+    ("startup_imports_s", "imports"),
+    ("startup_model_s", "model"),
+    ("startup_resume_s", "resume"),
+    ("startup_ddp_s", "DDP"),
+    ("startup_first_batch_wait_s", "wait for data"),
+    ("startup_first_step_s", "first step"),
+    ("startup_compile_s", "of it compile"),
+)
+
+
+def startup_table(stages: list[dict[str, Any]]) -> list[str]:
+    """Lines of a table: each stage's seconds before its first step, phase by phase."""
+    rows = [s for s in stages if "startup_total_s" in s.get("final_metrics", {})]
+    if not rows:
+        return []
+    present = [
+        (key, label)
+        for key, label in STARTUP_PHASES
+        if any(key in s["final_metrics"] for s in rows)
+    ]
+    lines = [
+        "Before each stage's first step (seconds):",
+        "",
+        "| stage | stage s | before the first step | "
+        + " | ".join(label for _, label in present)
+        + " |",
+        "|---|---:|---:|" + "---:|" * len(present),
+    ]
+    for stage in rows:
+        final = stage["final_metrics"]
+        cells = [f"{final[key]:.1f}" if key in final else "-" for key, _ in present]
+        lines.append(
+            f"| {stage['stage']} | {stage.get('seconds', 0.0):.0f} | "
+            f"{final['startup_total_s']:.1f} | " + " | ".join(cells) + " |"
+        )
+    return [*lines, ""]
+
+
 def format_report(report: dict[str, Any], plot: str | None) -> str:
     """``report.md``: retrieval after every stage, training per stage, corpus and time."""
     evaluated = report.get("evaluated_with", {})
@@ -148,6 +193,7 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
         "",
         " · ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in report["phases"].items()),
         "",
+        *startup_table(report["stages"]),
         "## Where things are",
         "",
         f"- run: `{report['run']}` (TensorBoard: `tensorboard --logdir {report['run']}`)",

@@ -167,7 +167,23 @@ def run_pipeline(
         from santa.runtime.ray_utils import init_ray
 
         print(init_ray(address, verbose=verbose), flush=True)
+        check_resources(spec, configs)
         return _run(spec, configs)
+
+
+def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None:
+    """Every stage's resource plan against the cluster, before the corpus (minutes) is
+    built: a plan it can never hold fails now, in one line (``santa.runtime.resources``)."""
+    from santa.runtime.resources import check_plan
+    from santa.train.trainer import run_plan
+
+    announced = False  # what the run waits for is said once
+    for stage, config in configs.items():
+        if stage == "ance" and spec.hard_negatives == "async":
+            config = stage_config(spec, stage, "async")
+        plan = run_plan(config, spec.cpus_per_worker)
+        outcome = check_plan(plan, job=f"the {stage} stage", announce=not announced)
+        announced = announced or outcome == "waits"
 
 
 def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:

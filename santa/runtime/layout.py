@@ -20,6 +20,10 @@ stages, a sweep's trials) are run folders inside it::
         report.json report.md training.png
         warmup/ discriminators-init/ iter-<i>/   SCodeR (see ScoderIteration)
         best.json runs/<NAME>-<trial>/           a sweep
+        .santa-cache/                  caches the runs nested in this one share (CacheLayout)
+    STORAGE/.santa-cache/              caches the runs of this storage share:
+        tokenizers/<key>/              a tokenizer trained for the data (tiny recipe)
+        compile/<key>/<shape>.bin      torch.compile's work (torch.compiler cache artifacts)
 
 Only this module (and the published-output rules of :mod:`santa.data.outputs`) spells
 these names.
@@ -42,6 +46,7 @@ __all__ = [
     "RUN_SNAPSHOT_FILE",
     "SANTA_CONFIG_FILE",
     "STATE_FILE",
+    "CacheLayout",
     "RunLayout",
     "ScoderIteration",
     "checkpoint_model",
@@ -63,6 +68,7 @@ REPORT_FILE = "report.json"
 LOCAL_LOCK_FILE = ".santa-lock"
 S3_LEASE_FILE = ".santa-lock.json"
 TRIALS_DIR = "runs"
+CACHE_DIR = ".santa-cache"
 # Where rank 0 writes TensorBoard events of a run stored on S3 (copied into the run at every
 # checkpoint, so they outlive the node).
 LOCAL_EVENTS_ROOT = "~/santa-runs"
@@ -107,6 +113,18 @@ class RunLayout:
     def child(self, name: str) -> RunLayout:
         """A run nested in this one (a stage, an iteration's stage, a trial)."""
         return RunLayout(self.path(name))
+
+    @property
+    def cache(self) -> CacheLayout:
+        """The caches this run shares with the other runs of its storage (the folder holding
+        it): the pipeline's stages share their pipeline run's, a standalone run its
+        storage path's."""
+        return CacheLayout(storage.join(self.storage_path, CACHE_DIR))
+
+    @property
+    def shared_cache(self) -> CacheLayout:
+        """The caches of the runs nested in this one (its stages, iterations, trials)."""
+        return CacheLayout(self.path(CACHE_DIR))
 
     @property
     def local_lock(self) -> str:
@@ -282,6 +300,26 @@ class ScoderIteration:
     def manifest(self) -> str:
         """Written last: the iteration is done."""
         return self.path("manifest.json")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """``.santa-cache/``: what runs of the same data or shape reuse instead of redoing."""
+
+    root: str
+
+    def path(self, *parts: str) -> str:
+        """A path inside the cache folder."""
+        return storage.join(self.root, *parts)
+
+    def tokenizer(self, key: str) -> str:
+        """A tokenizer trained for a corpus (the tiny recipe), by corpus and vocabulary."""
+        return self.path("tokenizers", key)
+
+    def compile(self, key: str) -> str:
+        """torch.compile's cache artifacts of one model, device and torch version (a blob
+        per stage shape inside)."""
+        return self.path("compile", key)
 
 
 def checkpoint_uri(checkpoint: Any, storage_root: str) -> str:

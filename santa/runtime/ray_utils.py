@@ -22,7 +22,13 @@ import threading
 
 import ray
 
+from santa.runtime.quiet import SETUP_HOOK, quiet_driver
+
 logger = logging.getLogger(__name__)
+
+# ray._private.ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR (Ray 2.60): a worker runs the
+# function this names (module.function) before anything else.
+WORKER_SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
 # Non-secret settings the workers need. AWS credentials are deliberately not forwarded:
 # workers find them through the standard AWS chain of their own node.
@@ -112,7 +118,17 @@ def init_ray(
         # faiss announces which of its builds it loaded.
         for name in ("ray.data", "faiss", "faiss.loader"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # Third-party warnings (Ray's token-auth notice, ranx, faiss, Inductor) go to a log
+        # file, here and in every worker process of the job (santa.runtime.quiet).
+        warnings_file = quiet_driver()
     runtime_env = kwargs.pop("runtime_env", {}) or {}
+    if not verbose and "worker_process_setup_hook" not in runtime_env:
+        if address == "local" and not runtime_env:
+            # How Ray hands a module-named hook to its workers, here through the raylet's
+            # environment (a runtime_env would cost the prestarted workers; see below).
+            env_vars = {**env_vars, WORKER_SETUP_HOOK_ENV: SETUP_HOOK}
+        else:
+            runtime_env = {**runtime_env, "worker_process_setup_hook": SETUP_HOOK}
     raylet_env: dict[str, str] = {}
     if address == "local" and not runtime_env:
         # A Ray of our own inherits the driver's environment: workers get these settings
@@ -143,6 +159,8 @@ def init_ray(
             **kwargs,
         )
     line = describe_cluster(joined=address != "local")
+    if not verbose:
+        line = line[:-1] + f"; warnings in {warnings_file})"
     logger.info(line)
     return line
 

@@ -49,6 +49,11 @@ def run_algorithm(
     """Algorithm 2 on the current Ray cluster, resuming what ``run_uri`` holds already."""
     started = time.time()
     layout = RunLayout(run_uri)
+    # Before the warm-up: a dual encoder the cluster can never hold fails in one line.
+    from santa.runtime.resources import check_plan
+    from santa.train.trainer import run_plan
+
+    check_plan(run_plan(config, cpus_per_worker), job="SCodeR's dual encoder")
     warmup = _warmup(config, data, layout, eval_data, eval_split, cpus_per_worker)
     dual_encoder = warmup["model"]
     discriminators = _initial_discriminators(config, data, layout)
@@ -223,6 +228,7 @@ def run_iteration(
         data=folder.examples("discriminators"),
         init=discriminators,
         cpus_per_worker=cpus_per_worker,
+        cache=layout.shared_cache.root,
     )
     trained = _checked(result, "discriminator training")
     new_discriminators = storage.join(stage.checkpoint_uri(result.checkpoint), DISCRIMINATORS_DIR)
@@ -254,6 +260,7 @@ def run_iteration(
         data=dual_data,
         init=dual_encoder,
         cpus_per_worker=cpus_per_worker,
+        cache=layout.shared_cache.root,
         discriminators=new_discriminators if scoder.soft_labels == "online" else "",
         eval_data=eval_data,
         eval_split=eval_split,
@@ -298,6 +305,7 @@ def _fit_stage(
     discriminators: str = "",
     eval_data: str = "",
     eval_split: str = "test",
+    cache: str = "",
 ):
     """One stage of an iteration as a run of santa's one worker loop (resumed when its run
     folder holds checkpoints); dev metrics, when asked for, at the end only."""
@@ -317,6 +325,7 @@ def _fit_stage(
         num_to_keep=1,
         eval_data=eval_data,
         eval_split=eval_split,
+        cache=cache,  # the run's: Algorithm 2's stages share compiled graphs
     )
     return fit(stage_config, spec)
 

@@ -1,14 +1,18 @@
-"""Reading a worker's shard: one epoch's batches, and epoch 0 read ahead of the model.
+"""Reading a worker's shard: one epoch's batches, and every epoch read ahead.
 
 Pulling the first batch is what starts the data pipeline (Ray Data's split coordinator, its
-read and tokenize tasks, each a fresh process on a fresh cluster): :class:`FirstEpoch`
-starts it in a background thread while the worker imports the loop and loads the model.
+read and tokenize tasks, each a fresh process on a fresh cluster). :class:`EpochReader`
+does it in a background thread from the worker's first moment on, while the worker imports
+the loop and loads the model, and keeps a few batches ahead of the training thread from
+then on, across epoch boundaries: the next epoch's first batches are read while the last
+steps of the current one train. (:class:`FirstEpoch` reads ahead epoch 0 only.)
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from santa.config import TrainConfig
@@ -65,3 +69,86 @@ class FirstEpoch:
         first, self._first = self._first, _END
         yield first
         yield from self._batches
+
+
+PREFETCH_BATCHES = 4
+"""Batches an :class:`EpochReader` holds ahead of the training thread."""
+_EPOCH_END = object()
+
+
+class EpochReader:
+    """A worker's shard, epoch after epoch, read ahead in a background thread.
+
+    ``open_shard`` gives the shard (``ray.train.get_dataset_shard``; called in the thread,
+    since it waits for the dataset to be prepared). Epochs start at ``start_epoch``; the
+    first skips ``skip`` batches (those trained before a resume). :meth:`epoch` yields the
+    next epoch's batches; errors of the pipeline are raised there. The thread keeps
+    ``prefetch`` batches queued, running into the next epoch while the current one's last
+    batches train.
+    """
+
+    def __init__(
+        self,
+        open_shard: Callable[[], Any],
+        train: TrainConfig,
+        rank: int,
+        batch_format: str = "numpy",
+        *,
+        start_epoch: int = 0,
+        skip: int = 0,
+        prefetch: int = PREFETCH_BATCHES,
+    ) -> None:
+        self._open_shard = open_shard
+        self._train, self._rank, self._format = train, rank, batch_format
+        self._epoch, self._skip = start_epoch, skip
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self._stop = threading.Event()
+        self.first_batch_at: float | None = None
+        """``time.time()`` when the first batch was ready (the data pipeline's start-up)."""
+        self._thread = threading.Thread(target=self._read, name="santa-epochs", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self) -> None:
+        import time
+
+        try:
+            shard = self._open_shard()
+            epoch, skip = self._epoch, self._skip
+            while not self._stop.is_set():
+                batches = epoch_batches(shard, self._train, self._rank, epoch, self._format)
+                for batch in batches:
+                    if skip:
+                        skip -= 1
+                        continue
+                    if self.first_batch_at is None:
+                        self.first_batch_at = time.time()
+                    if not self._put((epoch, batch)):
+                        return
+                if not self._put((epoch, _EPOCH_END)):
+                    return
+                epoch += 1
+        except BaseException as error:  # handed to the training thread in epoch()
+            self._put((None, error))
+
+    def epoch(self) -> Iterator[Any]:
+        """The next epoch's batches, in order."""
+        while True:
+            epoch, item = self._queue.get()
+            if epoch is None:
+                raise item
+            if item is _EPOCH_END:
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop reading ahead (the thread ends at its next batch)."""
+        self._stop.set()

@@ -31,9 +31,18 @@ import torch
 from santa.config import SantaConfig
 from santa.method.distributed import all_gather_with_grad, identity_gather
 from santa.runtime import storage
-from santa.train.epochs import FirstEpoch, epoch_batches
+from santa.runtime.layout import CacheLayout
+from santa.train.compile_cache import (
+    cache_key,
+    compile_stats,
+    load_compile_cache,
+    save_compile_cache,
+    shape_key,
+)
+from santa.train.epochs import EpochReader
 from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.optim import build_optimizer
+from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
 from santa.train.resume import load_newest_loadable
 from santa.train.state import (
     linear_warmup_schedule,
@@ -163,13 +172,18 @@ def dev_metrics(model, dev, config: SantaConfig) -> dict[str, float]:
 
 
 def train_loop_per_worker(
-    loop_config: dict[str, Any], first_epoch: FirstEpoch | None = None
+    loop_config: dict[str, Any],
+    first_epoch: EpochReader | None = None,
+    entered_at: float | None = None,
 ) -> None:
     """Ray Train entry point: build, resume, train, report, checkpoint.
 
-    ``first_epoch``: epoch 0 already being read (``santa.train.entry``), for a fresh run.
+    ``first_epoch``: the shard already being read from epoch 0 (``santa.train.entry``), for
+    a fresh run; ``entered_at``: ``time.time()`` when the worker's entry started.
     """
-    trainer = WorkerTrainer(LoopConfig.from_dict(loop_config), first_epoch=first_epoch)
+    trainer = WorkerTrainer(
+        LoopConfig.from_dict(loop_config), first_epoch=first_epoch, entered_at=entered_at
+    )
     try:
         trainer.train()
     finally:
@@ -179,12 +193,25 @@ def train_loop_per_worker(
 class WorkerTrainer:
     """One worker's part of a run: setup and resume, steps, reports with checkpoints."""
 
-    def __init__(self, loop: LoopConfig, first_epoch: FirstEpoch | None = None) -> None:
+    def __init__(
+        self,
+        loop: LoopConfig,
+        first_epoch: EpochReader | None = None,
+        entered_at: float | None = None,
+    ) -> None:
         import ray.train
         import ray.train.torch
 
         config = self.config = loop.santa
         self.loop = loop
+        # What happened before the first step, in seconds (the run's fixed cost): the
+        # driver's phases, then this worker's, reported with every window.
+        self.startup = dict(loop.startup)
+        imported_at = time.time()
+        self.entered_at = entered_at
+        if entered_at is not None and loop.submitted_at:
+            self.startup["startup_worker_start_s"] = max(0.0, entered_at - loop.submitted_at)
+            self.startup["startup_imports_s"] = imported_at - entered_at
         self.objective = objective_class(loop.objective)(loop)
         if os.environ.get("SANTA_QUIET"):
             _quiet_train_reports()
@@ -195,6 +222,20 @@ class WorkerTrainer:
 
         model = self.model = self.objective.build_model()
         self.use_gpu = config.train.use_gpu and torch.cuda.is_available()
+        # The precision leads (santa.train.precision): bf16 compute weights with an fp32
+        # master (the optimizer's and the checkpoints'), fused RMS norms, bf16 position bias.
+        self.bf16 = self.use_gpu and config.train.bf16
+        if config.train.fused_rms_norm:
+            use_fused_rms_norm(model)
+        if self.bf16 and config.train.bf16_position_bias:
+            use_bf16_position_bias(model)
+        self.master = None
+        compute_model = model
+        if self.bf16 and config.train.bf16_weights:
+            model.to(ray.train.torch.get_device())
+            self.master = MasterWeights(model)
+            compute_model = self.master.compute
+        self.startup["startup_model_s"] = time.time() - imported_at
         self.optimizer = build_optimizer(
             model.parameters(),
             config.train,
@@ -204,32 +245,59 @@ class WorkerTrainer:
         self.steps = total_steps(config, loop.train_rows)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
+        resumed_at = time.time()
         self.state = self._resume()
-        self.first_epoch = first_epoch if self.state["step"] == 0 else None
+        if self.master is not None:
+            self.master.weights_to_compute()  # the resumed master, rounded
+        self.startup["startup_resume_s"] = time.time() - resumed_at
         # An interruption on purpose (a preemptible run's budget, or a test of resuming):
         # train up to this step, checkpoint, and return; the schedule still spans `steps`.
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
+        wrapped_at = time.time()
         self.ddp_model = ray.train.torch.prepare_model(
-            model,
+            compute_model,
+            # A GPU-shaped request on a worker without CUDA (gloo, a fake GPU resource)
+            # trains on the CPU.
+            move_to_device=True if self.use_gpu else torch.device("cpu"),
             parallel_strategy_kwargs={
                 "find_unused_parameters": self.objective.find_unused_parameters(model)
             },
         )
         self.device = next(self.ddp_model.parameters()).device
+        self.startup["startup_ddp_s"] = time.time() - wrapped_at
         # The forward the steps run: compiled (kernels fused, fewer launches), or DDP's own.
         # Checkpoints save `self.model`, whose state_dict keys stay those of the backbone.
         self.forward_model = self.ddp_model
         compile_mode = config.train.compile
-        if compile_mode == "always" or (compile_mode == "gpu" and self.use_gpu):
+        self.compiles = compile_mode == "always" or (compile_mode == "gpu" and self.use_gpu)
+        self.compile_cache_uri = ""
+        if self.compiles:
+            if config.train.compile_cache and loop.cache_root:
+                folder = CacheLayout(loop.cache_root).compile(
+                    cache_key(config, device=self.device.type)
+                )
+                self.compile_cache_uri = storage.join(
+                    folder, shape_key(config, objective=loop.objective)
+                )
+                self.startup["compile_cache_loaded"] = float(load_compile_cache(folder))
             self.forward_model = torch.compile(self.ddp_model, backend=config.train.compile_backend)
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.use_gpu and config.train.bf16
-            else nullcontext()
-        )
+        self.compile_cache_saved = False
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else nullcontext()
         self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
-        self.shard = ray.train.get_dataset_shard("train")
+        if first_epoch is not None and self.state["step"] == 0:
+            self.reader = first_epoch
+        else:  # resumed: read from the checkpoint's epoch and batch on
+            if first_epoch is not None:
+                first_epoch.close()
+            self.reader = EpochReader(
+                lambda: ray.train.get_dataset_shard("train"),
+                config.train,
+                self.rank,
+                loop.batch_format,
+                start_epoch=self.state["epoch"],
+                skip=self.state["batches_in_epoch"],
+            )
         self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
         self.history: list[dict[str, Any]] = []
         if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
@@ -268,29 +336,16 @@ class WorkerTrainer:
         self.window_started = time.perf_counter()
 
     def _batches(self) -> Iterator[Any]:
-        """This epoch's batches of the shard, past those trained before a resume."""
-        if self.first_epoch is not None and self.state["epoch"] == 0:
-            batches, self.first_epoch = self.first_epoch.batches(), None
-        else:
-            batches = epoch_batches(
-                self.shard,
-                self.config.train,
-                self.rank,
-                self.state["epoch"],
-                self.loop.batch_format,
-            )
-        skip = self.state["batches_in_epoch"]
-        for batch in batches:
-            if skip:
-                skip -= 1
-                continue
-            yield batch
+        """This epoch's batches of the shard, past those trained before a resume (read
+        ahead by :class:`~santa.train.epochs.EpochReader`, across epoch boundaries)."""
+        return self.reader.epoch()
 
     def train(self) -> None:
         """Step through the shard, epoch after epoch, up to the stop step."""
         # Whole-run throughput: every second from here on counts (data, evaluation,
         # checkpoints), unlike the per-window `pairs_per_s`.
         self.run_started, self.run_first_step = time.perf_counter(), self.state["step"]
+        self.loop_started_at = time.time()
         while self.state["step"] < self.stop_at:
             trained = False
             for batch in self._batches():
@@ -310,12 +365,21 @@ class WorkerTrainer:
         """One optimizer step on a batch; returns its losses and metrics as floats."""
         train = self.config.train
         started = time.perf_counter()
+        first = self.state["step"] == self.run_first_step
+        if first:
+            self._note_first_batch()
         self.model.train()
+        self.ddp_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses = self.objective.forward_backward(self, batch)
+        if self.master is not None:
+            self.master.gradients_to_master()
         if train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.ddp_model.parameters(), train.grad_clip)
+            parameters = self.model if self.master is not None else self.ddp_model
+            torch.nn.utils.clip_grad_norm_(parameters.parameters(), train.grad_clip)
         self.optimizer.step()
+        if self.master is not None:
+            self.master.weights_to_compute()
         self.scheduler.step()
         self.state["step"] += 1
         self.state["batches_in_epoch"] += 1
@@ -327,7 +391,35 @@ class WorkerTrainer:
         for key, value in values.items():
             self.window.setdefault(key, []).append(value)
         self.window["time"].append(time.perf_counter() - started)
+        if first:
+            self._after_first_step(time.perf_counter() - started)
         return values
+
+    def _note_first_batch(self) -> None:
+        """The data's share of the start (the first batch ready, and how long the loop
+        waited for it after the model was built) and the whole start-up."""
+        now, ready = time.time(), self.reader.first_batch_at
+        if ready is not None:
+            self.startup["startup_first_batch_wait_s"] = max(0.0, ready - self.loop_started_at)
+            if self.entered_at is not None:
+                self.startup["startup_data_ready_s"] = max(0.0, ready - self.entered_at)
+        if self.loop.submitted_at:
+            driver = sum(v for k, v in self.loop.startup.items() if k.startswith("startup_"))
+            self.startup["startup_total_s"] = driver + max(0.0, now - self.loop.submitted_at)
+
+    def _after_first_step(self, seconds: float) -> None:
+        """Record the first step (compile included) and keep what the compile made."""
+        self.startup["startup_first_step_s"] = seconds
+        if self.compiles:
+            self.startup.update(
+                {f"startup_{k}" if k == "compile_s" else k: v for k, v in compile_stats().items()}
+            )
+            self._save_compile_cache()
+
+    def _save_compile_cache(self) -> None:
+        """Rank 0: keep this run's compiled graphs for the next stage or run of its shape."""
+        if self.rank == 0 and self.compile_cache_uri and not self.compile_cache_saved:
+            self.compile_cache_saved = save_compile_cache(self.compile_cache_uri)
 
     def report(self) -> bool:
         """Log, evaluate, report and checkpoint when the step calls for it; True at the end."""
@@ -337,6 +429,9 @@ class WorkerTrainer:
         if not (last or checkpoint_now or step % train.log_every == 0):
             return False
         metrics = self._window_metrics()
+        metrics.update(self.startup)
+        if self.compiles:
+            metrics["compile_graphs"] = compile_stats()["compile_graphs"]
         metrics.update(self.objective.report_metrics(self))
         run_s = time.perf_counter() - self.run_started
         pairs = train.global_batch_size * (step - self.run_first_step)
@@ -404,6 +499,7 @@ class WorkerTrainer:
 
     def close(self) -> None:
         """Close the TensorBoard writer (and publish its last events), then the objective."""
+        self.reader.close()
         try:
             if self.writer is not None:
                 self.writer.close()

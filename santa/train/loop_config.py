@@ -6,7 +6,7 @@ Light to import (no torch): the driver and Ray Train's controller pickle and unp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from santa.config import SantaConfig
@@ -59,6 +59,15 @@ class LoopConfig:
     registered_checkpoints: tuple[str, ...] = ()
     """The run's registered checkpoints, newest first: resume falls back along them when
     the latest does not load (``santa.train.resume``)."""
+    cache_root: str = ""
+    """The storage's cache folder (``RunLayout.cache``): torch.compile's saved work; empty:
+    none kept."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """Seconds of the driver's phases before submitting (``startup_*_s``), reported with
+    the workers' own."""
+    submitted_at: float = 0.0
+    """``time.time()`` when the driver submitted the run (the workers' start is measured
+    from it)."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -27,6 +27,7 @@ __all__ = [
     "SantaObjective",
     "compute_losses",
     "hard_negative_batch",
+    "placeholder_negatives",
     "santa_grad_cache_step",
     "to_tensors",
 ]
@@ -63,16 +64,38 @@ def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, d
     }
 
 
+def placeholder_negatives(tensors: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """``n`` stand-in hard negatives per query, ``(batch * n, length)``: the batch's own
+    documents, shifted by one row.
+
+    Before the asynchronous miner's first table, the step still encodes ``n`` documents per
+    query, so the compiled forward sees the shapes of every later step and never recompiles
+    when the table arrives; the loss leaves them out (``use_hard_negatives=False``).
+    """
+    key = "document_input_ids" if "document_input_ids" in tensors else "masked_input_ids"
+    ids = tensors[key]  # (batch, length)
+    mask = tensors[key.replace("input_ids", "attention_mask")]
+    return {
+        "hard_negative_input_ids": torch.roll(ids, 1, 0).repeat_interleave(n, 0),
+        "hard_negative_attention_mask": torch.roll(mask, 1, 0).repeat_interleave(n, 0),
+    }
+
+
 def compute_losses(
-    ddp_model: torch.nn.Module, batch: dict[str, torch.Tensor], config, gather
+    ddp_model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    config,
+    gather,
+    use_hard_negatives: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses."""
+    """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses
+    (``use_hard_negatives=False``: the batch's hard negatives are encoded, not scored)."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
     output = ddp_model(**inputs, mep_reduction=config.train.mep_reduction)
     sda = contrastive_loss(
         output.query_embeddings,
         output.doc_embeddings,
-        output.hard_negative_embeddings,
+        output.hard_negative_embeddings if use_hard_negatives else None,
         gather=gather,
         similarity=config.model.similarity,
         temperature=config.model.temperature,
@@ -94,6 +117,7 @@ def santa_grad_cache_step(
     chunk_size: int,
     autocast: contextlib.AbstractContextManager | None = None,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    use_hard_negatives: bool = True,
 ) -> dict[str, torch.Tensor]:
     """:func:`compute_losses` and its backward, by GradCache (:mod:`santa.train.grad_cache`).
 
@@ -114,7 +138,10 @@ def santa_grad_cache_step(
     hard = inputs.get("hard_negative_input_ids")
     per_query = 0 if hard is None else hard.shape[0] // rows
     labels = inputs.get("mep_labels")
-    batch_tokens = None if labels is None else model.mep_token_count(labels).clamp(min=1)
+    reduction = train.mep_reduction
+    batch_tokens = (
+        None if labels is None else model.mep_token_count(labels, reduction).clamp(min=1)
+    )
     chunks = [
         {
             # Hard negatives are query-major: a chunk of queries owns a block of them.
@@ -127,14 +154,16 @@ def santa_grad_cache_step(
     ]
 
     def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
-        output = forward_model(**chunk)
+        output = forward_model(**chunk, mep_reduction=reduction)
         embeddings = {"query": output.query_embeddings, "doc": output.doc_embeddings}
-        if output.hard_negative_embeddings is not None:
+        if output.hard_negative_embeddings is not None and use_hard_negatives:
             embeddings["hard"] = output.hard_negative_embeddings
         if output.mep_loss is None:
             return ChunkForward(embeddings)
-        # The chunk's mean over its target tokens, as a part of the batch's mean.
-        mep = output.mep_loss * (model.mep_token_count(chunk["mep_labels"]) / batch_tokens)
+        # The chunk's mean (over its target tokens, or its documents), as a part of the
+        # batch's mean.
+        share = model.mep_token_count(chunk["mep_labels"], reduction) / batch_tokens
+        mep = output.mep_loss * share
         loss = train.mep_weight * mep if train.mep_weight else None
         return ChunkForward(embeddings, loss=loss, metrics={"loss_mep": mep})
 
@@ -228,27 +257,37 @@ class SantaObjective(DualEncoderObjective):
                         trainer.model, texts, config.train.max_document_length, trainer.device
                     )
                 )
+            else:  # no table yet: the same shapes, left out of the loss
+                tensors.update(placeholder_negatives(tensors, negatives.n))
         if config.train.mask_duplicates:
             tensors.update(_duplicate_keys(trainer.model, batch, tensors, hard_ids))
         return tensors
 
     def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         tensors = self.batch_tensors(trainer, batch)
-        return compute_losses(trainer.forward_model, tensors, self.config, trainer.gather)
+        return compute_losses(
+            trainer.forward_model,
+            tensors,
+            self.config,
+            trainer.gather,
+            use_hard_negatives=self.table is not None,
+        )
 
     def forward_backward(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         chunk_size = self.config.train.grad_cache_chunk_size
         if not chunk_size:
             return super().forward_backward(trainer, batch)
+        tensors = self.batch_tensors(trainer, batch)
         return santa_grad_cache_step(
             trainer.forward_model,
             trainer.model,
-            self.batch_tensors(trainer, batch),
+            tensors,
             self.config,
             trainer.gather,
             chunk_size=chunk_size,
             autocast=trainer.autocast,
             no_sync=ddp_no_sync(trainer.ddp_model),
+            use_hard_negatives=self.table is not None,
         )
 
     def after_step(self, trainer) -> None:

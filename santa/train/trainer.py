@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from santa.config import SantaConfig
-from santa.data.outputs import published_root
+from santa.data.outputs import published_root, read_manifest
 from santa.models.checkpoints import resolve_model
 from santa.runtime import storage
-from santa.runtime.layout import RunLayout
+from santa.runtime.layout import CacheLayout, RunLayout
 from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
+from santa.runtime.resources import (
+    WORKER_GROUP_START_RETRIES,
+    ResourcePlan,
+    check_plan,
+    trainer_gpus,
+    training_plan,
+)
 from santa.train.data import build_train_dataset
 from santa.train.entry import train_loop_per_worker
+from santa.train.ingest import PreparedSplits
 from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
@@ -64,16 +76,21 @@ class RunSpec:
     config's ``negatives.encoder_gpus`` (``--miner-gpus``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
+    start_retries: int = WORKER_GROUP_START_RETRIES
+    """How often Ray Train retries a worker group that does not start (-1: forever)."""
     objective: str = "santa"
     """What the loop trains (``santa.train.loop_config.OBJECTIVES``): SANTA's SDA/DR + MEP on
     tokenized pairs, or SCodeR's ``discriminators`` / ``dual_encoder`` on listwise rows."""
     discriminators: str = ""
     """``dual_encoder`` with online soft labels: the discriminators' folder."""
+    cache: str = ""
+    """The cache folder runs share (trained tokenizers, torch.compile's work); empty: the
+    one beside the run (``RunLayout.cache``). Nested runs pass their parent's."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
         # (and Train V2 rejects a relative storage_path outright).
-        for name in ("data", "storage", "eval_data"):
+        for name in ("data", "storage", "eval_data", "cache"):
             object.__setattr__(self, name, storage.absolute(getattr(self, name)))
         if self.objective not in OBJECTIVES:
             raise ValueError(
@@ -89,6 +106,11 @@ class RunSpec:
     def run_uri(self) -> str:
         """The run's folder under the storage path."""
         return self.layout.root
+
+    @property
+    def cache_layout(self) -> CacheLayout:
+        """The cache folder this run reads and fills."""
+        return CacheLayout(self.cache) if self.cache else self.layout.cache
 
 
 def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
@@ -128,14 +150,56 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     if storage.exists(storage.join(init_uri, "config.json")):
         return init_uri
     from santa.models.dual_encoder import DualEncoder
-    from santa.models.tokenizer import train_tokenizer
 
-    tokenizer = train_tokenizer(read_texts(spec.data), vocab_size=config.model.tiny_vocab_size)
+    tokenizer = corpus_tokenizer(spec.data, config.model.tiny_vocab_size, spec.cache_layout)
     model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
     model.save_pretrained(init_uri, santa_config=config)
     parameters = sum(p.numel() for p in model.parameters())
     logger.info("built a tiny T5 with %d parameters at %s", parameters, init_uri)
     return init_uri
+
+
+def tokenizer_key(data_uri: str, vocab_size: int) -> str:
+    """Which corpus (its files, their sizes, its publish) and vocabulary a tokenizer is for."""
+    root = published_root(data_uri)
+    files = storage.list_files(storage.join(root, "data"), suffixes=(".parquet",))
+    manifest = read_manifest(data_uri) or {}
+    payload = {
+        "data": storage.absolute(data_uri),
+        "publish": (manifest.get("manifest") or {}).get("run_id"),
+        "files": [
+            [uri.rsplit("/", 1)[-1], size]
+            for uri, size in zip(files, storage.file_sizes(files), strict=True)
+        ],
+        "vocab_size": vocab_size,
+        "sample_rows": TOKENIZER_SAMPLE_ROWS,
+    }
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return f"v{vocab_size}-{digest[:16]}"
+
+
+def corpus_tokenizer(data_uri: str, vocab_size: int, cache: CacheLayout):
+    """The tiny recipe's tokenizer for a corpus: trained once, then kept in the cache
+    folder beside the runs, so the stages, resumed runs and trials on the same data load
+    it instead of training it again."""
+    from transformers import AutoTokenizer
+
+    from santa.models.tokenizer import train_tokenizer
+
+    folder = cache.tokenizer(tokenizer_key(data_uri, vocab_size))
+    with tempfile.TemporaryDirectory(prefix="santa-tokenizer-") as local:
+        if storage.exists(storage.join(folder, "tokenizer.json")):
+            storage.download_dir(folder, local, what="tokenizer")
+            logger.info("reusing the tokenizer trained for %s (%s)", data_uri, folder)
+            return AutoTokenizer.from_pretrained(local)
+        tokenizer = train_tokenizer(read_texts(data_uri), vocab_size=vocab_size)
+        tokenizer.save_pretrained(local)
+        # Whole or not at all: the marker file (tokenizer.json) goes up last.
+        names = sorted(os.listdir(local), key=lambda name: name == "tokenizer.json")
+        for name in names:
+            with open(os.path.join(local, name), "rb") as handle:
+                storage.write_bytes(storage.join(folder, name), handle.read())
+        return tokenizer
 
 
 def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
@@ -171,17 +235,54 @@ def worker_cpus(cpus_per_worker: float, num_workers: int) -> float:
     return max(0.25, min(1.0, free / num_workers))
 
 
+def worker_resources(config: SantaConfig, cpus: float) -> dict[str, float]:
+    """One training worker's ``resources_per_worker``: its CPUs and, on GPUs, its share."""
+    gpus = trainer_gpus(config)
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+def miner_placement(config: SantaConfig, miner_gpu: bool) -> tuple[float, dict[str, float] | None]:
+    """The miner actor's GPUs and custom resources (``async`` hard negatives)."""
+    on_gpu = config.train.use_gpu and miner_gpu
+    # A long-lived actor: on the head node where the cluster has one (cluster.yaml), unless
+    # it searches on a GPU itself (the head has none).
+    return (1.0 if on_gpu else 0.0), (None if on_gpu else head_placement() or None)
+
+
+def run_plan(
+    config: SantaConfig, cpus_per_worker: float = 0.0, miner_gpu: bool = False
+) -> ResourcePlan:
+    """What :func:`fit` will ask the cluster for (``santa.runtime.resources``);
+    ``cpus_per_worker`` as :class:`RunSpec` takes it (0: sized by :func:`worker_cpus`)."""
+    cpus = worker_cpus(cpus_per_worker, config.train.num_workers)
+    miner_gpus, miner_resources = miner_placement(config, miner_gpu)
+    return training_plan(
+        config, cpus_per_worker=cpus, miner_gpus=miner_gpus, miner_resources=miner_resources
+    )
+
+
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
     import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     train = config.train
     layout = spec.layout
     set_poll_interval()
+    cpus = worker_cpus(spec.cpus_per_worker, train.num_workers)
+    # Before anything is built or submitted: a request the cluster can never hold fails
+    # here in one line instead of waiting forever in Ray Train's retries.
+    check_plan(
+        run_plan(config, cpus, spec.miner_gpu), job=f"the {spec.objective} run {spec.name!r}"
+    )
+    # The fixed cost before the first step, phase by phase (the workers add theirs).
+    startup: dict[str, float] = {}
+    started = time.time()
     init_model = prepare_initial_model(config, spec)
+    startup["startup_initial_model_s"] = time.time() - started
+    started = time.time()
     # Same order every run: what makes a resumed run repeat the uninterrupted one.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     if OBJECTIVES[spec.objective][1] == "numpy":  # tokenized pairs, streamed by Ray Data
@@ -190,26 +291,32 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         from santa.scoder.examples import read_listwise_dataset
 
         dataset = read_listwise_dataset(spec.data)
-    rows = dataset.count() if not train.max_steps else None
-    cpus = worker_cpus(spec.cpus_per_worker, train.num_workers)
+    rows = None
+    if not train.max_steps:
+        # An epoch-based schedule needs the row count: tokenize now, once (the workers'
+        # splits reuse it, santa.train.ingest); otherwise that happens while they start.
+        dataset = dataset.materialize()
+        rows = dataset.count()
+    startup["startup_data_plan_s"] = time.time() - started
     # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
     remove_unregistered_checkpoints(layout.root)
+    started = time.time()
     miner = None
     miner_name = f"santa-miner-{spec.name}"
     if config.negatives.source == "async":
         from santa.negatives.miner import start_miner
 
+        miner_gpus, miner_resources = miner_placement(config, spec.miner_gpu)
         miner = start_miner(
             miner_name,
             data_uri=spec.data,
             model_uri=init_model,
             config=config,
-            num_gpus=1 if train.use_gpu and spec.miner_gpu else 0,
+            num_gpus=miner_gpus,
             max_restarts=spec.miner_max_restarts,
-            # a long-lived actor: on the head node where the cluster has one (cluster.yaml),
-            # unless it encodes on a GPU itself (the head has none)
-            resources=head_placement() if not (train.use_gpu and spec.miner_gpu) else None,
+            resources=miner_resources,
         )
+        startup["startup_miner_s"] = time.time() - started
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=LoopConfig(
@@ -230,22 +337,37 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             eval_data=spec.eval_data,
             eval_split=spec.eval_split,
             registered_checkpoints=tuple(registered_checkpoints(layout.root)),
+            cache_root=spec.cache_layout.root,
+            startup=startup,
+            submitted_at=time.time(),
         ).to_dict(),
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
             use_gpu=train.use_gpu,
-            resources_per_worker={"CPU": cpus, **({"GPU": 1} if train.use_gpu else {})},
+            # A worker whose GPU the miner's encoder actors share asks for the rest of it.
+            resources_per_worker=worker_resources(config, cpus),
+        ),
+        # NCCL when the workers have GPUs (Ray's choice), unless the config names one.
+        torch_config=TorchConfig(
+            backend=None if train.distributed_backend == "auto" else train.distributed_backend
         ),
         run_config=RunConfig(
             name=layout.name,
             storage_path=layout.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
-            failure_config=FailureConfig(max_failures=spec.max_failures),
+            failure_config=FailureConfig(
+                max_failures=spec.max_failures,
+                # A worker group that cannot start (no room for its placement group) is
+                # retried a bounded number of times, not forever.
+                controller_failure_limit=spec.start_retries,
+            ),
             callbacks=callbacks or None,
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
         datasets={"train": dataset},
+        # Tokenized once per run, then each epoch re-reads the worker's split.
+        dataset_config=PreparedSplits(),
     )
     try:
         return trainer.fit()

@@ -1,0 +1,334 @@
+"""The training loop through Ray beside the plain loop it wraps: same shape, one run.
+
+    python bench/perf/gpu_ray.py                   # GPU: the tiny recipe at T5-base shape
+    python bench/perf/gpu_ray.py --device cpu      # CPU: the tiny recipe as it is (runs anywhere)
+
+Two systems train the same config (the ``tiny`` recipe; on a GPU scaled to T5-base: d_model
+768, 12 + 12 layers, 12 heads, d_ff 3072, vocabulary 32100, global batch 128, lengths
+50/240/60, as issue 28 measured it) from the same initial weights:
+
+- ``ray``: ``python -m ray_jobs.pretrain`` as a subprocess on a local Ray of its own, one
+  Ray Train worker (``--gpu`` on a GPU), on standard-library pretraining pairs (a
+  ``--pairs`` subset, so that a short run crosses several epochs); its ``metrics.jsonl``
+  gives the windows, its ``startup_*`` metrics the phases before the first step;
+- ``plain``: in this process, the Ray run's initial model and the loop's own step
+  (``santa.train.objectives.compute_losses``, the loop's precision settings and optimizer,
+  ``torch.compile`` where the config compiles) on random token ids of the same shapes.
+
+Figures per system: **stage** seconds (``ray``: the whole subprocess, Ray's start and
+checkpoints included; ``plain``: model load + every step), **whole-stage pairs/s**
+(steps × batch / stage seconds), **loop pairs/s** (from the first step on: ``ray``'s
+``run_pairs_per_s``), **steady pairs/s** (the median window after the first) and the
+**worst window** after the first as a share of the median (an epoch-boundary stall shows
+there), and their ratio to the plain loop. Prints tables; writes
+``bench/results/gpu_ray.json`` (``--output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import common  # noqa: E402
+
+ROOT = common.ROOT
+RESULTS = common.RESULTS_DIR / "gpu_ray.json"
+
+# The shape issue 28 ran on one H100: the tiny recipe scaled to T5-base.
+GPU_SHAPE = (
+    "model.tiny_d_model=768",
+    "model.tiny_num_layers=12",
+    "model.tiny_num_heads=12",
+    "model.tiny_d_ff=3072",
+    "model.tiny_vocab_size=32100",
+    "train.global_batch_size=128",
+    "train.max_query_length=50",
+    "train.max_document_length=240",
+    "train.max_target_length=60",
+)
+DEFAULTS = {
+    # device: (steps, log window, pairs in the data)
+    "cuda": (300, 10, 0),  # every stdlib pair (about 4,400): an epoch is ~35 steps
+    "cpu": (60, 5, 640),  # tiny recipe, batch 16: an epoch is 40 steps
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line (sets the OpenMP threads of this process before torch is imported)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--window", type=int, default=None, help="steps per logged window")
+    parser.add_argument("--pairs", type=int, default=None, help="training pairs (0: all)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU: torch (and OpenMP) threads of the plain loop"
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override (both)"
+    )
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-gpu-ray"))
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--skip-ray", action="store_true", help="plain loop only")
+    args = parser.parse_args(argv)
+    # As Ray does for its workers (OMP_NUM_THREADS = their CPUs): without it the plain
+    # loop's OpenMP threads spin against each other on a busy machine (on the 2-core dev
+    # VM, 40x slower than with one thread).
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps, window, pairs = DEFAULTS[args.device]
+    args.steps = args.steps or steps
+    args.window = args.window or window
+    args.pairs = pairs if args.pairs is None else args.pairs
+    return args
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The config changes both systems run with."""
+    shape = list(GPU_SHAPE) if args.device == "cuda" else []
+    return [*shape, f"train.log_every={args.window}", *args.overrides]
+
+
+def build_pairs(work: Path, limit: int) -> str:
+    """Standard-library pretraining pairs (the first ``limit``; 0: all), built once."""
+    from bench.corpora import write_stdlib_pairs
+
+    data = work / f"pairs-{limit or 'all'}"
+    return write_stdlib_pairs(data, limit=limit or 10**9)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """A run's logged windows (``metrics.jsonl``)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def window_figures(rates: list[float]) -> dict[str, float]:
+    """Steady (median after the first window) and the worst window after the first."""
+    after = rates[1:] or rates
+    median = statistics.median(after)
+    return {
+        "steady_pairs_per_s": median,
+        "worst_window_pairs_per_s": min(after),
+        "worst_to_median": min(after) / median if median else 0.0,
+    }
+
+
+def run_ray(args: argparse.Namespace, data: str) -> dict[str, Any]:
+    """``ray_jobs.pretrain`` as a subprocess; its figures from ``metrics.jsonl``."""
+    name = f"bench-{int(time.time())}"
+    storage = args.workdir / "runs"
+    command = [
+        sys.executable,
+        "-m",
+        "ray_jobs.pretrain",
+        "--recipe",
+        "tiny",
+        "--data",
+        data,
+        "--storage",
+        str(storage),
+        "--name",
+        name,
+        "--num-workers",
+        "1",
+        "--max-steps",
+        str(args.steps),
+        *(["--gpu"] if args.device == "cuda" else []),
+    ]
+    for override in [*overrides(args), f"train.checkpoint_every={args.steps}"]:
+        command += ["--set", override]
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    stage_s = time.perf_counter() - started
+    if process.returncode:
+        tail = (process.stdout + process.stderr)[-3000:]
+        raise RuntimeError(f"ray_jobs.pretrain failed ({process.returncode}):\n{tail}")
+    metrics = read_metrics(storage / name / "metrics.jsonl")
+    from santa.recipes import get_recipe
+
+    batch = get_recipe("tiny").with_overrides(overrides(args)).train.global_batch_size
+    rates = [m["pairs_per_s"] for m in metrics]
+    phases = {k: v for k, v in metrics[-1].items() if k.startswith("startup_")}
+    first_lines = process.stdout.splitlines()[:3]
+    return {
+        "system": "ray",
+        "run": str(storage / name),
+        "load_average_1m_before": load,
+        "stage_s": stage_s,
+        "whole_pairs_per_s": args.steps * batch / stage_s,
+        "loop_pairs_per_s": metrics[-1]["run_pairs_per_s"],
+        "windows_pairs_per_s": rates,
+        **window_figures(rates),
+        "phases_s": phases,
+        "output_lines": len((process.stdout + process.stderr).splitlines()),
+        "first_lines": first_lines,
+    }
+
+
+def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
+    """The loop's step in this process on random ids of the same shapes."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from santa.method.distributed import identity_gather
+    from santa.models.dual_encoder import DualEncoder
+    from santa.recipes import get_recipe
+    from santa.train.objectives import compute_losses
+    from santa.train.trainer import tokenization_settings
+
+    config = get_recipe("tiny").with_overrides(
+        [*overrides(args), *(["train.use_gpu=true"] if args.device == "cuda" else [])]
+    )
+    train = config.train
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+    if not on_gpu:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    torch.manual_seed(train.seed)
+    model = DualEncoder.from_pretrained(init_model, config.model).to(device).train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=train.learning_rate,
+        weight_decay=train.weight_decay,
+        fused=on_gpu or None,
+    )
+    forward = model
+    if train.compile == "always" or (train.compile == "gpu" and on_gpu):
+        forward = torch.compile(model, backend=train.compile_backend)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu and train.bf16 else nullcontext()
+    )
+    settings = tokenization_settings(config)
+    batch = train.global_batch_size
+    vocab = model.backbone.config.vocab_size
+
+    def ids(length: int) -> torch.Tensor:
+        return torch.randint(2, vocab, (batch, length), device=device)  # (batch, length)
+
+    tensors = {
+        "query_input_ids": ids(settings["max_query_length"]),
+        "query_attention_mask": torch.ones(batch, settings["max_query_length"], device=device),
+    }
+    if settings["with_document"]:
+        tensors["document_input_ids"] = ids(settings["max_document_length"])
+        tensors["document_attention_mask"] = torch.ones_like(tensors["document_input_ids"])
+    if settings["with_mep"]:
+        tensors["masked_input_ids"] = ids(settings["max_document_length"])
+        tensors["masked_attention_mask"] = torch.ones_like(tensors["masked_input_ids"])
+        tensors["labels"] = ids(settings["max_target_length"])
+    tensors = {key: value.long() for key, value in tensors.items()}
+    loaded_s = time.perf_counter() - started
+
+    rates: list[float] = []
+    window_started = loop_started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        with autocast:
+            losses = compute_losses(forward, tensors, config, identity_gather)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        optimizer.step()
+        if step % args.window == 0:
+            float(losses["loss"].detach())  # waits for the device, as the loop's logging does
+            now = time.perf_counter()
+            rates.append(batch * args.window / (now - window_started))
+            window_started = now
+    stage_s = time.perf_counter() - started
+    return {
+        "system": "plain",
+        "load_average_1m_before": load,
+        "stage_s": stage_s,
+        "whole_pairs_per_s": args.steps * batch / stage_s,
+        "loop_pairs_per_s": args.steps * batch / (time.perf_counter() - loop_started),
+        "windows_pairs_per_s": rates,
+        **window_figures(rates),
+        "phases_s": {"startup_model_s": loaded_s},
+    }
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    """The systems side by side, then the Ray run's phases before its first step."""
+    rows = result["systems"]
+    plain = next(row for row in rows if row["system"] == "plain")
+    print(
+        f"\n{result['device']}: {result['steps']} steps of batch {result['batch']}, "
+        f"windows of {result['window']} steps, {result['pairs'] or 'all'} pairs\n"
+    )
+    print(
+        "| system | stage s | whole-stage pairs/s | loop pairs/s | steady pairs/s "
+        "| worst window / median | whole vs plain | steady vs plain |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['system']} | {row['stage_s']:.1f} | {row['whole_pairs_per_s']:.1f} | "
+            f"{row['loop_pairs_per_s']:.1f} | {row['steady_pairs_per_s']:.1f} | "
+            f"{row['worst_to_median']:.2f} | "
+            f"{row['whole_pairs_per_s'] / plain['whole_pairs_per_s']:.2f}x | "
+            f"{row['steady_pairs_per_s'] / plain['steady_pairs_per_s']:.2f}x |"
+        )
+    ray = next((row for row in rows if row["system"] == "ray"), None)
+    if ray and ray["phases_s"]:
+        print("\n| phase before the first step (ray) | s |\n|---|---:|")
+        for key, value in ray["phases_s"].items():
+            print(f"| {key.removeprefix('startup_').removesuffix('_s')} | {value:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run both systems; print and save the figures."""
+    args = parse_args(argv)
+    bench = common.BenchRun(__file__, argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    data = build_pairs(args.workdir, args.pairs)
+    systems = []
+    from santa.recipes import get_recipe
+
+    config = get_recipe("tiny").with_overrides(overrides(args))
+    if args.skip_ray:
+        from santa.train.trainer import RunSpec, prepare_initial_model
+
+        spec = RunSpec(data=data, storage=str(args.workdir / "runs"), name="plain-init")
+        init_model = prepare_initial_model(config, spec)
+    else:
+        print(f"[bench] ray_jobs.pretrain, {args.steps} steps ...", flush=True)
+        systems.append(run_ray(args, data))
+        init_model = str(Path(systems[0]["run"]) / "init_model")
+    print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
+    systems.append(run_plain(args, init_model))
+    import torch
+
+    result = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "cpu_count": os.cpu_count(),
+        "steps": args.steps,
+        "window": args.window,
+        "pairs": args.pairs,
+        "batch": config.train.global_batch_size,
+        "overrides": overrides(args),
+        "systems": systems,
+    }
+    print_tables(result)
+    bench.write_json(args.output, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
