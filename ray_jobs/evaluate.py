@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from santa.data.outputs import claim_output
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
+from santa.runtime import interrupts
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.preflight import check_input, check_writable
 
@@ -98,9 +100,17 @@ def main(argv: list[str] | None = None) -> int:
 
     def evaluate_and_print() -> int:
         check_input(args.data, "--data")
-        if args.output:
-            check_writable(args.output, "--output")
-        results = evaluate(args.checkpoint, args.data, config)
+        if not args.output:
+            return report(evaluate(args.checkpoint, args.data, config))
+        check_writable(args.output, "--output")
+        # One writer per output; published whole, so an interruption leaves it as it was.
+        with (
+            claim_output(args.output, "evaluate"),
+            interrupts.keeping(lambda: f"no metrics were published; {args.output} is as it was"),
+        ):
+            return report(evaluate(args.checkpoint, args.data, config))
+
+    def report(results) -> int:
         print(format_markdown(results), end="")
         if args.output:
             print(f"output: {args.output}")

@@ -55,10 +55,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """Resolve → download → report."""
-    from santa.models import checkpoints
+    from santa.data.outputs import claim_output
+    from santa.runtime import interrupts
     from santa.runtime.preflight import check_writable
 
     check_writable(args.to, "--to")
+    with (
+        claim_output(args.to, "export", "--to"),
+        interrupts.keeping(lambda: f"nothing was written; {args.to} is as it was"),
+    ):
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from santa.models import checkpoints
+
     if args.checkpoint:
         resolved = checkpoints.resolve_checkpoint(args.checkpoint)
     elif args.latest:

@@ -13,10 +13,11 @@ import json
 import logging
 
 from santa.data.cosqa import write_cosqa_beir
-from santa.data.outputs import staged_output
+from santa.data.outputs import claim_output, staged_output
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
+from santa.runtime import interrupts
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.preflight import check_input, check_writable
 from santa.runtime.ray_utils import init_ray
@@ -112,9 +113,24 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config, address: str | None) -> int:
     check_input(config.input, "--input")  # before any work: one line naming the URI
     check_writable(config.output, "--output")
+    # One writer per output, which holds nothing but a preprocess output; an interrupted
+    # run leaves it as it was.
+    with (
+        claim_output(config.output, "preprocess"),
+        interrupts.keeping(
+            lambda: (
+                f"nothing was published; {config.output} is as it was (run the same "
+                "command to start over)"
+            )
+        ),
+    ):
+        return _write(config, address)
+
+
+def _write(config, address: str | None) -> int:
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
         split = config.split or "test"
-        with staged_output(config.output) as staged:
+        with staged_output(config.output, tool="preprocess") as staged:
             report = write_cosqa_beir(config.input, staged.staging, split=split)
             options = {"dataset": COSQA, "input": config.input, "split": split}
             staged.publish({**report, "config": options})

@@ -381,13 +381,19 @@ def evaluate(
         "timings_s": {name: round(value, 3) for name, value in timings.items()},
     }
     logger.info("evaluation info: %s", json.dumps(info))
-    output = config.output
-    if output is not None:
-        for system, ranking in rankings.items():
-            write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
-        storage.write_json(storage.join(output, "metrics.json"), results)
-        storage.write_bytes(
-            storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")
-        )
-        storage.write_json(storage.join(output, "info.json"), info)
+    if config.output is not None:
+        # Published whole: a re-run replaces the folder (no TREC run of an earlier
+        # baseline left beside new metrics), an interrupted one leaves it as it was.
+        from santa.data.outputs import staged_output
+
+        with staged_output(config.output, tool="evaluate") as staged:
+            output = staged.staging
+            for system, ranking in rankings.items():
+                write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
+            storage.write_json(storage.join(output, "metrics.json"), results)
+            storage.write_bytes(
+                storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")
+            )
+            storage.write_json(storage.join(output, "info.json"), info)
+            staged.publish({"info": info, "systems": sorted(results)})
     return results

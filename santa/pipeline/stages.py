@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from santa.config import SantaConfig
+from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
 from santa.pipeline.report import format_report, is_number, plot_history, read_history
 from santa.recipes import PIPELINE_STAGES, stage_recipe
-from santa.runtime import storage
+from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
@@ -140,11 +141,23 @@ def run_pipeline(
         from santa.runtime.ray_utils import init_ray
 
         print(init_ray(address, verbose=verbose), flush=True)
-        return _run(spec, configs)
+        done: list[str] = []  # the stages finished so far (for an interruption's line)
+        with interrupts.keeping(
+            lambda: (
+                f"pipeline {spec.layout.root}: "
+                + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
+            ),
+            hint="run the same command to resume (the corpus, the mined table and "
+            "finished stages are reused)",
+        ):
+            return _run(spec, configs, done)
 
 
-def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
+def _run(
+    spec: PipelineSpec, configs: dict[str, SantaConfig], done: list[str] | None = None
+) -> dict[str, Any]:
     layout = spec.layout
+    done = [] if done is None else done
     started = time.time()
     phases: dict[str, float] = {}
     if spec.data:
@@ -160,8 +173,9 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
         negatives = "none"
         if stage == "ance":
             negatives = "async" if spec.hard_negatives == "async" else ""
-            if not negatives and storage.exists(layout.negatives_table):  # mined already
-                negatives = f"table:{layout.negatives_table}"
+            mined = published_table(layout.negatives) if not negatives else None
+            if mined:  # mined already
+                negatives = f"table:{mined}"
             if not negatives:
                 mined_at = time.time()
                 negatives = "table:" + mine_negatives(
@@ -170,6 +184,7 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
                 phases["mine_s"] = time.time() - mined_at
         config = stage_config(spec, stage, negatives) if stage == "ance" else configs[stage]
         stages.append(train_stage(spec, stage, config, data, dev_uri, previous))
+        done.append(stage)
         phases[f"{stage}_s"] = stages[-1]["seconds"]
         previous = checkpoint_model(stages[-1]["checkpoint"])
 
@@ -339,7 +354,10 @@ def evaluate_systems(
         systems[name] = results.pop("model")
         if name == last:
             systems.update(results)  # the baseline, once
-            evaluated_with = storage.read_json(storage.join(layout.eval(folder), "info.json"))
+            from santa.data.outputs import published_root
+
+            published = published_root(layout.eval(folder))  # S3: the manifest's prefix
+            evaluated_with = storage.read_json(storage.join(published, "info.json"))
     return systems, {
         key: evaluated_with.get(key)
         for key in ("similarity", "pooling", "max_query_length", "max_document_length")

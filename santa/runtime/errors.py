@@ -9,11 +9,21 @@ arrive wrapped in Ray's exceptions; the original cause is what the user sees.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
 
-__all__ = ["BAD_INPUT", "RUNTIME_FAULT", "debug_enabled", "describe", "exit_with", "run_job"]
+__all__ = [
+    "BAD_INPUT",
+    "INTERRUPTED",
+    "RUNTIME_FAULT",
+    "debug_enabled",
+    "describe",
+    "exit_with",
+    "root_cause",
+    "run_job",
+]
 
 BAD_INPUT = 2
 RUNTIME_FAULT = 1
@@ -26,20 +36,43 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in arguments or os.environ.get("SANTA_DEBUG", "") not in ("", "0")
 
 
+# Where Ray keeps the exception it wraps: Ray Train's worker group (the first failing
+# rank's), its controller's, a worker's user code with its traceback, a failed health check,
+# a task's (RayTaskError.cause).
+_WRAPPED_ATTRIBUTES = ("controller_failure", "_base_exc", "health_check_failure", "cause")
+_WRAPPERS_BY_NAME = ("RayTaskError", "UserCodeException", "TuneError", "RayTrainError")
+
+
+def _unwrap_once(error: BaseException) -> BaseException | None:
+    failures = getattr(error, "worker_failures", None)
+    if isinstance(failures, dict) and failures:
+        return failures[min(failures)]
+    for attribute in _WRAPPED_ATTRIBUTES:
+        inner = getattr(error, attribute, None)
+        if isinstance(inner, BaseException):
+            return inner
+    name = type(error).__name__
+    if name.startswith(_WRAPPERS_BY_NAME) and error.__cause__ is not None:
+        return error.__cause__
+    return None
+
+
 def _root_cause(error: BaseException) -> BaseException:
-    """The user's error inside Ray's wrappers (RayTaskError, ActorDiedError causes)."""
+    """The user's error inside Ray's wrappers (Ray Train's WorkerGroupError and
+    ControllerError, RayTaskError, Ray Data's UserCodeException)."""
     seen = set()
     while id(error) not in seen:
         seen.add(id(error))
-        cause = getattr(error, "cause", None)  # RayTaskError keeps the original here
-        if isinstance(cause, BaseException):
-            error = cause
-            continue
-        if type(error).__name__.startswith("RayTaskError") and error.__cause__ is not None:
-            error = error.__cause__
-            continue
-        break
+        inner = _unwrap_once(error)
+        if inner is None:
+            break
+        error = inner
     return error
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception the user's code (or a storage call) raised, out of Ray's wrappers."""
+    return _root_cause(error)
 
 
 def _is_bad_input(error: BaseException) -> bool:
@@ -51,9 +84,44 @@ def _is_bad_input(error: BaseException) -> bool:
     return isinstance(error, ValueError | FileNotFoundError | NotADirectoryError | KeyError)
 
 
+def _field(text: str, name: str) -> str:
+    match = re.search(rf"\b{name}:\s*(\S+)", text)
+    return match.group(1) if match else ""
+
+
+def _describe_process_death(error: BaseException) -> str | None:
+    """One line for a Ray worker process that died (killed, out of memory, node lost)."""
+    name = type(error).__name__
+    deaths = ("ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError")
+    if not any(death in name for death in (*deaths, "OwnerDiedError")):
+        return None
+    text = str(error)
+    who = _field(text, "class_name") or "a Ray worker"
+    where = " ".join(
+        part
+        for part in (
+            f"pid {_field(text, 'pid')}" if _field(text, "pid") else "",
+            f"on {_field(text, 'ip')}" if _field(text, "ip") else "",
+        )
+        if part
+    )
+    detail = ""
+    match = re.search(r"Worker exit detail: ([^\n]*?)(\.|$)", text)
+    if match:
+        detail = match.group(1).strip()
+    elif "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+        detail = "its node died"
+    what = {"RayTrainWorker": "a training worker"}.get(who, who)
+    line = f"{what} died" + (f" ({where})" if where else "")
+    return line + (f": {detail}" if detail else "")
+
+
 def describe(error: BaseException) -> tuple[str, int]:
     """The one line and the exit code for ``error``."""
     error = _root_cause(error)
+    death = _describe_process_death(error)
+    if death is not None:
+        return f"santa: error: {death}", RUNTIME_FAULT
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
@@ -75,31 +143,61 @@ def exit_with(code: int) -> None:
     status 1 instead of 130.
     """
     if code == INTERRUPTED:
-        ray = sys.modules.get("ray")
-        try:
-            if ray is not None and ray.is_initialized():
-                ray.shutdown()
-        except BaseException:  # noqa: BLE001, S110 - already exiting on an interrupt
-            pass
+        _shutdown_ray(timeout_s=20.0)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     sys.exit(code)
 
 
+def _shutdown_ray(timeout_s: float) -> None:
+    """Stop (a local Ray of the job's own) or leave the cluster, waiting at most
+    ``timeout_s``: the job's actors (Ray Train's controller and workers, the miner) end with
+    the driver. A second Ctrl-C meanwhile ends the process at once."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return
+
+    def shutdown() -> None:
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        except BaseException:  # noqa: BLE001, S110 - already exiting on an interrupt
+            pass
+
+    import threading
+
+    thread = threading.Thread(target=shutdown, name="santa-ray-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+
+
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:
     """Run a job's ``main`` and turn any exception into one line and an exit code."""
+    from santa.runtime import interrupts
+
     debug = debug_enabled(argv)
+    previous = interrupts.install()
     try:
-        return int(main() or 0)
+        code = int(main() or 0)
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        print("santa: interrupted", file=sys.stderr, flush=True)
+        # Ctrl-C, or `ray job stop` (SIGTERM): santa's handlers stay, so that a second
+        # signal while the process winds down stops it at once.
+        print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        if not interrupts.interrupted():  # raised by the code itself, not by a signal
+            interrupts.restore(previous)
         return INTERRUPTED
     except BaseException as error:  # noqa: BLE001 - every error becomes one line
+        from santa.runtime import console
+
+        console.log_exception(error)  # the whole story, in the job's log file
         if debug:
             traceback.print_exc()
         line, code = describe(error)
         print(line, file=sys.stderr, flush=True)
+        interrupts.restore(previous)
         return code
+    interrupts.restore(previous)
+    return code

@@ -45,6 +45,7 @@ __all__ = [
     "ScoderIteration",
     "checkpoint_model",
     "checkpoint_uri",
+    "output_lock",
 ]
 
 MODEL_DIR = "model"
@@ -282,6 +283,20 @@ class ScoderIteration:
     def manifest(self) -> str:
         """Written last: the iteration is done."""
         return self.path("manifest.json")
+
+
+def output_lock(uri: str) -> str:
+    """The one-writer lock of a job's output folder (preprocess, evaluate, export, mining).
+
+    Locally beside the folder (``PARENT/.NAME.santa-lock``): publishing renames a new
+    folder onto the output, which would carry a lock inside it away. On S3 (no renames)
+    inside it, as for runs.
+    """
+    if storage.is_s3(uri):
+        return storage.join(uri, S3_LEASE_FILE)
+    path = storage.absolute(uri).rstrip(os.sep)
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}{LOCAL_LOCK_FILE}")
 
 
 def checkpoint_uri(checkpoint: Any, storage_root: str) -> str:

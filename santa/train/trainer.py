@@ -12,11 +12,13 @@ import pyarrow.parquet as pq
 from santa.config import SantaConfig
 from santa.data.outputs import published_root
 from santa.models.checkpoints import resolve_model
-from santa.runtime import storage
+from santa.runtime import interrupts, storage
+from santa.runtime.interrupts import call_in_thread
 from santa.runtime.layout import RunLayout
 from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.train.data import build_train_dataset
 from santa.train.entry import train_loop_per_worker
+from santa.train.kept import describe_run
 from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
@@ -248,7 +250,14 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         datasets={"train": dataset},
     )
     try:
-        return trainer.fit()
+        # In a helper thread: from the main thread, Ray Train takes SIGINT over (and ends
+        # the process with status 1 and no message); santa's handler answers instead.
+        with interrupts.keeping(lambda: describe_run(layout.root)):
+            result = call_in_thread(trainer.fit, name="santa-fit")
+        # A checkpoint upload cut short and retried leaves its folder behind: a finished
+        # run holds registered checkpoints only.
+        remove_unregistered_checkpoints(layout.root)
+        return result
     finally:
         if miner is not None:
             import ray
