@@ -359,7 +359,10 @@ def _read_examples(config: PreprocessConfig) -> pa.Table:
 
 def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     uri = storage.join(config.input, "shopping_queries_dataset_products.parquet")
-    return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS)
+    path, filesystem = storage.for_ray(uri)
+    return ray.data.read_parquet(
+        path, filesystem=filesystem, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS
+    )
 
 
 def _select_examples(config: PreprocessConfig, examples: pa.Table) -> tuple[pa.Table, Counter]:
@@ -448,8 +451,10 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     else:
         data_uri = storage.join(output, "data")
         if kept.any():
+            path, filesystem = storage.for_ray(data_uri)  # S3: santa's timeouts in the writers
             final.write_parquet(
-                data_uri,
+                path,
+                filesystem=filesystem,
                 mode="overwrite",
                 min_rows_per_file=_rows_per_file(config, int(kept.sum())),
             )

@@ -116,10 +116,28 @@ def _describe_process_death(error: BaseException) -> str | None:
     return line + (f": {detail}" if detail else "")
 
 
+def _describe_placement_timeout(error: BaseException) -> str | None:
+    """One line for Ray Train giving up waiting for its workers to be placed."""
+    if type(error).__name__ != "WorkerGroupStartupTimeoutError":
+        return None
+    workers = getattr(error, "num_workers", None)
+    wait = re.search(r"after ([\d.]+) seconds", str(error))
+    waited = f" within {float(wait.group(1)):.0f} s" if wait else ""
+    return (
+        f"the cluster could not place {workers or 'the'} training workers{waited} (a node "
+        "lost and not replaced, or too few resources); the run kept its checkpoints: run the "
+        "same command when the cluster has room, give it more time "
+        "(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), or go on with fewer (--num-workers MIN-MAX)"
+    )
+
+
 def describe(error: BaseException) -> tuple[str, int]:
     """The one line and the exit code for ``error``."""
     error = _root_cause(error)
-    death = _describe_process_death(error)
+    from santa.runtime.storage import s3_error
+
+    error = s3_error(error) or error  # pyarrow's AWS errors from Ray's processes: the URI
+    death = _describe_process_death(error) or _describe_placement_timeout(error)
     if death is not None:
         return f"santa: error: {death}", RUNTIME_FAULT
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -25,8 +25,11 @@ def start_first_epoch(loop: LoopConfig) -> FirstEpoch | None:
     if ray.train.get_checkpoint() is not None:
         return None
     shard = ray.train.get_dataset_shard("train")
-    rank = ray.train.get_context().get_world_rank()
-    return FirstEpoch(epoch_batches(shard, loop.santa.train, rank, 0, loop.batch_format))
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    return FirstEpoch(
+        epoch_batches(shard, loop.santa.train, rank, 0, loop.batch_format, world_size)
+    )
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:

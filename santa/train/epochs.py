@@ -17,12 +17,18 @@ _END = object()
 
 
 def epoch_batches(
-    shard, train: TrainConfig, rank: int, epoch: int, batch_format: str = "numpy"
+    shard,
+    train: TrainConfig,
+    rank: int,
+    epoch: int,
+    batch_format: str = "numpy",
+    world_size: int | None = None,
 ) -> Iterator[Any]:
-    """One epoch of this worker's shard, in batches of the per-worker batch size."""
+    """One epoch of this worker's shard, in batches of the per-worker batch size (of the
+    ``world_size`` workers present: an elastic run keeps its global batch)."""
     return iter(
         shard.iter_batches(
-            batch_size=train.per_worker_batch_size(),
+            batch_size=train.per_worker_batch_size(world_size),
             drop_last=True,
             batch_format=batch_format,
             # Pairs arrive in corpus order (all functions of a file together); a seeded

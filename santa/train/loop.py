@@ -159,8 +159,15 @@ def train_loop_per_worker(
     trainer = WorkerTrainer(LoopConfig.from_dict(loop_config), first_epoch=first_epoch)
     try:
         trainer.train()
-    finally:
-        trainer.close()
+    except BaseException:
+        # The first error is the one to report: closing (the TensorBoard upload to an S3
+        # endpoint that just went silent) must not replace it.
+        try:
+            trainer.close()
+        except Exception:  # noqa: BLE001 - cleanup after another error
+            logger.warning("closing after a failure failed too", exc_info=True)
+        raise
+    trainer.close()
 
 
 class WorkerTrainer:
@@ -192,6 +199,7 @@ class WorkerTrainer:
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
         self.state = self._resume()
+        self._announce_world_size()
         self.first_epoch = first_epoch if self.state["step"] == 0 else None
         # An interruption on purpose (a preemptible run's budget, or a test of resuming):
         # train up to this step, checkpoint, and return; the schedule still spans `steps`.
@@ -222,6 +230,10 @@ class WorkerTrainer:
         if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
             text = storage.read_bytes(loop.metrics_uri).decode()
             self.history = [json.loads(line) for line in text.splitlines() if line.strip()]
+        # Steps this job printed already (a worker group Ray Train restarted repeats them
+        # from the checkpoint): repeated quietly, not shown as new.
+        logged = max((int(h["step"]) for h in self.history), default=0)
+        self.printed_through = logged if logged > loop.logged_before else 0
         # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
         # the held-out BEIR split at every eval step; the other ranks wait at the report
         # barrier.
@@ -250,6 +262,23 @@ class WorkerTrainer:
             logger.info("rank %d resumed at step %d", self.rank, state["step"])
         return state
 
+    def _announce_world_size(self) -> None:
+        """An elastic run that resumes with another number of workers says so (rank 0)."""
+        before = self.state.get("world_size")
+        self.state["world_size"] = self.world_size
+        if self.rank != 0 or before is None or before == self.world_size:
+            return
+        from santa.runtime.console import say
+
+        train = self.config.train
+        allowed = f" of {train.min_workers}-{train.num_workers}" if train.elastic else ""
+        say(
+            f"training goes on with {self.world_size} worker(s){allowed} from step "
+            f"{self.state['step']} (was {before}); the global "
+            f"batch stays {train.global_batch_size}: "
+            f"{train.per_worker_batch_size(self.world_size)} pairs per worker"
+        )
+
     def _reset_window(self) -> None:
         self.window: dict[str, list[float]] = {"time": []}
         self.window_started = time.perf_counter()
@@ -265,6 +294,7 @@ class WorkerTrainer:
                 self.rank,
                 self.state["epoch"],
                 self.loop.batch_format,
+                self.world_size,
             )
         skip = self.state["batches_in_epoch"]
         for batch in batches:
@@ -336,8 +366,9 @@ class WorkerTrainer:
         if self.rank == 0:
             # Ray Train patches print() to log *and* tee it (two lines per call); the
             # process's own stdout is printed once and still reaches the driver.
-            line = self.objective.progress_line(metrics, self.steps)
-            print(line, file=sys.__stdout__, flush=True)
+            if step > self.printed_through:
+                line = self.objective.progress_line(metrics, self.steps)
+                print(line, file=sys.__stdout__, flush=True)
             self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
         self._report(metrics, checkpoint_now)
         return last

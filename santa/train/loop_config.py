@@ -59,6 +59,10 @@ class LoopConfig:
     registered_checkpoints: tuple[str, ...] = ()
     """The run's registered checkpoints, newest first: resume falls back along them when
     the latest does not load (``santa.train.resume``)."""
+    logged_before: int = 0
+    """The last step ``metrics_uri`` held when the job started: steps logged after it were
+    printed by this job, so a worker restarted by Ray Train repeats them without printing
+    them again (a rerun of the command prints its steps anew)."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

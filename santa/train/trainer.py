@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,14 @@ def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
     }
 
 
+RESIZE_INTERVAL_ENV = "SANTA_RESIZE_INTERVAL_S"
+
+
+def resize_interval_s() -> float:
+    """How often an elastic run looks for room to grow back (Ray Train's default 60 s)."""
+    return float(os.environ.get(RESIZE_INTERVAL_ENV, "60"))
+
+
 def set_poll_interval() -> str:
     """Ray Train's poll interval for this process's runs: the user's, else santa's 0.5 s."""
     return os.environ.setdefault(POLL_INTERVAL_ENV, POLL_INTERVAL_S)
@@ -173,12 +182,28 @@ def worker_cpus(cpus_per_worker: float, num_workers: int) -> float:
     return max(0.25, min(1.0, free / num_workers))
 
 
+def last_logged_step(metrics_uri: str) -> int:
+    """The last step in a run's ``metrics.jsonl`` (0: none yet)."""
+    import json
+
+    if not storage.exists(metrics_uri):
+        return 0
+    steps = [
+        int(json.loads(line).get("step", 0))
+        for line in storage.read_bytes(metrics_uri).decode().splitlines()
+        if line.strip()
+    ]
+    return max(steps, default=0)
+
+
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
     import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchTrainer
+
+    from santa.train.recovery import RecoveryReporter
 
     train = config.train
     layout = spec.layout
@@ -212,6 +237,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             # unless it encodes on a GPU itself (the head has none)
             resources=head_placement() if not (train.use_gpu and spec.miner_gpu) else None,
         )
+    # On S3, Ray Train's checkpoint uploads and downloads get santa's timeouts.
+    storage_path, storage_filesystem = storage.for_ray(layout.storage_path)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=LoopConfig(
@@ -232,18 +259,25 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             eval_data=spec.eval_data,
             eval_split=spec.eval_split,
             registered_checkpoints=tuple(registered_checkpoints(layout.root)),
+            logged_before=last_logged_step(layout.metrics),
         ).to_dict(),
         scaling_config=ScalingConfig(
-            num_workers=train.num_workers,
+            # Elastic (--num-workers MIN-MAX): Ray Train goes on with the workers that fit.
+            num_workers=(train.min_workers, train.num_workers)
+            if train.elastic
+            else train.num_workers,
+            **({"elastic_resize_monitor_interval_s": resize_interval_s()} if train.elastic else {}),
             use_gpu=train.use_gpu,
             resources_per_worker={"CPU": cpus, **({"GPU": 1} if train.use_gpu else {})},
         ),
         run_config=RunConfig(
             name=layout.name,
-            storage_path=layout.storage_path,
+            storage_path=storage_path,
+            storage_filesystem=storage_filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
             failure_config=FailureConfig(max_failures=spec.max_failures),
-            callbacks=callbacks or None,
+            # One line per recovery (a dead worker, a lost node), not Ray's traceback.
+            callbacks=[*(callbacks or []), RecoveryReporter(layout.root, spec.max_failures)],
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
@@ -257,9 +291,26 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         # A checkpoint upload cut short and retried leaves its folder behind: a finished
         # run holds registered checkpoints only.
         remove_unregistered_checkpoints(layout.root)
+        if miner is not None:
+            _warn_if_negatives_never_came(config, result, miner)
         return result
     finally:
         if miner is not None:
             import ray
 
             ray.kill(miner)
+
+
+def _warn_if_negatives_never_came(config: SantaConfig, result, miner) -> None:
+    """One line when an ``async`` stage ended without a table, or with a stale one."""
+    import ray
+
+    from santa.negatives.health import negatives_warning
+
+    try:
+        info = ray.get(miner.info.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - the line is still worth printing without it
+        info = None
+    line = negatives_warning(config, dict(result.metrics or {}), info)
+    if line:
+        print(line, file=sys.stderr, flush=True)
