@@ -21,7 +21,7 @@ import logging
 from santa.data.outputs import claim_output
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig, evaluate, format_markdown
 from santa.runtime import interrupts
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    return parser
+    return with_exit_codes(parser)
 
 
 def main(argv: list[str] | None = None) -> int:

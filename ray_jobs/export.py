@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 
 PROG = "python -m ray_jobs.export"
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace DIR if it exists and is not empty"
     )
-    return parser
+    return with_exit_codes(parser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,15 @@ from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY
 from santa.negatives.miner import refresh_table
 from santa.negatives.mining import load_mining_corpus, publish_table
 from santa.runtime import interrupts
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_pairs, check_writable
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → load → mine → write."""
-    parser = argparse.ArgumentParser(prog="python -m ray_jobs.mine_negatives", description=__doc__)
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog="python -m ray_jobs.mine_negatives", description=__doc__)
+    )
     parser.add_argument("--checkpoint", required=True, help="model folder or checkpoint URI")
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument("--output", required=True, help="where negatives.parquet goes")

@@ -32,7 +32,7 @@ from typing import Any
 from ray_jobs.args import cluster_overrides, run_parser
 from santa.pipeline import PipelineSpec, run_pipeline
 from santa.recipes import PIPELINE_STAGES
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 
 logger = logging.getLogger("santa.pipeline")
 
@@ -81,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    with_exit_codes(parser)
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")

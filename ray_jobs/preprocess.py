@@ -18,7 +18,7 @@ from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.runtime import interrupts
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 from santa.runtime.ray_utils import init_ray
 
@@ -73,6 +73,7 @@ def parse_args(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.input is None:
         if args.dataset != "source":

@@ -8,6 +8,7 @@ import logging
 
 from ray_jobs.args import recipe_config, run_parser
 from santa.runtime import interrupts, storage
+from santa.runtime.errors import with_exit_codes
 from santa.runtime.preflight import (
     check_beir,
     check_model,
@@ -21,7 +22,9 @@ from santa.train.kept import RESUME_HINT
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every training job takes."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, parents=[run_parser()])
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog=prog, description=description, parents=[run_parser()])
+    )
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument("--storage", required=True, help="checkpoints: local path or s3://")
     parser.add_argument("--name", required=True, help="run name (same name = resume)")

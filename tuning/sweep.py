@@ -36,7 +36,7 @@ from typing import Any
 from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
 from santa.runtime import interrupts, storage
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.layout import RunLayout
 from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
     parser.add_argument("--seed", type=int, default=None, help="seed of the parameter sampling")
-    return parser
+    return with_exit_codes(parser)
 
 
 def base_config(args: argparse.Namespace) -> SantaConfig:

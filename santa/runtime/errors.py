@@ -16,18 +16,48 @@ from collections.abc import Callable
 
 __all__ = [
     "BAD_INPUT",
+    "EXIT_CODES",
     "INTERRUPTED",
     "RUNTIME_FAULT",
     "debug_enabled",
     "describe",
+    "exit_codes_help",
     "exit_with",
     "root_cause",
     "run_job",
+    "with_exit_codes",
 ]
 
 BAD_INPUT = 2
 RUNTIME_FAULT = 1
 INTERRUPTED = 130
+
+EXIT_CODES = {
+    0: "done",
+    RUNTIME_FAULT: "a fault at run time: storage unreachable, a worker or node lost past its "
+    "retries (--max-failures), a wait for workers past its bound",
+    BAD_INPUT: "bad input, found before any work where it can be: a missing or corrupt file, a "
+    "bad flag, an output in use or holding another tool's output",
+    INTERRUPTED: "interrupted (Ctrl-C, ray job stop): the last line says what was kept and "
+    "how to go on",
+}
+"""Every job's exit status (the README's table and each job's --help say the same)."""
+
+
+def with_exit_codes(parser):
+    """``parser`` (an ``argparse.ArgumentParser``) with the exit statuses at the end of its
+    ``--help``: every job's command line documents them the same way."""
+    import argparse
+
+    parser.epilog = (parser.epilog + "\n\n" if parser.epilog else "") + exit_codes_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def exit_codes_help() -> str:
+    """The exit statuses as a ``--help`` epilog."""
+    lines = ["exit status:"] + [f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -120,14 +150,15 @@ def _describe_placement_timeout(error: BaseException) -> str | None:
     """One line for Ray Train giving up waiting for its workers to be placed."""
     if type(error).__name__ != "WorkerGroupStartupTimeoutError":
         return None
+    from santa.runtime.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV, placement_wait_s
+
     workers = getattr(error, "num_workers", None)
-    wait = re.search(r"after ([\d.]+) seconds", str(error))
-    waited = f" within {float(wait.group(1)):.0f} s" if wait else ""
     return (
-        f"the cluster could not place {workers or 'the'} training workers{waited} (a node "
-        "lost and not replaced, or too few resources); the run kept its checkpoints: run the "
-        "same command when the cluster has room, give it more time "
-        "(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), or go on with fewer (--num-workers MIN-MAX)"
+        f"the cluster could not place {workers or 'the'} training workers within "
+        f"{placement_wait_s():.0f} s (a node lost and not replaced, or too few resources); "
+        "the run kept its checkpoints: run the same command when the cluster has room, wait "
+        f"longer ({WAIT_ENV}, {PLACEMENT_RETRIES_ENV}), or go on with fewer "
+        "(--num-workers MIN-MAX)"
     )
 
 

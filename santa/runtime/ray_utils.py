@@ -155,6 +155,13 @@ def init_ray(
     from santa.runtime import interrupts
 
     interrupts.reinstall()  # ray.init turned SIGTERM into sys.exit(15)
+    if address == "local":
+        # The Ray of the job's own ends with it, even when the job is killed outright.
+        from santa.runtime.reaper import start_reaper
+
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is not None:
+            start_reaper(node.get_session_dir_path())
     if not verbose and log_to_driver:
         console.keep_ray_logs_off_the_terminal(session_log_dir())
     line = describe_cluster(joined=address != "local")

@@ -13,25 +13,11 @@ A failure past the last retry prints nothing here: the job's error line says it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ray.train import UserCallback
 
-__all__ = ["WORKER_WAIT_ENV", "RecoveryReporter", "worker_wait_s"]
-
-WORKER_WAIT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-"""How long a run waits for its workers to be placed (at start, after a lost node) before
-the attempt fails (Ray's default, 60 s; set it in the job's environment for an autoscaler
-that takes longer). Each wait counts as one of ``--max-failures``."""
-
-
-def worker_wait_s() -> float:
-    """The bound of one wait for the workers to be placed (``WORKER_WAIT_ENV``)."""
-    try:
-        return float(os.environ.get(WORKER_WAIT_ENV, "60"))
-    except ValueError:
-        return 60.0
+__all__ = ["RecoveryReporter"]
 
 
 class RecoveryReporter(UserCallback):
@@ -81,8 +67,10 @@ class RecoveryReporter(UserCallback):
         most = getattr(scaling, "max_workers", None) or getattr(scaling, "num_workers", None)
         if least and most and least < most:
             return f"with the workers that fit ({least}-{most})"
+        from santa.runtime.placement import placement_wait_s
+
         count = f"{most} workers" if isinstance(most, int) else "its workers"
-        return f"once {count} fit (waiting up to {worker_wait_s():.0f} s, {WORKER_WAIT_ENV})"
+        return f"once {count} fit (waiting up to {placement_wait_s():.0f} s)"
 
     def _registered_step(self) -> int | None:
         try:

@@ -16,6 +16,7 @@ from santa.models.checkpoints import resolve_model
 from santa.runtime import interrupts, storage
 from santa.runtime.interrupts import call_in_thread
 from santa.runtime.layout import RunLayout
+from santa.runtime.placement import placement_retries
 from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.train.data import build_train_dataset
 from santa.train.entry import train_loop_per_worker
@@ -275,7 +276,11 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
-            failure_config=FailureConfig(max_failures=spec.max_failures),
+            # A wait for workers that never fit (a lost node) is retried a bounded number
+            # of times, not forever (Ray's default), then the job ends in one line.
+            failure_config=FailureConfig(
+                max_failures=spec.max_failures, controller_failure_limit=placement_retries()
+            ),
             # One line per recovery (a dead worker, a lost node), not Ray's traceback.
             callbacks=[*(callbacks or []), RecoveryReporter(layout.root, spec.max_failures)],
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
