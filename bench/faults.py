@@ -58,6 +58,20 @@ class Fault:
     """Send SIGINT this long after a stdout line starting with this text."""
     check: Callable[[], bool] | None = None
     """An extra data-safety check."""
+    at_line: str = ""
+    """A fault while the job runs: once a stdout line starts with this, ``action`` runs."""
+    action: Callable[[subprocess.Popen, list[str]], None] | None = None
+    """What happens to the running job (a signal to its process group, a killed worker,
+    S3 stopped); it gets the process and the stdout lines read so far."""
+    after: Callable[[], None] | None = None
+    """Undo the fault once the job ended (S3 answering again, a holder letting go)."""
+    before: Callable[[], None] | None = None
+    """Set the fault up right before the job starts (another job holding the output)."""
+    delay_s: float = 0.0
+    """Without ``at_line``: run ``action`` this long after the job started."""
+    timeout_s: float = 540.0
+    running: bool = False
+    """A fault while the job runs (rather than bad input met before it starts)."""
 
 
 def snapshot(paths: list[Path]) -> dict[str, bytes]:
@@ -76,6 +90,8 @@ def run_fault(fault: Fault) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env.update(PYTHONPATH=str(ROOT), RAY_DATA_DISABLE_PROGRESS_BARS="1", **fault.env)
     before = snapshot(fault.watch)
+    if fault.before is not None:
+        fault.before()
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", *fault.command],
@@ -84,21 +100,31 @@ def run_fault(fault: Fault) -> dict:
         text=True,
         env=env,
         cwd=ROOT,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     stdout_head = []
-    if fault.interrupt_after:
+    marker = fault.at_line or fault.interrupt_after
+    if marker:
         for line in proc.stdout:
             stdout_head.append(line)
-            if line.startswith(fault.interrupt_after):
+            if line.startswith(marker):
                 break
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
+        if fault.action is not None:
+            fault.action(proc, stdout_head)
+        else:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+    elif fault.action is not None:
+        time.sleep(fault.delay_s)
+        fault.action(proc, stdout_head)
     try:
-        stdout, stderr = proc.communicate(timeout=540)
+        stdout, stderr = proc.communicate(timeout=fault.timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
     seconds = time.monotonic() - started
+    if fault.after is not None:
+        fault.after()
     stdout = "".join(stdout_head) + stdout
     err_lines = [line for line in stderr.splitlines() if line.strip()]
     santa_lines = [line for line in err_lines if line.startswith("santa:")]
@@ -108,10 +134,13 @@ def run_fault(fault: Fault) -> dict:
     else:
         message = (santa_lines or err_lines or ["(no message)"])[0]
     safe = snapshot(fault.watch) == before and (fault.check() if fault.check else True)
+    terminal = [line for line in (stdout + stderr).splitlines() if line.strip()]
     return {
         "fault": fault.name,
+        "running": fault.running,
         "exit": proc.returncode,
         "expected": fault.expected,
+        "terminal_lines": len(terminal),
         "stderr_lines": len(err_lines),
         "santa_lines": len(santa_lines),
         "message": message,
@@ -119,7 +148,8 @@ def run_fault(fault: Fault) -> dict:
         "data_safe": bool(safe),
         "stderr_tail": stderr[-1500:] if proc.returncode != fault.expected else "",
         "ok": proc.returncode == fault.expected
-        and (fault.expected == 0 or len(santa_lines) == 1)
+        # a success, or a process killed outright (no line of its own), or one line
+        and (fault.expected <= 0 or len(santa_lines) == 1)
         and (not fault.success_line or message != "(expected line missing)"),
     }
 
@@ -166,15 +196,19 @@ def start_moto(auth: bool = False) -> tuple[subprocess.Popen, str]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = "| fault | exit (want) | stderr lines | message | s | data safe |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = (
+        "| fault | exit (want) | s to the end | terminal lines | stderr lines | message "
+        "| data safe |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for row in rows:
         message = row["message"].replace("|", "\\|")
         if len(message) > 160:
             message = message[:157] + "..."
         lines.append(
-            f"| {row['fault']} | {row['exit']} ({row['expected']}) | {row['stderr_lines']} | "
-            f"{message} | {row['seconds']:.1f} | {'yes' if row['data_safe'] else 'NO'} |"
+            f"| {row['fault']} | {row['exit']} ({row['expected']}) | {row['seconds']:.1f} | "
+            f"{row.get('terminal_lines', '-')} | {row['stderr_lines']} | {message} | "
+            f"{'yes' if row['data_safe'] else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -182,18 +216,24 @@ def format_table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="run the faults whose name has this text")
+    parser.add_argument(
+        "--bad-input-only", action="store_true", help="skip the faults while jobs run (long)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
-    from bench.fault_cases import build_faults, corrupt_latest_checkpoint
+    from bench.fault_cases import build_faults, build_running_faults, corrupt_latest_checkpoint
     from santa.runtime.runlock import RunLock
 
     work = Path(tempfile.mkdtemp(prefix="santa-faults-"))
     moto, moto_url = start_moto()
     auth, auth_url = start_moto(auth=True)
+    pausable, pausable_url = start_moto()  # stopped (SIGSTOP) and resumed by faults
     silent = SilentEndpoint()
     rows = []
     try:
         faults = build_faults(work, moto_url, auth_url, silent.endpoint)
+        if not args.bad_input_only:
+            faults += build_running_faults(work, moto_url, pausable, pausable_url)
         for fault in faults:
             if args.only and args.only not in fault.name:
                 continue
@@ -211,13 +251,19 @@ def main() -> int:
             print(f"{status:4} {row['fault']}: exit {row['exit']} in {row['seconds']}s: "
                   f"{row['message'][:140]}", flush=True)  # fmt: skip
     finally:
-        moto.terminate()
-        auth.terminate()
+        os.kill(pausable.pid, signal.SIGCONT)
+        for server in (moto, auth, pausable):
+            server.terminate()
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(format_table(rows))
     passed = sum(row["ok"] and row["data_safe"] for row in rows)
+    running = [row for row in rows if row.get("running")]
     print(f"\n{passed}/{len(rows)} faults: right exit code, one message line, data safe")
+    print(
+        f"{sum(r['ok'] and r['data_safe'] for r in running)}/{len(running)} of them while a "
+        "job runs"
+    )
     if not args.only:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps({"faults": rows}, indent=2) + "\n")

@@ -30,7 +30,7 @@ TINY = [
 ]  # fmt: skip
 
 
-def scenario(mode: str, data: str, storage: str, result_file: str) -> None:
+def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
     """Run in its own process: a head and a worker node (2 CPUs each; a 1.5-CPU trainer
     fits once per node), the pretrain job joined to it, the worker node removed at step 5
     and (``elastic``) a node added back a little later."""
@@ -70,18 +70,17 @@ def scenario(mode: str, data: str, storage: str, result_file: str) -> None:
             events.append(("added", time.monotonic() - started))
     stderr = proc.stderr.read()
     proc.wait()
-    Path(result_file).write_text(
-        json.dumps(
-            {
-                "returncode": proc.returncode,
-                "stdout": "".join(stdout),
-                "stderr": stderr,
-                "events": events,
-                "seconds": time.monotonic() - started,
-            }
-        )
-    )
+    result = {
+        "returncode": proc.returncode,
+        "stdout": "".join(stdout),
+        "stderr": stderr,
+        "events": events,
+        "seconds": time.monotonic() - started,
+    }
+    if result_file:
+        Path(result_file).write_text(json.dumps(result))
     cluster.shutdown()
+    return result
 
 
 def _run_scenario(mode: str, tmp_path: Path) -> dict:
@@ -139,3 +138,12 @@ def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
         for line in (tmp_path / "runs" / "elastic" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [h["step"] for h in history] == list(range(1, 41))  # every step once, to the end
+
+
+if __name__ == "__main__":
+    # bench/faults.py: python -m tests.test_lost_node MODE DATA STORAGE (the job's own output
+    # and exit status, as if it had been run directly).
+    outcome = scenario(*sys.argv[1:4])
+    sys.stdout.write(outcome["stdout"])
+    sys.stderr.write(outcome["stderr"])
+    sys.exit(outcome["returncode"])

@@ -102,9 +102,13 @@ def _prints_to_terminal(handler: logging.Handler) -> bool:
 
 
 def _installed_by_ray(handler: logging.Handler) -> bool:
-    """The root logger's handler from Ray's LoggingConfig (others, e.g. a test runner's
-    capture, stay)."""
-    return any(type(f).__name__ == "CoreContextFilter" for f in handler.filters)
+    """A root-logger handler that prints on the terminal: Ray's LoggingConfig's, or the job's
+    own ``logging.basicConfig`` (santa's log records go to the file too); others, e.g. a
+    test runner's capture, stay."""
+    if any(type(f).__name__ == "CoreContextFilter" for f in handler.filters):
+        return True
+    stream = getattr(handler, "stream", None)
+    return stream is not None and stream in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
 
 
 def quiet_logging_config(log_level: str):

@@ -286,7 +286,26 @@ def for_ray(uri: str) -> tuple[str, pafs.FileSystem | None]:
         return uri, None
     bucket, _, key = uri[len("s3://") :].partition("/")
     path = f"{bucket}/{key.strip('/')}" if key.strip("/") else bucket
+    limit_ray_data_retries()
     return path, s3_filesystem(bucket)
+
+
+# Ray Data retries a read or write that fails with these AWS errors up to 10 times, with a
+# backoff growing to 32 s, on top of pyarrow's own attempts (and again per batch): a silent
+# endpoint kept a read waiting more than 15 minutes. pyarrow's attempts, with santa's
+# timeouts, are the only retries of these; throttling and 503s stay Ray Data's to retry.
+NOT_RETRIED_BY_RAY_DATA = ("AWS Error NETWORK_CONNECTION",)
+
+
+def limit_ray_data_retries() -> None:
+    """Drop :data:`NOT_RETRIED_BY_RAY_DATA` from Ray Data's retried errors (the current
+    DataContext: datasets created from now on, and their tasks, keep it)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.retried_io_errors = [
+        error for error in context.retried_io_errors if error not in NOT_RETRIED_BY_RAY_DATA
+    ]
 
 
 _S3_OBJECT = re.compile(r"key '([^']*)' in bucket '([^']*)'")

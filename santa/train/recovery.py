@@ -69,6 +69,8 @@ class RecoveryReporter(UserCallback):
             return f"with the workers that fit ({least}-{most})"
         from santa.runtime.placement import placement_wait_s
 
+        if most == 1:
+            return f"once its worker fits (waiting up to {placement_wait_s():.0f} s)"
         count = f"{most} workers" if isinstance(most, int) else "its workers"
         return f"once {count} fit (waiting up to {placement_wait_s():.0f} s)"
 
