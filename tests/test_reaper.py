@@ -62,13 +62,13 @@ def test_a_job_killed_outright_leaves_no_ray_process(tmp_path: Path) -> None:
         [sys.executable, "-m", "ray_jobs.preprocess", "--dataset", "codesearchnet", "--input"]
         + [str(tmp_path / "csn"), "--output", str(tmp_path / "out"), "--address", "local"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=open(tmp_path / "stderr.txt", "w"),  # noqa: SIM115 - closed with the process
         text=True,
         env=env,
     )
     first = job.stdout.readline()
     found = re.search(r"logs in (\S+)/logs\)", first)
-    assert found, first
+    assert found, (first, (tmp_path / "stderr.txt").read_text()[-2000:])
     session = found.group(1)
     assert session_processes(session)  # Ray of the job's own is up
     job.kill()  # kill -9: no shutdown of its own

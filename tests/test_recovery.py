@@ -135,7 +135,15 @@ def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_stage_without_any_table_says_so_with_the_times(pairs, tmp_path):
+def test_a_stage_without_any_table_says_so_with_the_times(tmp_path):
+    # A corpus whose refresh (encoding every document) outlasts the whole short stage.
+    rows = [
+        dict(row, id=f"{row['id']}-{copy}", doc_id=f"{row['doc_id']}-{copy}",
+             query_id=f"{row['query_id']}-{copy}", document=f"{row['document']} # {copy}")
+        for copy in range(40)
+        for row in stdlib_pair_rows()
+    ]  # fmt: skip
+    pairs = write_pairs(tmp_path / "big-pairs", rows)
     args = [
         "ray_jobs.finetune", "--data", pairs, "--storage", str(tmp_path / "runs"),
         "--name", "never", *TINY, "--max-steps", "4", "--hard-negatives", "async",

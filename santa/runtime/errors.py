@@ -224,9 +224,11 @@ def _shutdown_ray(timeout_s: float) -> None:
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:
     """Run a job's ``main`` and turn any exception into one line and an exit code."""
     from santa.runtime import interrupts
+    from santa.runtime.workdir import steady_working_directory
 
     debug = debug_enabled(argv)
     previous = interrupts.install()
+    steady_working_directory()  # an MKL abort at `import torch` when the cwd vanished
     try:
         code = int(main() or 0)
     except SystemExit:

@@ -161,7 +161,11 @@ class RunLock:
 
     def _acquire_lease(self) -> None:
         lease = self._read_lease()
-        if lease is not None and lease.get("id") != self.owner["id"]:
+        if (
+            lease is not None
+            and lease.get("id") != self.owner["id"]
+            and not _died_here(lease)  # a job of this machine that is gone: taken over
+        ):
             age = time.time() - float(lease.get("heartbeat", 0))
             if age < self.stale_after_s:
                 raise RunLockedError(
@@ -190,6 +194,39 @@ class RunLock:
             # A brief outage: the next beat retries; a long one lets the lease go stale.
             with contextlib.suppress(storage.StorageError):
                 self._write_lease()
+
+
+def _died_here(lease: dict[str, Any]) -> bool:
+    """Whether the lease's holder ran on this machine and its process is gone (a job that
+    ended while S3 was unreachable could not delete its lease)."""
+    if lease.get("host") != socket.gethostname() or not os.path.isdir("/proc"):
+        return False
+    try:
+        pid = int(lease.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    started = _process_started_at(pid)
+    if started is None:
+        return True  # no such process
+    # The pid was reused by a process started after the lease's holder.
+    return started > float(lease.get("started", 0)) + 2.0
+
+
+def _process_started_at(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), or None when there is no such process."""
+    from santa.runtime.reaper import process_start_time
+
+    ticks = process_start_time(pid)
+    if not ticks:
+        return None
+    try:
+        with open("/proc/stat") as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return 0.0  # cannot tell: count it as the holder's own process
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def _parse(text: str) -> dict[str, Any]:
