@@ -129,6 +129,10 @@ def quiet_logging_config(log_level: str):
 def keep_ray_logs_off_the_terminal(log_dir: str) -> str:
     """After ``ray.init``: forwarded worker lines other than santa's, and Ray's driver-side
     records, go to ``log_dir/santa-driver-<pid>.log``; returns that path."""
+    # Ray Data configures its loggers when first imported (often in the job's preload thread,
+    # during ray.init): import it now, then quiet them too.
+    import ray.data  # noqa: F401
+
     quiet_driver_loggers()
     path = os.path.join(log_dir, f"{DRIVER_LOG_PREFIX}{os.getpid()}.log")
     with _lock:

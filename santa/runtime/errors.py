@@ -76,6 +76,10 @@ _WRAPPERS_BY_NAME = ("RayTaskError", "UserCodeException", "TuneError", "RayTrain
 def _unwrap_once(error: BaseException) -> BaseException | None:
     failures = getattr(error, "worker_failures", None)
     if isinstance(failures, dict) and failures:
+        # A worker that died is the cause; its peers' collective errors follow from it.
+        for rank in sorted(failures):
+            if _describe_process_death(_root_cause(failures[rank])) is not None:
+                return failures[rank]
         return failures[min(failures)]
     for attribute in _WRAPPED_ATTRIBUTES:
         inner = getattr(error, attribute, None)

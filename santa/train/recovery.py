@@ -17,15 +17,29 @@ from typing import Any
 
 from ray.train import UserCallback
 
-__all__ = ["RecoveryReporter"]
+__all__ = ["RecoveryReporter", "first_failure"]
+
+
+def first_failure(failures: dict[int, BaseException]) -> tuple[int, BaseException]:
+    """The failure that caused the others: a worker that died (its peers then fail in their
+    collective calls, e.g. gloo's connection errors), else the lowest rank's."""
+    from santa.runtime.errors import describe
+
+    for rank in sorted(failures):
+        if describe(failures[rank])[0].startswith("santa: error: a training worker died"):
+            return rank, failures[rank]
+    rank = min(failures)
+    return rank, failures[rank]
 
 
 class RecoveryReporter(UserCallback):
     """One line per worker-group failure Ray Train recovers from (on the controller)."""
 
-    def __init__(self, run_uri: str, max_failures: int) -> None:
+    def __init__(self, run_uri: str, max_failures: int, placement_wait_s: float = 60.0) -> None:
         self.run_uri = run_uri
         self.max_failures = max_failures
+        # Read in the driver: the controller does not see the job's SANTA_* variables.
+        self.placement_wait_s = placement_wait_s
         self.failures = 0
         self.checkpoint_step: int | None = None
         self.started_from: int | None = None
@@ -45,8 +59,8 @@ class RecoveryReporter(UserCallback):
         from santa.runtime.console import say
         from santa.runtime.errors import describe
 
-        rank = min(worker_exceptions)
-        what = describe(worker_exceptions[rank])[0].removeprefix("santa: error: ")
+        rank, error = first_failure(worker_exceptions)
+        what = describe(error)[0].removeprefix("santa: error: ")
         if not what.startswith("a training worker died"):
             what = f"training worker rank {rank} failed: {what}"
         step = self.checkpoint_step
@@ -59,20 +73,18 @@ class RecoveryReporter(UserCallback):
             f"(retry {self.failures}{limit})"
         )
 
-    @staticmethod
-    def _waits_for(run_context: Any) -> str:
+    def _waits_for(self, run_context: Any) -> str:
         """What the restart waits for: the workers that fit (elastic) or all of them."""
         scaling = getattr(run_context, "scaling_config", None)
         least = getattr(scaling, "min_workers", None)
         most = getattr(scaling, "max_workers", None) or getattr(scaling, "num_workers", None)
         if least and most and least < most:
             return f"with the workers that fit ({least}-{most})"
-        from santa.runtime.placement import placement_wait_s
-
+        wait = f"waiting up to {self.placement_wait_s:.0f} s"
         if most == 1:
-            return f"once its worker fits (waiting up to {placement_wait_s():.0f} s)"
+            return f"once its worker fits ({wait})"
         count = f"{most} workers" if isinstance(most, int) else "its workers"
-        return f"once {count} fit (waiting up to {placement_wait_s():.0f} s)"
+        return f"once {count} fit ({wait})"
 
     def _registered_step(self) -> int | None:
         try:

@@ -16,7 +16,7 @@ from santa.models.checkpoints import resolve_model
 from santa.runtime import interrupts, storage
 from santa.runtime.interrupts import call_in_thread
 from santa.runtime.layout import RunLayout
-from santa.runtime.placement import placement_retries
+from santa.runtime.placement import placement_retries, placement_wait_s
 from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.train.data import build_train_dataset
 from santa.train.entry import train_loop_per_worker
@@ -282,7 +282,10 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
                 max_failures=spec.max_failures, controller_failure_limit=placement_retries()
             ),
             # One line per recovery (a dead worker, a lost node), not Ray's traceback.
-            callbacks=[*(callbacks or []), RecoveryReporter(layout.root, spec.max_failures)],
+            callbacks=[
+                *(callbacks or []),
+                RecoveryReporter(layout.root, spec.max_failures, placement_wait_s()),
+            ],
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
