@@ -92,3 +92,17 @@ def test_a_dead_worker_process_is_one_line_naming_it() -> None:
         "santa: error: a training worker died (pid 4242 on 10.0.0.7): Worker unexpectedly "
         "exits with a connection error code 2"
     )
+
+
+def test_the_dead_worker_is_the_cause_not_its_peers_collective_errors() -> None:
+    """A node lost: the worker on it died, and the others fail in gloo's collectives."""
+    from ray.exceptions import ActorDiedError
+    from ray.train import WorkerGroupError
+
+    died = ActorDiedError()
+    died.error_msg = "\tclass_name: RayTrainWorker\n\tpid: 77\n\tip: 10.0.0.8\nnode died"
+    died.args = (died.error_msg,)
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    line, code = describe(WorkerGroupError("workers failed", {0: gloo, 1: died}))
+    assert line == "santa: error: a training worker died (pid 77 on 10.0.0.8): its node died"
+    assert code == RUNTIME_FAULT
