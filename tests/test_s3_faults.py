@@ -131,10 +131,9 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     snapshot = storage.read_json(f"s3://{bucket}/runs/r/checkpoint_manager_snapshot.json")
     registered = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
+    inside = [uri.split("/runs/r/", 1)[1] for uri in storage.list_files(f"s3://{bucket}/runs/r")]
     folders = {
-        uri.split("/runs/r/", 1)[1].split("/", 1)[0]
-        for uri in storage.list_files(f"s3://{bucket}/runs/r")
-        if "/checkpoint_" in uri
+        path.split("/", 1)[0] for path in inside if path.startswith("checkpoint_") and "/" in path
     }
     assert folders == registered  # no half-written checkpoint left in the finished run
     state = storage.read_json(f"s3://{bucket}/runs/r/{sorted(registered)[-1]}/trainer_state.json")
