@@ -12,6 +12,28 @@ from santa.config import SantaConfig
 from santa.recipes import RECIPES, get_recipe
 
 
+class WorkerCount(int):
+    """``--num-workers``: ``N`` (a fixed size) or ``MIN-MAX`` (elastic: as an int, MAX)."""
+
+    minimum: int = 0
+
+    def __new__(cls, text: str | int) -> WorkerCount:
+        low, _, high = str(text).partition("-")
+        try:
+            most, least = int(high or low), int(low) if high else 0
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--num-workers takes N or MIN-MAX (e.g. 2, or 1-4), got {text!r}"
+            ) from None
+        if most < 1 or (high and not 1 <= least <= most):
+            raise argparse.ArgumentTypeError(
+                f"--num-workers: need 1 <= MIN <= MAX and MAX >= 1, got {text!r}"
+            )
+        count = super().__new__(cls, most)
+        count.minimum = least
+        return count
+
+
 def run_parser(
     *,
     address_help: str = "Ray address (default: RAY_ADDRESS or local)",
@@ -22,7 +44,14 @@ def run_parser(
     """A parent parser: recipe, workers, GPU, CPUs per worker, max steps, Ray address, --set."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument(
+        "--num-workers",
+        type=WorkerCount,
+        default=WorkerCount(2),
+        metavar="N|MIN-MAX",
+        help="training workers; MIN-MAX: elastic (Ray Train goes on with the workers left "
+        "when nodes are lost, at the same global batch, and grows back to MAX)",
+    )
     parser.add_argument("--cpus-per-worker", type=float, default=0.0, help=cpus_per_worker_help)
     parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
     parser.add_argument("--max-steps", type=int, default=None, help=max_steps_help)
@@ -57,6 +86,9 @@ def run_parser(
 def cluster_overrides(args: argparse.Namespace) -> list[str]:
     """The config overrides of the cluster flags: ``--gpu``, ``--miner-actors``, ``--miner-gpus``."""
     overrides = ["train.use_gpu=true"] if args.gpu else []
+    minimum = getattr(getattr(args, "num_workers", None), "minimum", 0)
+    if minimum and minimum < int(args.num_workers):
+        overrides.append(f"train.min_workers={minimum}")
     if getattr(args, "miner_actors", None) is not None:
         overrides.append(f"negatives.encoder_actors={args.miner_actors}")
     if getattr(args, "miner_gpus", None) is not None:

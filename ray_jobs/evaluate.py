@@ -34,11 +34,12 @@ import argparse
 import dataclasses
 import logging
 
-from santa.data.outputs import staged_output
+from santa.data.outputs import claim_output, staged_output
 from santa.data.schema import CODE_LANGUAGES
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
 from santa.eval.protocols import PROTOCOLS, ProtocolResult, run_protocol
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime import interrupts
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 
 # Spellings of --protocol from before the papers' protocols: variants of `retrieval`.
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    return parser
+    return with_exit_codes(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol,
             args.checkpoint,
             args.data,
-            dataclasses.replace(config, output=output),
+            dataclasses.replace(config, output=output, publish_whole=False),
             languages=args.languages,
         )
 
@@ -152,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             outcome = run(None)
         else:
             check_writable(args.output, "--output")
-            with staged_output(args.output) as staged:
+            # One writer per output; published whole, so an interruption leaves it as it was.
+            with (
+                claim_output(args.output, "evaluate"),
+                interrupts.keeping(
+                    lambda: f"no metrics were published; {args.output} is as it was"
+                ),
+                staged_output(args.output, tool="evaluate") as staged,
+            ):
                 outcome = run(staged.staging)
                 options = {"protocol": protocol, "checkpoint": args.checkpoint, "data": args.data}
                 report = {"config": {**options, "split": args.split}, "metrics": outcome.results}

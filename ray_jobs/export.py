@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 
 PROG = "python -m ray_jobs.export"
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="hf",
         help="hf: a Hugging Face folder; sentence-transformers: one SentenceTransformer(DIR) loads",
     )
-    return parser
+    return with_exit_codes(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +65,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """Resolve → download → report."""
-    from santa.models import checkpoints
+    from santa.data.outputs import claim_output
+    from santa.runtime import interrupts
     from santa.runtime.preflight import check_writable
 
     check_writable(args.to, "--to")
+    with (
+        claim_output(args.to, "export", "--to"),
+        interrupts.keeping(lambda: f"nothing was written; {args.to} is as it was"),
+    ):
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from santa.models import checkpoints
+
     if args.checkpoint:
         resolved = checkpoints.resolve_checkpoint(args.checkpoint)
     elif args.latest:

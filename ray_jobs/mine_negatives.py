@@ -19,17 +19,21 @@ import json
 import logging
 
 from santa.config import NegativesConfig, SantaConfig
+from santa.data.outputs import claim_output
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from santa.negatives.miner import refresh_table
-from santa.negatives.mining import load_mining_corpus
-from santa.runtime.errors import exit_with, run_job
+from santa.negatives.mining import load_mining_corpus, publish_table
+from santa.runtime import interrupts
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_pairs, check_writable
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → load → mine → write."""
-    parser = argparse.ArgumentParser(prog="python -m ray_jobs.mine_negatives", description=__doc__)
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog="python -m ray_jobs.mine_negatives", description=__doc__)
+    )
     parser.add_argument("--checkpoint", required=True, help="model folder or checkpoint URI")
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument("--output", required=True, help="where negatives.parquet goes")
@@ -60,6 +64,14 @@ def mine(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     check_pairs(args.data)
     check_writable(args.output, "--output")
+    with (
+        claim_output(args.output, "mine_negatives"),
+        interrupts.keeping(lambda: f"no table was published; {args.output} is as it was"),
+    ):
+        return _mine(args)
+
+
+def _mine(args: argparse.Namespace) -> int:
     model, train = load_model(args.checkpoint)
     corpus = load_mining_corpus(args.data)
     config = SantaConfig().with_overrides(
@@ -86,7 +98,7 @@ def mine(args: argparse.Namespace) -> int:
         f"among {len(corpus.documents)} documents (top {args.top_k})"
     )
     table = refresh_table(model, corpus, config)
-    target = table.write_parquet(args.output)
+    target = publish_table(table, args.output)
     counts = [len(ids) for ids in table.negatives.values()]
     summary = {
         "output": target,

@@ -36,7 +36,7 @@ from typing import Any
 from ray_jobs.args import cluster_overrides, run_parser
 from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
 from santa.recipes import PIPELINE_STAGES
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 
 logger = logging.getLogger("santa.pipeline")
 
@@ -92,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
     parser.set_defaults(recipe=DEFAULT_RECIPE)
+    with_exit_codes(parser)
     args = parser.parse_args(argv)
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")

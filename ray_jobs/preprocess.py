@@ -14,12 +14,13 @@ import logging
 
 from santa.data import esci
 from santa.data.cosqa import write_cosqa_beir
-from santa.data.outputs import staged_output
+from santa.data.outputs import claim_output, staged_output
 from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.method.entities import PRODUCT_ENTITY_RULES
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime import interrupts
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 from santa.runtime.ray_utils import init_ray
 
@@ -102,6 +103,7 @@ def parse_args(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.input is None:
         if args.dataset != "source":
@@ -150,6 +152,21 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config, address: str | None) -> int:
     check_input(config.input, "--input")  # before any work: one line naming the URI
     check_writable(config.output, "--output")
+    # One writer per output, which holds nothing but a preprocess output; an interrupted
+    # run leaves it as it was.
+    with (
+        claim_output(config.output, "preprocess"),
+        interrupts.keeping(
+            lambda: (
+                f"nothing was published; {config.output} is as it was (run the same "
+                "command to start over)"
+            )
+        ),
+    ):
+        return _write(config, address)
+
+
+def _write(config, address: str | None) -> int:
     if isinstance(config, argparse.Namespace) and config.dataset == PAIRS:
         from santa.data.pairs import run_pairs_preprocess
 
@@ -161,7 +178,7 @@ def _run(config, address: str | None) -> int:
         return 0
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
         split = config.split or "test"
-        with staged_output(config.output) as staged:
+        with staged_output(config.output, tool="preprocess") as staged:
             report = write_cosqa_beir(config.input, staged.staging, split=split)
             options = {"dataset": COSQA, "input": config.input, "split": split}
             staged.publish({**report, "config": options})

@@ -30,7 +30,7 @@ from typing import Any
 from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
 from santa.runtime import storage
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.layout import RunLayout
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.runlock import RunLock
@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--soft-labels", choices=("offline", "online"), default=None)
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be a positive number of steps")

@@ -7,15 +7,24 @@ import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
-from santa.models.checkpoints import resolve_model
-from santa.runtime import storage
-from santa.runtime.preflight import check_beir, check_pairs, check_writable
+from santa.runtime import interrupts, storage
+from santa.runtime.errors import with_exit_codes
+from santa.runtime.preflight import (
+    check_beir,
+    check_model,
+    check_negatives_table,
+    check_pairs,
+    check_writable,
+)
 from santa.runtime.runlock import RunLock
+from santa.train.kept import RESUME_HINT
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every training job takes."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, parents=[run_parser()])
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog=prog, description=description, parents=[run_parser()])
+    )
     parser.add_argument("--data", required=True, help="preprocessed pairs: local path or s3://")
     parser.add_argument("--storage", required=True, help="checkpoints: local path or s3://")
     parser.add_argument("--name", required=True, help="run name (same name = resume)")
@@ -58,11 +67,14 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     check_writable(storage.absolute(args.storage), "--storage")
     if eval_data:
         check_beir(eval_data, args.eval_split)
-    if warm_start:
-        resolve_model(warm_start)  # a mistyped folder is named here, not sent to the hub
+    if warm_start:  # config and weights: a corrupt file is named here, not in the workers
+        check_model(warm_start)
+    if args.hard_negatives.startswith("table:"):
+        check_negatives_table(args.hard_negatives.removeprefix("table:"))
 
     run_uri = storage.join(storage.absolute(args.storage), args.name)
-    with RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+    kept = interrupts.keeping(lambda: "", hint=RESUME_HINT)  # fit() says what was kept
+    with kept, RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
         from santa.runtime.ray_utils import init_ray
         from santa.train.trainer import FIT_IMPORTS, RunSpec, fit
 
@@ -81,7 +93,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         result = fit(config, spec)
     print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
     if result.checkpoint is not None:
-        print(f"checkpoint: {result.checkpoint.path}")
+        print(f"checkpoint: {spec.layout.checkpoint_uri(result.checkpoint)}")  # s3:// kept
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
     return 0

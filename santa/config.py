@@ -205,7 +205,14 @@ class TrainConfig:
     64 workers (every worker's documents are negatives for every query)."""
 
     num_workers: int = 1
-    """Training workers (Ray Train workers, one DDP rank each)."""
+    """Training workers (Ray Train workers, one DDP rank each); with ``min_workers`` the
+    most of them."""
+
+    min_workers: int = 0
+    """Elastic training (``--num-workers MIN-MAX``): go on with as few as this many workers
+    when nodes are lost, and grow back to ``num_workers`` when they return, at the same
+    global batch (each worker takes ``global_batch_size / workers present``); 0: a fixed
+    ``num_workers``."""
 
     max_steps: int | None = None
     """Stop after this many optimiser steps; ``None`` runs ``epochs`` epochs."""
@@ -355,6 +362,19 @@ class TrainConfig:
                 f"(stage='pretrain' and mep_weight > 0; got stage={self.stage!r}, "
                 f"mep_weight={self.mep_weight})"
             )
+        if not 0 <= self.min_workers <= self.num_workers:
+            _fail(
+                f"TrainConfig.min_workers must be in [0, num_workers={self.num_workers}], "
+                f"got {self.min_workers}"
+            )
+        for workers in range(self.min_workers or self.num_workers, self.num_workers):
+            if self.global_batch_size % workers:
+                _fail(
+                    f"TrainConfig.global_batch_size={self.global_batch_size} is not divisible "
+                    f"by {workers} workers, one of the sizes min_workers={self.min_workers}.."
+                    f"num_workers={self.num_workers} allows: every size needs equal local "
+                    "batches"
+                )
         if self.global_batch_size % self.num_workers:
             _fail(
                 f"TrainConfig.global_batch_size={self.global_batch_size} is not divisible by "
@@ -368,9 +388,15 @@ class TrainConfig:
         """Whether the MEP loss is trained (pretrain stage with a positive λ)."""
         return self.stage == "pretrain" and self.mep_weight > 0
 
-    def per_worker_batch_size(self) -> int:
-        """Pairs each worker takes per step: ``global_batch_size / num_workers``."""
-        return self.global_batch_size // self.num_workers
+    @property
+    def elastic(self) -> bool:
+        """Whether the number of workers may change during the run (``min_workers``)."""
+        return 0 < self.min_workers < self.num_workers
+
+    def per_worker_batch_size(self, world_size: int | None = None) -> int:
+        """Pairs each worker takes per step: ``global_batch_size / workers`` (the workers
+        present, ``world_size``, in an elastic run; else ``num_workers``)."""
+        return self.global_batch_size // (world_size or self.num_workers)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a plain dict."""

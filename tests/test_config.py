@@ -271,3 +271,14 @@ def test_single_pass_mep_with_hard_negatives_embeds_positives_unmasked() -> None
     assert with_negatives.train.uses_mep
     finetune = get_recipe("codet5-base-code-ance").with_overrides(["negatives.source=async"])
     assert finetune.model.embed_unmasked_document is False  # no MEP, nothing masked
+
+
+def test_elastic_workers_need_a_global_batch_every_size_divides() -> None:
+    elastic = TrainConfig(global_batch_size=12, num_workers=4, min_workers=2)
+    assert elastic.elastic and elastic.per_worker_batch_size(2) == 6
+    assert elastic.per_worker_batch_size() == 3
+    with pytest.raises(ValueError, match="not divisible by 3 workers"):
+        TrainConfig(global_batch_size=8, num_workers=4, min_workers=3)
+    with pytest.raises(ValueError, match="min_workers must be in"):
+        TrainConfig(global_batch_size=8, num_workers=2, min_workers=3)
+    assert not TrainConfig(global_batch_size=8, num_workers=2, min_workers=2).elastic

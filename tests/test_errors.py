@@ -52,3 +52,57 @@ def test_success_and_interrupt(capsys) -> None:
     assert run_job(lambda: None, argv=[]) == 0
     assert run_job(_raise(KeyboardInterrupt()), argv=[]) == 130
     assert capsys.readouterr().err == "santa: interrupted\n"
+
+
+def test_worker_group_errors_show_the_failing_workers_cause() -> None:
+    """Ray Train's WorkerGroupError holds each rank's exception (with its traceback as a
+    string): the line is the root cause and names the file, not 'WorkerGroupError: ...:'."""
+    from ray.train import ControllerError, WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    cause = ValueError("cannot load checkpoint /r/model/model.safetensors: invalid header length")
+    wrapped = UserExceptionWithTraceback(cause, "Traceback (most recent call last):\n  ...")
+    error = WorkerGroupError("Worker 1 failed", {1: wrapped, 3: RuntimeError("other")})
+    assert describe(error) == (f"santa: error: {cause}", BAD_INPUT)
+    controller = ControllerError(
+        StorageError("cannot write s3://b/r/checkpoint_1: timed out", transient=True)
+    )
+    assert describe(controller) == (
+        "santa: error: cannot write s3://b/r/checkpoint_1: timed out",
+        RUNTIME_FAULT,
+    )
+
+
+def test_a_dead_worker_process_is_one_line_naming_it() -> None:
+    from ray.exceptions import ActorDiedError
+
+    text = (
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker\n"
+        "\tactor_id: 1234\n\tpid: 4242\n\tname: x\n\tnamespace: y\n\tip: 10.0.0.7\n"
+        "The actor is dead because its worker process has died. Worker exit type: "
+        "UNEXPECTED_SYSTEM_EXIT Worker exit detail: Worker unexpectedly exits with a "
+        "connection error code 2. End of LogMonitorForMsgs."
+    )
+    error = ActorDiedError()
+    error.error_msg = text
+    error.args = (text,)
+    line, code = describe(error)
+    assert code == RUNTIME_FAULT
+    assert line == (
+        "santa: error: a training worker died (pid 4242 on 10.0.0.7): Worker unexpectedly "
+        "exits with a connection error code 2"
+    )
+
+
+def test_the_dead_worker_is_the_cause_not_its_peers_collective_errors() -> None:
+    """A node lost: the worker on it died, and the others fail in gloo's collectives."""
+    from ray.exceptions import ActorDiedError
+    from ray.train import WorkerGroupError
+
+    died = ActorDiedError()
+    died.error_msg = "\tclass_name: RayTrainWorker\n\tpid: 77\n\tip: 10.0.0.8\nnode died"
+    died.args = (died.error_msg,)
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    line, code = describe(WorkerGroupError("workers failed", {0: gloo, 1: died}))
+    assert line == "santa: error: a training worker died (pid 77 on 10.0.0.8): its node died"
+    assert code == RUNTIME_FAULT

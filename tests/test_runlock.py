@@ -84,3 +84,26 @@ def test_s3_lease_blocks_live_holders_and_force_takes_stale_ones(moto_s3) -> Non
     taker = RunLock(run, settle_s=0.1, force=True).acquire()
     assert storage.read_json(storage.join(run, S3_LEASE_FILE))["id"] == taker.owner["id"]
     taker.release()
+
+
+def test_a_lease_left_by_a_dead_job_of_this_machine_is_taken_over(moto_s3) -> None:
+    """A job that ended while S3 was unreachable could not delete its lease: the next run on
+    the same machine takes it over at once (the holder's process is gone)."""
+    import socket
+
+    run = f"{moto_s3.create_bucket('dead-holders')}/runs/demo"
+    dead = {
+        "id": "dead",
+        "host": socket.gethostname(),
+        "pid": 2**22 + 12345,  # above any pid Linux hands out by default: no such process
+        "started": time.time() - 30,
+        "heartbeat": time.time() - 5,  # fresh: not stale by age
+    }
+    storage.write_bytes(storage.join(run, S3_LEASE_FILE), json.dumps(dead).encode())
+    taker = RunLock(run, settle_s=0.1).acquire()
+    assert storage.read_json(storage.join(run, S3_LEASE_FILE))["id"] == taker.owner["id"]
+    taker.release()
+    alive = dict(dead, pid=os.getpid(), started=time.time())  # this process: alive
+    storage.write_bytes(storage.join(run, S3_LEASE_FILE), json.dumps(alive).encode())
+    with pytest.raises(RunLockedError, match="in use by pid"):
+        RunLock(run, settle_s=0.1).acquire()

@@ -35,12 +35,14 @@ from typing import Any
 
 from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
-from santa.runtime import storage
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime import interrupts, storage
+from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.layout import RunLayout
 from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
+from santa.runtime.runlock import RunLock
+from tuning.progress import SweepProgress, status_word
 from tuning.trials import (
     DEFAULT_LAMBDA_RANGES,
     METRIC,
@@ -99,20 +101,29 @@ def checkpoint_uri(result, storage_root: str, run_uri: str) -> str:
     return found.checkpoint_uri or found.model_uri
 
 
+def trial_statuses(result_grid) -> dict[str, str]:
+    """``{trial id: done | error | unfinished}`` from Tune's record of the trials."""
+    analysis = getattr(result_grid, "_experiment_analysis", None)
+    return {trial.trial_id: status_word(trial) for trial in getattr(analysis, "trials", [])}
+
+
 def result_rows(result_grid, metric: str = METRIC) -> list[dict[str, Any]]:
     """One row per trial (trial, lr, λ, metric, step, status), best first."""
+    statuses = trial_statuses(result_grid)
     rows = []
     for result in result_grid:
         metrics = result.metrics or {}
         config = result.config or {}
+        trial = metrics.get("trial_id") or os.path.basename(str(result.path))
+        status = "error" if result.error is not None else statuses.get(trial, "done")
         rows.append(
             {
-                "trial": metrics.get("trial_id") or os.path.basename(str(result.path)),
+                "trial": trial,
                 "lr": config.get("lr"),
                 "lambda": config.get("lambda"),
                 metric: metrics.get(metric),
                 "step": metrics.get(TIME_ATTR),
-                "status": "error" if result.error is not None else "done",
+                "status": status,
             }
         )
     sign = 1 if MODE == "max" else -1
@@ -148,8 +159,21 @@ def format_table(rows: list[dict[str, Any]], metric: str = METRIC) -> str:
 
 
 def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, Any]:
-    """What ``best.json`` holds: the best trial's final checkpoint, metric and config."""
-    best = result_grid.get_best_result(metric=METRIC, mode=MODE, scope="last")
+    """What ``best.json`` holds: the best finished trial's final checkpoint, metric and
+    config. Unfinished trials (a sweep cut off) and trials that never reported the metric
+    are not candidates: :class:`NoBestTrial` when none is left."""
+    statuses = trial_statuses(result_grid)
+    finished = [
+        result
+        for result in result_grid
+        if result.error is None
+        and isinstance((result.metrics or {}).get(METRIC), int | float)
+        and statuses.get((result.metrics or {}).get("trial_id"), "done") == "done"
+    ]
+    if not finished:
+        raise NoBestTrial(f"no finished trial reported {METRIC}")
+    sign = 1 if MODE == "max" else -1
+    best = max(finished, key=lambda result: sign * float(result.metrics[METRIC]))
     params = best.config
     sweep = params["sweep"]
     trial_id = best.metrics["trial_id"]
@@ -175,6 +199,40 @@ def best_record(result_grid, sweep_root: str, storage_root: str) -> dict[str, An
             "santa": config.to_dict(),
         },
     }
+
+
+class NoBestTrial(RuntimeError):
+    """No finished trial reported the metric: there is no best.json to write."""
+
+
+def describe_sweep(sweep_root: str, progress: dict[str, str]) -> str:
+    """What an interrupted sweep kept (for its ``santa: interrupted`` line)."""
+    done = sum(1 for status in progress.values() if status == "done")
+    unfinished = sum(1 for status in progress.values() if status == "unfinished")
+    return (
+        f"sweep {sweep_root}: {done} trial{'s' if done != 1 else ''} finished, {unfinished} "
+        "unfinished kept with their checkpoints; no best.json written"
+    )
+
+
+class _StatusTracker(SweepProgress):
+    """SweepProgress that also records each trial's status for the interruption line."""
+
+    def __init__(self, progress: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.progress = progress
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress[trial.trial_id] = "unfinished"
+        super().on_trial_start(iteration, trials, trial, **info)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress[trial.trial_id] = "done"
+        super().on_trial_complete(iteration, trials, trial, **info)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress[trial.trial_id] = "error"
+        super().on_trial_error(iteration, trials, trial, **info)
 
 
 # --------------------------------------------------------------------------- command line
@@ -248,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
     parser.add_argument("--seed", type=int, default=None, help="seed of the parameter sampling")
-    return parser
+    return with_exit_codes(parser)
 
 
 def base_config(args: argparse.Namespace) -> SantaConfig:
@@ -309,17 +367,22 @@ def run_sweep(args: argparse.Namespace) -> int:
     check_pairs(args.data)
     check_beir(args.eval_data, args.eval_split)
     check_writable(args.storage, "--storage")
+    storage_root = storage.absolute(args.storage)
+    layout = RunLayout.of(storage_root, args.name)
+    sweep_root = layout.root
+    with RunLock(sweep_root, description="tuning.sweep"):  # one writer per sweep
+        return _sweep(args, config, storage_root, layout)
 
+
+def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, layout) -> int:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
     from santa.train.trainer import worker_cpus
 
-    storage_root = storage.absolute(args.storage)
-    layout = RunLayout.of(storage_root, args.name)
     sweep_root = layout.root
-    init_ray(args.address)
+    print(init_ray(args.address), flush=True)
     # A trial the cluster can never hold fails here in one line, not in every trial.
     from santa.runtime.resources import check_plan
     from santa.train.trainer import run_plan
@@ -329,9 +392,28 @@ def run_sweep(args: argparse.Namespace) -> int:
     # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml).
     trainable = tune.with_resources(train_trial, {**TRIAL_DRIVER_RESOURCES, **head_placement()})
 
-    if tune.Tuner.can_restore(sweep_root):
+    progress: dict[str, str] = {}  # trial id → status, for an interruption's line
+    max_t = config.scoder.iterations if args.objective == "scoder" else config.train.max_steps
+    tracker = _StatusTracker(progress, metric=METRIC, time_attr=TIME_ATTR, max_t=max_t)
+    # On S3 with santa's filesystem: Tune's experiment syncs get santa's timeouts.
+    ray_root, filesystem = storage.for_ray(sweep_root)
+    ray_storage, _ = storage.for_ray(storage_root)
+    if tune.Tuner.can_restore(ray_root, storage_filesystem=filesystem):
         print(f"resuming the sweep at {sweep_root} (its trials, space and limits as first set)")
-        tuner = tune.Tuner.restore(sweep_root, trainable=trainable, resume_errored=True)
+        # Unfinished trials (running when the sweep was cut off) continue from their latest
+        # checkpoint: their Train run names are the trial ids.
+        tuner = tune.Tuner.restore(
+            ray_root,
+            trainable=trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            storage_filesystem=filesystem,
+        )
+        # Tune restores the first run's RunConfig (pickled): santa's output settings and a
+        # live progress callback again (Tuner.restore takes no run_config).
+        restored = tuner._local_tuner.get_run_config()
+        restored.verbose = 0
+        restored.callbacks = [tracker]
     else:
         field = lambda_field(config, args.objective)
         if field is None:
@@ -393,14 +475,31 @@ def run_sweep(args: argparse.Namespace) -> int:
                 # A SearchGenerator ignores TuneConfig's max_concurrent_trials: set it here.
                 search_alg=BasicVariantGenerator(random_state=args.seed, max_concurrent=concurrent),
             ),
-            run_config=tune.RunConfig(name=args.name, storage_path=storage_root),
+            # Tune's status boxes (every trial's whole config, redrawn) off: santa prints
+            # a line per trial event and its own table.
+            run_config=tune.RunConfig(
+                name=args.name,
+                storage_path=ray_storage,
+                storage_filesystem=filesystem,
+                verbose=0,
+                callbacks=[tracker],
+            ),
         )
-    result_grid = tuner.fit()
+    # Tune's newer output engine prints its experiment box even at verbose=0; the classic
+    # one prints nothing at 0 (RAY_AIR_NEW_OUTPUT=1 in the environment brings it back).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # In a helper thread: Tune's SIGINT handling (a graceful stop that marks cut-off trials
+    # finished) stays off; santa's answers, and the experiment Tune keeps saving resumes.
+    with interrupts.keeping(
+        lambda: describe_sweep(sweep_root, progress),
+        hint="run the same command to resume the unfinished trials",
+    ):
+        result_grid = interrupts.call_in_thread(tuner.fit, name="santa-sweep")
     rows = result_rows(result_grid)
     print(format_table(rows))
     try:
         best = best_record(result_grid, sweep_root, storage_root)
-    except RuntimeError as error:  # no trial reported the metric
+    except NoBestTrial as error:
         print(f"santa: error: no best trial: {error}", file=sys.stderr)
         return 1
     storage.write_json(layout.best, best)

@@ -1,13 +1,17 @@
-"""Fault injection against the real command lines (issue 17).
+"""Fault injection against the real command lines (issues 17 and 33).
 
-Each fault runs a job in a subprocess (bad paths, a missing bucket and refused
-credentials on moto's S3 server, a silent S3 endpoint, bad files, a corrupt checkpoint, a
-locked run, Ctrl-C mid-preprocess, ...) and is recorded as: exit code (and the one
-expected), lines on stderr, the message (the first ``santa:`` line on stderr, else the
-first stderr line, or for a success the line that shows the fault was handled), seconds,
-and whether the data was safe (outputs untouched or whole afterwards).
+Each fault runs a job in a subprocess, in a process group of its own as a terminal would:
+bad input met before the job starts (bad paths, a missing bucket and refused credentials on
+moto's S3 server, a silent S3 endpoint, bad files, a corrupt checkpoint, a locked run) and
+faults while it runs (Ctrl-C to the process group, ``ray job stop``'s SIGTERM, a killed
+training worker, driver or miner actor, moto's server stopped mid-training, two writers, hard
+negatives that never come, a lost node of a two-node cluster). Each is recorded as: exit
+code (and the one expected), seconds to the end, lines on the terminal (stdout and stderr)
+and on stderr, the message (the first ``santa:`` line on stderr, else the first stderr line,
+or for a success the line that shows the fault was handled), and whether the data was safe
+(outputs untouched or whole afterwards, runs resumable, locks released).
 
-    python bench/robustness/faults.py [--only SUBSTRING]
+    python bench/robustness/faults.py [--only SUBSTRING] [--bad-input-only]
 
 Writes bench/results/faults.json and prints the table. The faults themselves (each a
 command line, the exit code it must end with and what must stay untouched) are built by
@@ -17,6 +21,7 @@ command line, the exit code it must end with and what must stay untouched) are b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -64,6 +69,20 @@ class Fault:
     """Send SIGINT this long after a stdout line starting with this text."""
     check: Callable[[], bool] | None = None
     """An extra data-safety check."""
+    at_line: str = ""
+    """A fault while the job runs: once a stdout line starts with this, ``action`` runs."""
+    action: Callable[[subprocess.Popen, list[str]], None] | None = None
+    """What happens to the running job (a signal to its process group, a killed worker,
+    S3 stopped); it gets the process and the stdout lines read so far."""
+    after: Callable[[], None] | None = None
+    """Undo the fault once the job ended (S3 answering again, a holder letting go)."""
+    before: Callable[[], None] | None = None
+    """Set the fault up right before the job starts (another job holding the output)."""
+    delay_s: float = 0.0
+    """Without ``at_line``: run ``action`` this long after the job started."""
+    timeout_s: float = 540.0
+    running: bool = False
+    """A fault while the job runs (rather than bad input met before it starts)."""
 
 
 def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fault]:
@@ -446,6 +465,23 @@ def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fau
             2,
             watch=[work / "a-file"],
         ),
+        # ---------------------------------------------------------------- a lost node
+        Fault(
+            "pretrain: lost node, fixed size (waits 2 x 20 s, ends)",
+            lost_node("fixed", work),
+            1,
+            running=True,
+            timeout_s=1500,
+        ),
+        Fault(
+            "pretrain: lost node, --num-workers 1-2 (goes on, grows back)",
+            lost_node("elastic", work),
+            0,
+            success_line="training goes on with 2 worker(s) of 1-2",
+            check=lambda: _finished(work / "lost-elastic" / "elastic", 40),
+            running=True,
+            timeout_s=1500,
+        ),
     ]
     return faults
 
@@ -478,6 +514,8 @@ def run_fault(fault: Fault) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env.update(PYTHONPATH=str(ROOT), RAY_DATA_DISABLE_PROGRESS_BARS="1", **fault.env)
     before = snapshot(fault.watch)
+    if fault.before is not None:
+        fault.before()
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", *fault.command],
@@ -486,21 +524,31 @@ def run_fault(fault: Fault) -> dict:
         text=True,
         env=env,
         cwd=ROOT,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     stdout_head = []
-    if fault.interrupt_after:
+    marker = fault.at_line or fault.interrupt_after
+    if marker:
         for line in proc.stdout:
             stdout_head.append(line)
-            if line.startswith(fault.interrupt_after):
+            if line.startswith(marker):
                 break
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
+        if fault.action is not None:
+            fault.action(proc, stdout_head)
+        else:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+    elif fault.action is not None:
+        time.sleep(fault.delay_s)
+        fault.action(proc, stdout_head)
     try:
-        stdout, stderr = proc.communicate(timeout=540)
+        stdout, stderr = proc.communicate(timeout=fault.timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
     seconds = time.monotonic() - started
+    if fault.after is not None:
+        fault.after()
     stdout = "".join(stdout_head) + stdout
     err_lines = [line for line in stderr.splitlines() if line.strip()]
     santa_lines = [line for line in err_lines if line.startswith("santa:")]
@@ -510,10 +558,13 @@ def run_fault(fault: Fault) -> dict:
     else:
         message = (santa_lines or err_lines or ["(no message)"])[0]
     safe = snapshot(fault.watch) == before and (fault.check() if fault.check else True)
+    terminal = [line for line in (stdout + stderr).splitlines() if line.strip()]
     return {
         "fault": fault.name,
+        "running": fault.running,
         "exit": proc.returncode,
         "expected": fault.expected,
+        "terminal_lines": len(terminal),
         "stderr_lines": len(err_lines),
         "santa_lines": len(santa_lines),
         "message": message,
@@ -521,7 +572,8 @@ def run_fault(fault: Fault) -> dict:
         "data_safe": bool(safe),
         "stderr_tail": stderr[-1500:] if proc.returncode != fault.expected else "",
         "ok": proc.returncode == fault.expected
-        and (fault.expected == 0 or len(santa_lines) == 1)
+        # a success, or a process killed outright (no line of its own), or one line
+        and (fault.expected <= 0 or len(santa_lines) == 1)
         and (not fault.success_line or message != "(expected line missing)"),
     }
 
@@ -583,20 +635,32 @@ def format_table(rows: list[dict]) -> str:
             [
                 row["fault"],
                 f"{row['exit']} ({row['expected']})",
+                f"{row['seconds']:.1f}",
+                row.get("terminal_lines", "-"),
                 row["stderr_lines"],
                 message,
-                f"{row['seconds']:.1f}",
                 "yes" if row["data_safe"] else "NO",
             ]
         )
-    header = ["fault", "exit (want)", "stderr lines", "message", "s", "data safe"]
-    return common.format_table(header, table, align="lrrlrl")
+    header = [
+        "fault",
+        "exit (want)",
+        "s to the end",
+        "terminal lines",
+        "stderr lines",
+        "message",
+        "data safe",
+    ]
+    return common.format_table(header, table, align="lrrrrll")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the faults (or those ``--only`` names), print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="run the faults whose name has this text")
+    parser.add_argument(
+        "--bad-input-only", action="store_true", help="skip the faults while jobs run (long)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
     from santa.runtime.runlock import RunLock
@@ -606,10 +670,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="santa-faults-"))
     moto, moto_url = start_moto()
     auth, auth_url = start_moto(auth=True)
+    pausable, pausable_url = start_moto()  # stopped (SIGSTOP) and resumed by faults
     silent = SilentEndpoint()
     rows = []
     try:
         faults = build_faults(work, moto_url, auth_url, silent.endpoint)
+        if not args.bad_input_only:
+            faults += build_running_faults(work, moto_url, pausable, pausable_url)
         for fault in faults:
             if args.only and args.only not in fault.name:
                 continue
@@ -629,18 +696,599 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{status:4} {row['fault']}: exit {row['exit']} in {row['seconds']}s: "
                   f"{row['message'][:140]}", flush=True)  # fmt: skip
     finally:
-        for server in (moto, auth):
+        os.kill(pausable.pid, signal.SIGCONT)
+        for server in (moto, auth, pausable):
             server.terminate()
             server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(format_table(rows))
     passed = sum(row["ok"] and row["data_safe"] for row in rows)
+    running = [row for row in rows if row.get("running")]
     print(f"\n{passed}/{len(rows)} faults: right exit code, one message line, data safe")
+    print(
+        f"{sum(r['ok'] and r['data_safe'] for r in running)}/{len(running)} of them while a "
+        "job runs"
+    )
     if not args.only:
         bench.write_json(RESULTS, {"faults": rows})
         print(f"wrote {RESULTS}")
     return 0 if passed == len(rows) else 1
+
+
+# ============================================================================ while running
+# Faults that hit a job while it runs (issue 33): Ctrl-C, `ray job stop`, a killed worker,
+# driver or miner, S3 going silent, two writers, hard negatives that never come, a lost node.
+
+RUN_TINY = [*TINY, "--set", "train.checkpoint_every=2"]
+
+
+def _killpg(signum: int, pause_s: float = 0.5):
+    def action(proc, head) -> None:
+        time.sleep(pause_s)
+        os.killpg(proc.pid, signum)
+
+    return action
+
+
+def _ctrl_c_twice(proc, head) -> None:
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def _job_stop(proc, head) -> None:
+    """`ray job stop`: SIGTERM to the driver (SIGKILL would follow 3 s later)."""
+    proc.send_signal(signal.SIGTERM)
+
+
+def _kill_process(title: str):
+    """SIGKILL the job's own Ray process whose command line starts with ``title``."""
+
+    def action(proc, head) -> None:
+        import psutil
+
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if " ".join(child.cmdline()).startswith(title):
+                        child.kill()
+                        return
+                except psutil.Error:
+                    continue
+            time.sleep(0.5)
+
+    return action
+
+
+def _session_of(head: list[str]) -> str:
+    import re
+
+    for line in head:
+        found = re.search(r"logs in (\S+)/logs\)", line)
+        if found:
+            return found.group(1)
+    return ""
+
+
+def _registered(run: Path) -> set[str]:
+    snapshot = run / "checkpoint_manager_snapshot.json"
+    if not snapshot.is_file():
+        return set()
+    from santa.models.checkpoints import _snapshot_candidates
+
+    return {name for name, _ in _snapshot_candidates(json.loads(snapshot.read_text())) or []}
+
+
+def _lock_free(run: Path) -> bool:
+    from santa.runtime.runlock import RunLock, RunLockedError
+
+    try:
+        with RunLock(str(run)):
+            return True
+    except RunLockedError:
+        return False
+
+
+def _kept(run: Path) -> bool:
+    """An interrupted run: its newest registered checkpoint is whole, its lock free."""
+    from santa.models.checkpoints import latest_checkpoint
+
+    if not _registered(run):
+        return _lock_free(run)
+    found = latest_checkpoint(str(run))
+    return found.checkpoint_uri is not None and _lock_free(run)
+
+
+def _finished(run: Path, steps: int) -> bool:
+    """A finished run: at its last step, registered checkpoints only, its lock free."""
+    from santa.models.checkpoints import latest_checkpoint
+
+    folders = {p.name for p in run.glob("checkpoint_*")}
+    return (
+        bool(folders)
+        and folders == _registered(run)
+        and latest_checkpoint(str(run)).step == steps
+        and _lock_free(run)
+    )
+
+
+def corrupt_model(folder: Path) -> None:
+    """A tiny model folder whose model.safetensors is cut short (its header is gone)."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+    from santa.recipes import get_recipe
+    from tests.training import stdlib_pair_rows
+
+    rows = stdlib_pair_rows()
+    tokenizer = train_tokenizer([r["query"] for r in rows] + [r["document"] for r in rows], 500)
+    DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0).save_pretrained(
+        str(folder), santa_config=get_recipe("tiny")
+    )
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+
+
+def lost_node(mode: str, work: Path) -> list[str]:
+    """The lost-node scenario of tests/test_lost_node.py (its own 2-node cluster)."""
+    return ["tests.test_lost_node", mode, str(work / "pairs"), str(work / f"lost-{mode}")]
+
+
+def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> list[Fault]:
+    """The faults while jobs run (after :func:`build_faults`, whose data they reuse)."""
+    from santa.data.outputs import staged_output
+    from santa.negatives.mining import NegativesTable
+    from santa.runtime import storage
+    from santa.runtime.reaper import session_processes
+    from tests.datagen import other_language_records, write_esci
+    from tests.training import stdlib_pair_rows, write_pairs
+
+    pairs, beir = str(work / "pairs"), str(work / "beir")
+    runs = work / "running"
+    s3 = {
+        "AWS_ENDPOINT_URL": moto,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    paused = {**s3, "AWS_ENDPOINT_URL": pausable_url, "SANTA_S3_READ_TIMEOUT": "3"}
+    import boto3
+
+    boto3.client("s3", endpoint_url=pausable_url, region_name="us-east-1").create_bucket(
+        Bucket="paused"
+    )
+
+    def train(name: str, *extra: str, job: str = "ray_jobs.pretrain") -> list[str]:
+        return [job, "--data", pairs, "--storage", str(runs), "--name", name, *RUN_TINY, *extra]
+
+    # Inputs some faults need: a ghost table, a corrupt model, a flat Ruby folder, ESCI.
+    ghost = NegativesTable({str(stdlib_pair_rows()[0]["query_id"]): ["no-such-doc"]})
+    ghost.write_parquet(str(work / "ghost-table"))
+    flat = work / "flat-ruby"
+    flat.mkdir()
+    flat.joinpath("part.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in other_language_records("ruby", 5))
+    )
+    write_esci(work / "esci")
+    products = work / "esci" / "shopping_queries_dataset_products.parquet"
+    products.write_bytes(products.read_bytes()[:-200])
+    previous_eval = work / "previous-eval"
+    with staged_output(str(previous_eval), tool="evaluate") as staged:
+        storage.write_bytes(storage.join(staged.staging, "metrics.json"), b"{}")
+        staged.publish({"systems": ["model"]})
+    previous_neg = work / "previous-neg"
+    with staged_output(str(previous_neg), tool="mine_negatives") as staged:
+        storage.write_bytes(storage.join(staged.staging, "negatives.parquet"), b"kept")
+        staged.publish({"queries": 0})
+    corrupt_model(work / "corrupt-model")
+    # A corpus whose refresh (encoding every document) outlasts a short stage.
+    copies = [
+        dict(row, id=f"{row['id']}-{k}", doc_id=f"{row['doc_id']}-{k}")
+        | {"query_id": f"{row['query_id']}-{k}", "document": f"{row['document']} # {k}"}
+        for k in range(40)
+        for row in stdlib_pair_rows()
+    ]
+    big_pairs = write_pairs(work / "big-pairs", copies)
+    session: dict[str, str] = {}
+    holders = contextlib.ExitStack()
+
+    def hold_busy() -> None:  # another preprocess writing into the output
+        from santa.data.outputs import claim_output
+
+        holders.enter_context(claim_output(str(work / "busy-out"), "preprocess"))
+
+    def release_busy() -> None:
+        holders.close()
+
+    def kill_driver(proc, head) -> None:
+        session["dir"] = _session_of(head)
+        proc.kill()
+
+    def ray_gone() -> bool:
+        deadline = time.time() + 60
+        while time.time() < deadline and session_processes(session.get("dir") or "/nonexistent"):
+            time.sleep(1)
+        return bool(session.get("dir")) and not session_processes(session["dir"])
+
+    def stop_s3(proc, head) -> None:
+        os.kill(pausable.pid, signal.SIGSTOP)
+
+    def resume_s3() -> None:
+        os.kill(pausable.pid, signal.SIGCONT)
+
+    evaluate = ["ray_jobs.evaluate", "--checkpoint", str(runs / "cut"), "--data", beir]
+    sweep = [
+        "tuning.sweep", "--data", pairs, "--eval-data", beir, "--storage", str(work / "sweeps"),
+        "--name", "cut", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2",
+        "--scheduler", "fifo", "--max-concurrent", "1", "--seed", "0", *TINY,
+    ]  # fmt: skip
+    step = "[train] step "
+    faults = [
+        # ---------------------------------------------------------------- Ctrl-C, job stop
+        Fault(
+            "pretrain: Ctrl-C mid-run (process group)",
+            train("cut", "--max-steps", "8"),
+            130,
+            at_line=f"{step}5/",
+            action=_killpg(signal.SIGINT),
+            check=lambda: _kept(runs / "cut"),
+            running=True,
+        ),
+        Fault(
+            "pretrain: re-run after Ctrl-C",
+            train("cut", "--max-steps", "8"),
+            0,
+            success_line="checkpoint:",
+            check=lambda: _finished(runs / "cut", 8),
+            running=True,
+        ),
+        Fault(
+            "pretrain: ray job stop (SIGTERM) mid-run",
+            train("stopped", "--max-steps", "8"),
+            130,
+            at_line=f"{step}3/",
+            action=_job_stop,
+            check=lambda: _kept(runs / "stopped"),
+            running=True,
+        ),
+        Fault(
+            "pretrain: Ctrl-C twice",
+            train("twice", "--max-steps", "8"),
+            130,
+            at_line=f"{step}3/",
+            action=_ctrl_c_twice,
+            check=lambda: _kept(runs / "twice"),
+            running=True,
+        ),
+        Fault(
+            "finetune: Ctrl-C mid-run",
+            train("ft-cut", "--max-steps", "8", job="ray_jobs.finetune"),
+            130,
+            at_line=f"{step}3/",
+            action=_killpg(signal.SIGINT),
+            check=lambda: _kept(runs / "ft-cut"),
+            running=True,
+        ),
+        Fault(
+            "pipeline: Ctrl-C mid-stage",
+            [
+                "ray_jobs.pipeline",
+                "--data",
+                pairs,
+                "--eval-data",
+                beir,
+                "--storage",
+                str(runs),
+                "--name",
+                "pipe",
+                "--max-steps",
+                "4",
+                "--baseline",
+                "none",
+                *RUN_TINY,
+            ],  # fmt: skip
+            130,
+            at_line="[train] step 3/",
+            action=_killpg(signal.SIGINT),
+            check=lambda: _lock_free(runs / "pipe"),
+            running=True,
+        ),
+        Fault(
+            "sweep: Ctrl-C before a trial's first result",
+            sweep,
+            130,
+            at_line="[sweep] trial",
+            action=_killpg(signal.SIGINT),
+            check=lambda: not (work / "sweeps" / "cut" / "best.json").exists(),
+            running=True,
+        ),
+        Fault(
+            "sweep: re-run after Ctrl-C",
+            sweep,
+            0,
+            success_line="wrote ",
+            check=lambda: (
+                json.loads((work / "sweeps" / "cut" / "best.json").read_text())["step"] == 4
+            ),
+            running=True,
+        ),
+        Fault(
+            "evaluate: Ctrl-C mid-run keeps the output",
+            [*evaluate, "--output", str(previous_eval)],
+            130,
+            action=_killpg(signal.SIGINT, pause_s=0.0),
+            delay_s=4.0,
+            watch=[previous_eval],
+            running=True,
+        ),
+        Fault(
+            "mine_negatives: Ctrl-C mid-run keeps the output",
+            [
+                "ray_jobs.mine_negatives",
+                "--checkpoint",
+                str(runs / "cut"),
+                "--data",
+                pairs,
+                "--output",
+                str(previous_neg),
+            ],  # fmt: skip
+            130,
+            at_line="mining",
+            action=_killpg(signal.SIGINT, pause_s=0.2),
+            watch=[previous_neg],
+            running=True,
+        ),
+        Fault(
+            "preprocess: ray job stop (SIGTERM) mid-run",
+            [
+                "ray_jobs.preprocess",
+                "--dataset",
+                "codesearchnet",
+                "--input",
+                str(work / "big"),
+                "--output",
+                str(work / "previous"),
+                "--address",
+                "local",
+            ],  # fmt: skip
+            130,
+            at_line="Ray:",
+            action=_job_stop,
+            watch=[work / "previous"],
+            running=True,
+        ),
+        # ---------------------------------------------------------------- workers, driver
+        Fault(
+            "pretrain: kill -9 a training worker",
+            train("worker", "--max-steps", "8", "--max-failures", "1"),
+            0,
+            at_line=f"{step}5/",
+            action=_kill_process("ray::RayTrainWorker"),
+            success_line="santa: warning: a training worker died",
+            check=lambda: _finished(runs / "worker", 8),
+            running=True,
+        ),
+        Fault(
+            "pretrain: kill -9 a training worker, --max-failures 0",
+            train("worker0", "--max-steps", "8", "--max-failures", "0"),
+            1,
+            at_line=f"{step}3/",
+            action=_kill_process("ray::RayTrainWorker"),
+            check=lambda: _kept(runs / "worker0"),
+            running=True,
+        ),
+        Fault(
+            "pretrain: kill -9 the driver (its local Ray goes too)",
+            train("driver", "--max-steps", "8"),
+            -9,
+            at_line=f"{step}2/",
+            action=kill_driver,
+            check=ray_gone,
+            running=True,
+        ),
+        Fault(
+            "finetune: kill -9 the miner actor",
+            train(
+                "miner",
+                "--max-steps",
+                "60",
+                "--hard-negatives",
+                "async",
+                "--set",
+                "negatives.refresh_every=5",
+                "--set",
+                "negatives.wait_for_first=true",
+                "--set",
+                "train.checkpoint_every=60",
+                job="ray_jobs.finetune",
+            ),  # fmt: skip
+            0,
+            at_line=f"{step}10/",
+            action=_kill_process("ray::HardNegativeMiner"),
+            success_line="santa: warning: the hard-negative miner died",
+            check=lambda: _finished(runs / "miner", 60),
+            running=True,
+        ),
+        Fault(
+            "finetune: async negatives that never come",
+            [
+                "ray_jobs.finetune",
+                "--data",
+                big_pairs,
+                "--storage",
+                str(runs),
+                "--name",
+                "never",
+                *RUN_TINY,
+                "--max-steps",
+                "4",
+                "--hard-negatives",
+                "async",
+                "--set",
+                "negatives.refresh_every=1000",
+            ],
+            0,
+            success_line="santa: warning: hard negatives: no table arrived",
+            check=lambda: _finished(runs / "never", 4),
+            running=True,
+        ),
+        Fault(
+            "finetune: a table naming unknown documents (fails in the worker)",
+            train(
+                "ghost",
+                "--max-steps",
+                "4",
+                "--hard-negatives",
+                f"table:{work / 'ghost-table'}",
+                job="ray_jobs.finetune",
+            ),  # fmt: skip
+            2,
+            check=lambda: _lock_free(runs / "ghost"),
+            running=True,
+        ),
+        # ---------------------------------------------------------------- checked before Ray
+        Fault(
+            "finetune: --init-checkpoint cut short",
+            train(
+                "corrupt", "--init-checkpoint", str(work / "corrupt-model"), job="ray_jobs.finetune"
+            ),
+            2,
+            watch=[runs / "corrupt"],
+        ),
+        Fault(
+            "finetune: --hard-negatives table: missing",
+            train(
+                "notable", "--hard-negatives", f"table:{work / 'no-table'}", job="ray_jobs.finetune"
+            ),
+            2,
+            watch=[runs / "notable"],
+        ),
+        Fault(
+            "preprocess: --languages python on a flat Ruby folder",
+            ["ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", str(flat)]
+            + ["--output", str(work / "flat-out"), "--languages", "python"],
+            2,
+            check=lambda: not (work / "flat-out").exists(),
+        ),
+        Fault(
+            "preprocess: ESCI products cut short",
+            ["ray_jobs.preprocess", "--dataset", "esci", "--input", str(work / "esci")]
+            + ["--output", str(work / "esci-out")],
+            2,
+            check=lambda: not (work / "esci-out").exists(),
+        ),
+        Fault(
+            "evaluate: checkpoint cut short",
+            ["ray_jobs.evaluate", "--checkpoint", str(work / "corrupt-model"), "--data", beir]
+            + ["--baseline", "none"],
+            2,
+        ),
+        # ---------------------------------------------------------------- one writer per output
+        Fault(
+            "evaluate: --output holding a preprocess output",
+            [*evaluate, "--output", str(work / "previous"), "--baseline", "none"],
+            2,
+            watch=[work / "previous"],
+        ),
+        Fault(
+            "evaluate: re-run into its own output leaves no stale file",
+            [*evaluate, "--output", str(previous_eval), "--baseline", "none"],
+            0,
+            success_line="output:",
+            check=lambda: (
+                sorted(p.name for p in previous_eval.iterdir())
+                == ["info.json", "metrics.json", "metrics.md", "report.json", "run.model.trec"]
+            ),
+            running=True,
+        ),
+        Fault(
+            "export: --to holding a training run",
+            ["ray_jobs.export", "--latest", str(runs / "cut"), "--to", str(runs / "worker")]
+            + ["--overwrite"],
+            2,
+            check=lambda: _finished(runs / "worker", 8),
+        ),
+        Fault(
+            "preprocess: a second job into an output in use",
+            [
+                "ray_jobs.preprocess",
+                "--dataset",
+                "codesearchnet",
+                "--input",
+                str(work / "big"),
+                "--output",
+                str(work / "busy-out"),
+            ],  # fmt: skip
+            2,
+            before=hold_busy,
+            after=release_busy,
+            check=lambda: not (work / "busy-out").exists(),
+            running=True,
+        ),
+        # ---------------------------------------------------------------- S3 lost mid-run
+        Fault(
+            "pretrain: S3 silent mid-training (moto stopped)",
+            [
+                "ray_jobs.pretrain",
+                "--data",
+                pairs,
+                "--storage",
+                "s3://paused/runs",
+                "--name",
+                "r",
+                *RUN_TINY,
+                "--max-steps",
+                "8",
+                "--max-failures",
+                "0",
+            ],  # fmt: skip
+            1,
+            env=paused,
+            at_line=f"{step}3/",
+            action=stop_s3,
+            after=resume_s3,
+            running=True,
+            timeout_s=600,
+        ),
+        Fault(
+            "pretrain: re-run once S3 answers again",
+            [
+                "ray_jobs.pretrain",
+                "--data",
+                pairs,
+                "--storage",
+                "s3://paused/runs",
+                "--name",
+                "r",
+                *RUN_TINY,
+                "--max-steps",
+                "8",
+            ],  # fmt: skip
+            0,
+            env=paused,
+            success_line="checkpoint: s3://paused/runs/r/",
+            running=True,
+        ),
+        # ---------------------------------------------------------------- a lost node
+        Fault(
+            "pretrain: lost node, fixed size (waits 2 x 20 s, ends)",
+            lost_node("fixed", work),
+            1,
+            running=True,
+            timeout_s=1500,
+        ),
+        Fault(
+            "pretrain: lost node, --num-workers 1-2 (goes on, grows back)",
+            lost_node("elastic", work),
+            0,
+            success_line="training goes on with 2 worker(s) of 1-2",
+            check=lambda: _finished(work / "lost-elastic" / "elastic", 40),
+            running=True,
+            timeout_s=1500,
+        ),
+    ]
+    return faults
 
 
 if __name__ == "__main__":

@@ -101,7 +101,9 @@ def write_asst_pairs(
     if not files:
         return {"written": 0, "skipped": {}}
     dataset = (
-        ray.data.read_parquet(files)
+        ray.data.read_parquet(
+            [storage.for_ray(f)[0] for f in files], filesystem=storage.for_ray(files[0])[1]
+        )
         .select_columns(PAIR_SCHEMA.names)
         .map_batches(
             build_asst_rows,
@@ -119,7 +121,10 @@ def write_asst_pairs(
         from ray.data.expressions import col
 
         built = dataset.filter(expr=col("reason") == "").select_columns(PAIR_SCHEMA.names)
-        built.write_parquet(data_uri, mode="append", filename_provider=_asst_file_names())
+        path, filesystem = storage.for_ray(data_uri)  # S3: santa's timeouts in the writers
+        built.write_parquet(
+            path, filesystem=filesystem, mode="append", filename_provider=_asst_file_names()
+        )
     return {"written": written, "skipped": dict(sorted(reasons.items()))}
 
 

@@ -43,6 +43,9 @@ __all__ = [
     "matching_manifest",
     "published_root",
     "read_manifest",
+    "check_output_owner",
+    "claim_output",
+    "output_kind",
     "staged_output",
 ]
 
@@ -50,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "report.json"
 RUNS_PREFIX = "runs"
+TOOL_KEY = "tool"
+LEASE_FILE = ".santa-lock.json"  # santa.runtime.layout's S3 lease, kept by a publish
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class StagedOutput:
     uri: str
     run_id: str
     staging: str
+    tool: str = ""
+    """The job that writes it (recorded in the manifest: see :func:`output_kind`)."""
 
     @property
     def prefix(self) -> str:
@@ -68,6 +75,8 @@ class StagedOutput:
     def publish(self, report: dict[str, Any]) -> dict[str, Any]:
         """Write the manifest (the report, marked complete) and make this run the output."""
         manifest = dict(report)
+        if self.tool:
+            manifest.setdefault(TOOL_KEY, self.tool)
         manifest["manifest"] = {
             "complete": True,
             "run_id": self.run_id,
@@ -77,7 +86,9 @@ class StagedOutput:
         if storage.is_s3(self.uri):
             storage.write_json(storage.join(self.staging, MANIFEST_FILE), manifest)
             storage.write_json(storage.join(self.uri, MANIFEST_FILE), manifest)  # the commit
-            _delete_other_s3_entries(self.uri, keep={MANIFEST_FILE, RUNS_PREFIX}, run=self.run_id)
+            _delete_other_s3_entries(
+                self.uri, keep={MANIFEST_FILE, RUNS_PREFIX, LEASE_FILE}, run=self.run_id
+            )
         else:
             storage.write_json(storage.join(self.staging, MANIFEST_FILE), manifest)
             with contextlib.suppress(FileNotFoundError):
@@ -102,7 +113,7 @@ def new_run_id() -> str:
 OWNER_FILE = ".santa-owner"
 
 
-def stage(uri: str) -> StagedOutput:
+def stage(uri: str, tool: str = "") -> StagedOutput:
     """A staging place for one run's output at ``uri``.
 
     Locally the staging folder is created with an owner file (host and pid), and staging
@@ -110,14 +121,16 @@ def stage(uri: str) -> StagedOutput:
     """
     run_id = new_run_id()
     if storage.is_s3(uri):
-        return StagedOutput(uri, run_id, storage.join(uri.rstrip("/"), RUNS_PREFIX, run_id))
+        return StagedOutput(
+            uri, run_id, storage.join(uri.rstrip("/"), RUNS_PREFIX, run_id), tool=tool
+        )
     final = storage.absolute(uri).rstrip(os.sep)
     remove_abandoned_staging(final)
     staging = f"{final}.tmp-{run_id}"
     os.makedirs(staging)
     with open(os.path.join(staging, OWNER_FILE), "w") as handle:
         handle.write(f"{socket.gethostname()} {os.getpid()}\n")
-    return StagedOutput(final, run_id, staging)
+    return StagedOutput(final, run_id, staging, tool=tool)
 
 
 def _owner_alive(folder: str) -> bool:
@@ -165,9 +178,9 @@ def remove_abandoned_staging(final: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def staged_output(uri: str) -> Iterator[StagedOutput]:
+def staged_output(uri: str, tool: str = "") -> Iterator[StagedOutput]:
     """Stage an output; anything raised inside (Ctrl-C too) deletes the staging folder."""
-    staged = stage(uri)
+    staged = stage(uri, tool=tool)
     try:
         yield staged
     except BaseException:
@@ -263,3 +276,98 @@ def matching_manifest(uri: str, options: dict[str, Any]) -> dict[str, Any] | Non
     recorded = manifest.get("config") or {}
     same = all(recorded.get(key) == value for key, value in options.items())
     return manifest if same else None
+
+
+# ------------------------------------------------------------------ one writer per output
+
+# What a folder holds when it has no manifest naming its tool (files santa's jobs write).
+_SIGNATURES = (
+    ("a training run", ("checkpoint_manager_snapshot.json", "metrics.jsonl", "init_model")),
+    ("a sweep", ("best.json",)),
+    ("a pipeline run", ("report.md",)),
+    ("evaluate", ("metrics.json",)),
+    ("mine_negatives", ("negatives.parquet",)),
+    ("export", ("config.json",)),
+)
+# santa's own bookkeeping: probes, the owner of a staging folder, the lock/lease.
+_HIDDEN_PREFIXES = (".santa-probe-", OWNER_FILE, ".santa-lock")
+
+
+def _entries(uri: str) -> list[str] | None:
+    """Names directly under ``uri`` (None: nothing there)."""
+    if storage.is_s3(uri):
+        location = storage.open_location(uri)
+        info = storage.file_info(location)
+        if info.type == pafs.FileType.NotFound:
+            return None
+        if info.type == pafs.FileType.File:
+            return [""]
+        return [entry.path.rstrip("/").rsplit("/", 1)[-1] for entry in storage.list_dir(location)]
+    path = storage.absolute(uri)
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path):
+        return [""]
+    return os.listdir(path)
+
+
+def output_kind(uri: str) -> str | None:
+    """Which job's output ``uri`` holds: a manifest's ``tool`` (``preprocess``,
+    ``evaluate``, ...), a kind read from the files there (``a training run``, ``a sweep``),
+    ``files santa did not write``, or None when it is missing or empty."""
+    names = _entries(uri)
+    if names is None:
+        return None
+    names = [name for name in names if name and not name.startswith(_HIDDEN_PREFIXES)] + [
+        name for name in names if not name
+    ]
+    if not names:
+        return None
+    if names == [""]:
+        return "a file"
+    manifest = read_manifest(uri)
+    if manifest is not None:
+        if manifest.get(TOOL_KEY):
+            return str(manifest[TOOL_KEY])
+        if (manifest.get("config") or {}).get("dataset"):
+            return "preprocess"  # published before manifests named their tool
+    present = set(names)
+    for kind, files in _SIGNATURES:
+        if present & set(files) or (
+            kind == "a training run" and any(n.startswith("checkpoint_") for n in present)
+        ):
+            return kind
+    return "files santa did not write"
+
+
+def check_output_owner(uri: str, tool: str, what: str = "--output") -> None:
+    """Refuse (``ValueError``, one line) an output folder holding another job's output or
+    files of unknown origin: publishing replaces the folder whole."""
+    kind = output_kind(uri)
+    if kind is None or kind == tool:
+        return
+    article = "" if kind.startswith(("a ", "an ", "files")) else "the output of "
+    raise ValueError(
+        f"{what} {uri} holds {article}{kind}; {tool} replaces its output folder whole, so it "
+        "writes only into a new or empty folder or one it wrote before: pick another folder"
+    )
+
+
+@contextlib.contextmanager
+def claim_output(uri: str, tool: str, what: str = "--output", force: bool = False):
+    """One writer per output: the lease runs take (:mod:`santa.runtime.runlock`) on the
+    output, and the folder checked to hold this tool's output or nothing."""
+    from santa.runtime.layout import output_lock
+    from santa.runtime.runlock import RunLock
+
+    lock = RunLock(
+        uri,
+        force=force,
+        description=f"ray_jobs.{tool}",
+        lock_uri=output_lock(uri),
+        what="output",
+        hint=f"pick another {what}",
+    )
+    with lock:
+        check_output_owner(uri, tool, what)
+        yield lock

@@ -223,7 +223,7 @@ def run_pairs_preprocess(
         negatives[query_id] = [doc for doc in chosen if doc not in positives[query_id]]
     negatives = {query_id: chosen for query_id, chosen in negatives.items() if chosen}
 
-    with staged_output(output) as staged:
+    with staged_output(output, tool="preprocess") as staged:
         data_uri = storage.join(staged.staging, "data")
         if written:
             from ray.data.expressions import col

@@ -36,6 +36,7 @@ from santa.data.operators import (
 from santa.data.outputs import staged_output
 from santa.data.readers import (
     JsonLinesDatasource,
+    first_record_language,
     language_from_path,
     reject_json_arrays,
     relative_path,
@@ -53,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 DATASETS = ("codesearchnet", "advtest", "esci", "source")
 STAGES = ("pretrain", "finetune", "eval")
+# Files of a flat folder whose first record is read for its language (a second at most).
+LANGUAGE_PEEK_FILES = 200
 ESCI_PRODUCT_COLUMNS = [
     "product_id",
     "product_title",
@@ -235,21 +238,25 @@ def _code_files(config: PreprocessConfig) -> list[str]:
     found = storage.list_files(config.input, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
     if not found:
         raise FileNotFoundError(f"no .jsonl/.jsonl.gz files under {config.input}")
-    files = [
-        f
-        for f in found
-        if not config.languages
-        or language_from_path(relative_path(f, config.input)) in ("", *config.languages)
-    ]
+    if not config.languages:
+        reject_json_arrays(found)
+        return found
+    languages = {f: language_from_path(relative_path(f, config.input)) for f in found}
+    # A flat folder names no language in its paths: its files' first records say which
+    # (a bounded peek, so that `--languages python` on Ruby files fails here, not with 0
+    # rows written).
+    for f in [f for f, language in languages.items() if not language][:LANGUAGE_PEEK_FILES]:
+        languages[f] = first_record_language(f)
+    files = [f for f in found if languages[f] in ("", *config.languages)]
     if not files:
-        raise _no_language_files(config, [relative_path(f, config.input) for f in found])
+        raise _no_language_files(config, list(languages.values()))
     reject_json_arrays(files)
     return files
 
 
-def _no_language_files(config: PreprocessConfig, relative: list[str]) -> FileNotFoundError:
+def _no_language_files(config: PreprocessConfig, found: list[str]) -> FileNotFoundError:
     """The error for inputs that hold files, none of the requested languages."""
-    languages = sorted({language_from_path(path) or "unknown" for path in relative})
+    languages = sorted({language or "unknown" for language in found})
     return FileNotFoundError(
         f"no {'/'.join(config.languages)} files under {config.input} "
         f"(languages found: {', '.join(languages)})"
@@ -284,6 +291,13 @@ def check_inputs(config: PreprocessConfig) -> None:
             uri = storage.join(config.input, f"shopping_queries_dataset_{name}.parquet")
             if not storage.exists(uri):
                 raise FileNotFoundError(f"no ESCI {name} file: {uri}")
+            # The footer, not the rows: a file cut short is named here, before any Ray
+            # task fails on it with Arrow's bare "magic bytes not found".
+            filesystem, path = storage.resolve(uri)
+            try:
+                pq.read_schema(path, filesystem=filesystem)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"cannot read the ESCI {name} file {uri}: {error}") from None
     else:
         _code_files(config)
 
@@ -364,7 +378,10 @@ def _read_examples(config: PreprocessConfig) -> pa.Table:
 
 def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     uri = storage.join(config.input, "shopping_queries_dataset_products.parquet")
-    return ray.data.read_parquet(uri, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS)
+    path, filesystem = storage.for_ray(uri)
+    return ray.data.read_parquet(
+        path, filesystem=filesystem, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS
+    )
 
 
 def _select_examples(
@@ -421,7 +438,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     The output is staged and published whole (:mod:`santa.data.outputs`): an interrupted
     or failed run leaves the previous output as it was.
     """
-    with staged_output(config.output) as staged:
+    with staged_output(config.output, tool="preprocess") as staged:
         report = _run_into(config, staged.staging)
         return staged.publish(report)
 
@@ -478,8 +495,10 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     else:
         data_uri = storage.join(output, "data")
         if kept.any():
+            path, filesystem = storage.for_ray(data_uri)  # S3: santa's timeouts in the writers
             final.write_parquet(
-                data_uri,
+                path,
+                filesystem=filesystem,
                 mode="overwrite",
                 min_rows_per_file=_rows_per_file(config, int(kept.sum())),
             )

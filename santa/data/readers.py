@@ -8,6 +8,7 @@ rows by reason.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import posixpath
 import re
@@ -230,6 +231,26 @@ def first_text_byte(uri: str) -> bytes:
             return b""  # a corrupt file: the reader counts it (corrupt_file)
     head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     return head[:1]
+
+
+def first_record_language(uri: str) -> str:
+    """The ``language`` field of a JSON-lines file's first record ("" when unknown): what
+    a flat folder, whose paths name no language, holds."""
+    fs, path = storage.resolve(uri)
+    with fs.open_input_stream(path, compression=None) as stream:
+        head = stream.read(_PEEK_BYTES * 16)
+    if uri.endswith(".gz"):
+        try:
+            head = zlib.decompressobj(wbits=47).decompress(head, _PEEK_BYTES * 16)
+        except zlib.error:
+            return ""
+    line = head.removeprefix(b"\xef\xbb\xbf").lstrip().split(b"\n", 1)[0]
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return ""  # an array, a record longer than the peek, bad JSON: the reader decides
+    language = record.get("language") if isinstance(record, dict) else None
+    return language.lower() if isinstance(language, str) else ""
 
 
 def reject_json_arrays(files: list[str]) -> None:

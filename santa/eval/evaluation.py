@@ -86,6 +86,11 @@ class EvalConfig:
     progress: bool = True
     """Show encoding progress bars."""
 
+    publish_whole: bool = True
+    """Write ``output`` as a whole (staged, then published; an interrupted run leaves it as
+    it was). ``False``: write into ``output`` directly, for a caller that already staged it
+    (``ray_jobs.evaluate`` publishes every protocol's folder itself)."""
+
     def __post_init__(self) -> None:
         protocols = _protocols(self.protocol)
         if not isinstance(self.protocol, str):
@@ -395,13 +400,27 @@ def evaluate(
         "timings_s": {name: round(value, 3) for name, value in timings.items()},
     }
     logger.info("evaluation info: %s", json.dumps(info))
-    output = config.output
-    if output is not None:
-        for system, ranking in rankings.items():
-            write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
-        storage.write_json(storage.join(output, "metrics.json"), results)
-        storage.write_bytes(
-            storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")
-        )
-        storage.write_json(storage.join(output, "info.json"), info)
+    if config.output is not None and not config.publish_whole:
+        _write_outputs(config.output, rankings, results, info)
+    elif config.output is not None:
+        # Published whole: a re-run replaces the folder (no TREC run of an earlier
+        # baseline left beside new metrics), an interrupted one leaves it as it was.
+        from santa.data.outputs import staged_output
+
+        with staged_output(config.output, tool="evaluate") as staged:
+            _write_outputs(staged.staging, rankings, results, info)
+            staged.publish({"info": info, "systems": sorted(results)})
     return results
+
+
+def _write_outputs(
+    output: str, rankings: Mapping[str, Any], results: dict[str, Any], info: dict[str, Any]
+) -> None:
+    """The TREC runs, metrics (JSON and markdown) and info of one evaluation into ``output``."""
+    for system, ranking in rankings.items():
+        write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
+    storage.write_json(storage.join(output, "metrics.json"), results)
+    storage.write_bytes(
+        storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")
+    )
+    storage.write_json(storage.join(output, "info.json"), info)

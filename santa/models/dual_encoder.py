@@ -404,11 +404,15 @@ class DualEncoder(nn.Module):
         sentence-transformers folder, else CLS). The tokenizer is loaded when the folder has
         one (or from ``model_config.tokenizer``).
         """
-        if storage.is_s3(uri_or_name):
-            with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
-                storage.download_dir(uri_or_name, local_dir, what="model")
-                return cls._load(local_dir, model_config)
-        return cls._load(uri_or_name, model_config)
+        try:
+            if storage.is_s3(uri_or_name):
+                with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
+                    storage.download_dir(uri_or_name, local_dir, what="model")
+                    return cls._load(local_dir, model_config)
+            return cls._load(uri_or_name, model_config)
+        except (OSError, ValueError, RuntimeError) as error:
+            _explain_load_failure(uri_or_name, error)
+            raise
 
     @classmethod
     def _load(cls, location: str, model_config: ModelConfig | None) -> DualEncoder:
@@ -547,3 +551,19 @@ def _load_tokenizer(
     if not is_local:
         return AutoTokenizer.from_pretrained(location)  # a hub name: its own tokenizer
     return None
+
+
+def _explain_load_failure(uri: str, error: BaseException) -> None:
+    """Raise a ``ValueError`` naming the broken file of a model folder that failed to load
+    (the libraries' own messages, such as safetensors' ``HeaderTooLarge``, name none)."""
+    if not (storage.is_s3(uri) or os.path.isdir(uri)):
+        return  # a hub name: the library's message is the one to see
+    from santa.models.weights import model_folder_problem
+
+    try:
+        problem = model_folder_problem(uri)
+    except Exception:  # noqa: BLE001 - the original error is the one to raise then
+        return
+    if problem is not None:
+        file_uri, reason = problem
+        raise ValueError(f"cannot load checkpoint {file_uri}: {reason}") from error

@@ -201,6 +201,8 @@ class HardNegativeMiner:
         self._latest: dict[str, Any] | None = None
         self._version = 0
         self._errors: list[str] = []
+        self._refresh_started: float | None = None  # monotonic time of the running refresh
+        self._last_build_s: float | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="santa-miner", daemon=True)
         self._thread.start()
@@ -239,6 +241,13 @@ class HardNegativeMiner:
                 "busy": self._pending is not None,
                 "encoder_actors": len(self.pool.actors),
                 "encoder_actors_used": self.pool.stats["actors_used"],
+                # How long refreshes take (for "hard negatives never came" lines).
+                "last_build_s": self._last_build_s,
+                "refresh_running_s": (
+                    None
+                    if self._refresh_started is None
+                    else time.perf_counter() - self._refresh_started
+                ),
             }
 
     def stop(self) -> None:
@@ -260,6 +269,7 @@ class HardNegativeMiner:
                 if self._stopped:
                     return
                 step, weights_ref = self._pending
+                self._refresh_started = time.perf_counter()
             try:
                 # The snapshot travels once through the object store: each encoder actor
                 # fetches rank 0's copy itself (the miner never holds the weights).
@@ -278,11 +288,14 @@ class HardNegativeMiner:
                 logger.error("hard-negative refresh at step %d failed:\n%s", step, error)
                 with self._lock:
                     self._errors.append(error)
+                    self._refresh_started = None
                     if self._pending is not None and self._pending[0] == step:
                         self._pending = None
                 continue
             with self._lock:
                 self._version += 1
+                self._refresh_started = None
+                self._last_build_s = table.build_s
                 self._latest = {
                     "step": table.step,
                     "version": table.version,
@@ -372,6 +385,7 @@ class NegativesClient:
             "refresh_s": 0.0,
         }
         self._incarnation: str | None = None
+        self._outage = False  # the miner has been unreachable since the last table
         self._miner = None
         self._poll = None
         self._miner_name = miner_name
@@ -447,6 +461,19 @@ class NegativesClient:
             self._poll = None
             self.stats["miner_errors"] += 1
             logger.warning("hard-negative miner unavailable (%s); keeping the last table", error)
+            if self.rank == 0 and not self._outage:
+                # One line per outage on the terminal (Ray restarts the actor; its
+                # traceback stays in the log folder).
+                from santa.runtime.console import say
+
+                newest = self.newest_step()
+                kept = f"the table of step {newest}" if newest >= 0 else "in-batch negatives"
+                restarts = self.stats["miner_restarts"]
+                say(
+                    f"warning: the hard-negative miner died (restarts so far: {restarts}); "
+                    f"Ray restarts it and training goes on with {kept} meanwhile"
+                )
+            self._outage = True
         self.stats["poll_s"] += time.perf_counter() - started
         return swapped
 
@@ -468,6 +495,7 @@ class NegativesClient:
             self.stats["miner_restarts"] += 1
             logger.warning("the hard-negative miner was restarted (%s)", incarnation)
         self._incarnation = incarnation
+        self._outage = False
         if description["step"] <= self.newest_step():
             return False
         table: NegativesTable = ray.get(description["table"][0])

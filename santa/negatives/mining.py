@@ -32,8 +32,12 @@ __all__ = [
     "mine_hard_negatives",
     "positive_scores",
     "read_filtered_counts",
+    "publish_table",
+    "published_table",
     "read_negatives_table",
 ]
+
+TABLE_FILE = "negatives.parquet"
 
 # Labels that make a judged document a positive of its query (code pairs: 1; ESCI E/S/C
 # are 3/2/1: Substitutes and Complements are too close to the query to be safe negatives).
@@ -245,16 +249,41 @@ class NegativesTable:
 
     def write_parquet(self, uri: str) -> str:
         """Write ``negatives.parquet`` under ``uri`` (local or s3://); returns its URI."""
-        target = storage.join(uri, "negatives.parquet")
+        target = storage.join(uri, TABLE_FILE)
         sink = pa.BufferOutputStream()
         pq.write_table(self.to_arrow(), sink)
         storage.write_bytes(target, sink.getvalue().to_pybytes())
         return target
 
 
+def publish_table(table: NegativesTable, uri: str) -> str:
+    """Write ``table`` as the output folder ``uri``, published whole (a staged folder
+    renamed in, or on S3 a prefix named by the manifest); returns the table's URI."""
+    from santa.data.outputs import published_root, staged_output
+
+    with staged_output(uri, tool="mine_negatives") as staged:
+        table.write_parquet(staged.staging)
+        staged.publish({"queries": len(table.negatives), "step": table.step})
+    return storage.join(published_root(uri), TABLE_FILE)
+
+
+def published_table(uri: str) -> str | None:
+    """The table of the output folder ``uri`` (published, or written by an older santa
+    straight into the folder), or None when there is none."""
+    from santa.data.outputs import published_root
+
+    target = storage.join(published_root(uri), TABLE_FILE)
+    return target if storage.exists(target) else None
+
+
 def read_negatives_table(uri: str) -> NegativesTable:
     """Read a table :meth:`NegativesTable.write_parquet` wrote (the folder or the file)."""
-    target = uri if uri.endswith(".parquet") else storage.join(uri, "negatives.parquet")
+    if uri.endswith(".parquet"):
+        target = uri
+    else:
+        from santa.data.outputs import published_root
+
+        target = storage.join(published_root(uri), TABLE_FILE)
     if not storage.exists(target):
         raise FileNotFoundError(f"no hard-negatives table at {target}")
     filesystem, path = storage.resolve(target)

@@ -47,4 +47,6 @@ def mine_negatives(
     finally:
         if encoder is not None:
             encoder.shutdown()
-    return table.write_parquet(output)
+    from santa.negatives.mining import publish_table
+
+    return publish_table(table, output)

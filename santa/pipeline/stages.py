@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from santa.config import SantaConfig
+from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
 from santa.pipeline.report import format_report, is_number, plot_history, read_history
 from santa.recipes import PIPELINE_STAGES, stage_recipe
-from santa.runtime import storage
+from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
@@ -168,7 +169,16 @@ def run_pipeline(
 
         print(init_ray(address, verbose=verbose), flush=True)
         check_resources(spec, configs)
-        return _run(spec, configs)
+        done: list[str] = []  # the stages finished so far (for an interruption's line)
+        with interrupts.keeping(
+            lambda: (
+                f"pipeline {spec.layout.root}: "
+                + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
+            ),
+            hint="run the same command to resume (the corpus, the mined table and "
+            "finished stages are reused)",
+        ):
+            return _run(spec, configs, done)
 
 
 def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None:
@@ -186,8 +196,11 @@ def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None
         announced = announced or outcome == "waits"
 
 
-def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
+def _run(
+    spec: PipelineSpec, configs: dict[str, SantaConfig], done: list[str] | None = None
+) -> dict[str, Any]:
     layout = spec.layout
+    done = [] if done is None else done
     started = time.time()
     phases: dict[str, float] = {}
     if spec.data:
@@ -204,8 +217,9 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
         negatives = "none"
         if stage == "ance":
             negatives = "async" if spec.hard_negatives == "async" else ""
-            if not negatives and storage.exists(layout.negatives_table):  # mined already
-                negatives = f"table:{layout.negatives_table}"
+            mined = published_table(layout.negatives) if not negatives else None
+            if mined:  # mined already
+                negatives = f"table:{mined}"
             if not negatives:
                 mined_at = time.time()
                 negatives = "table:" + mine_negatives(
@@ -216,6 +230,7 @@ def _run(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> dict[str, Any]:
                 mining = _mining_summary(negatives.removeprefix("table:"), configs["ance"])
         config = stage_config(spec, stage, negatives) if stage == "ance" else configs[stage]
         stages.append(train_stage(spec, stage, config, data, dev_uri, previous))
+        done.append(stage)
         phases[f"{stage}_s"] = stages[-1]["seconds"]
         previous = checkpoint_model(stages[-1]["checkpoint"])
 
@@ -409,7 +424,10 @@ def evaluate_systems(
         systems[name] = results.pop("model")
         if name == last:
             systems.update(results)  # the baseline, once
-            evaluated_with = storage.read_json(storage.join(layout.eval(folder), "info.json"))
+            from santa.data.outputs import published_root
+
+            published = published_root(layout.eval(folder))  # S3: the manifest's prefix
+            evaluated_with = storage.read_json(storage.join(published, "info.json"))
     return systems, {
         key: evaluated_with.get(key)
         for key in ("similarity", "pooling", "max_query_length", "max_document_length")

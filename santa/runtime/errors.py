@@ -9,15 +9,55 @@ arrive wrapped in Ray's exceptions; the original cause is what the user sees.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
 
-__all__ = ["BAD_INPUT", "RUNTIME_FAULT", "debug_enabled", "describe", "exit_with", "run_job"]
+__all__ = [
+    "BAD_INPUT",
+    "EXIT_CODES",
+    "INTERRUPTED",
+    "RUNTIME_FAULT",
+    "debug_enabled",
+    "describe",
+    "exit_codes_help",
+    "exit_with",
+    "root_cause",
+    "run_job",
+    "with_exit_codes",
+]
 
 BAD_INPUT = 2
 RUNTIME_FAULT = 1
 INTERRUPTED = 130
+
+EXIT_CODES = {
+    0: "done",
+    RUNTIME_FAULT: "a fault at run time: storage unreachable, a worker or node lost past its "
+    "retries (--max-failures), a wait for workers past its bound",
+    BAD_INPUT: "bad input, found before any work where it can be: a missing or corrupt file, a "
+    "bad flag, an output in use or holding another tool's output",
+    INTERRUPTED: "interrupted (Ctrl-C, ray job stop): the last line says what was kept and "
+    "how to go on",
+}
+"""Every job's exit status (the README's table and each job's --help say the same)."""
+
+
+def with_exit_codes(parser):
+    """``parser`` (an ``argparse.ArgumentParser``) with the exit statuses at the end of its
+    ``--help``: every job's command line documents them the same way."""
+    import argparse
+
+    parser.epilog = (parser.epilog + "\n\n" if parser.epilog else "") + exit_codes_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def exit_codes_help() -> str:
+    """The exit statuses as a ``--help`` epilog."""
+    lines = ["exit status:"] + [f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -26,20 +66,47 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in arguments or os.environ.get("SANTA_DEBUG", "") not in ("", "0")
 
 
+# Where Ray keeps the exception it wraps: Ray Train's worker group (the first failing
+# rank's), its controller's, a worker's user code with its traceback, a failed health check,
+# a task's (RayTaskError.cause).
+_WRAPPED_ATTRIBUTES = ("controller_failure", "_base_exc", "health_check_failure", "cause")
+_WRAPPERS_BY_NAME = ("RayTaskError", "UserCodeException", "TuneError", "RayTrainError")
+
+
+def _unwrap_once(error: BaseException) -> BaseException | None:
+    failures = getattr(error, "worker_failures", None)
+    if isinstance(failures, dict) and failures:
+        # A worker that died is the cause; its peers' collective errors follow from it.
+        for rank in sorted(failures):
+            if _describe_process_death(_root_cause(failures[rank])) is not None:
+                return failures[rank]
+        return failures[min(failures)]
+    for attribute in _WRAPPED_ATTRIBUTES:
+        inner = getattr(error, attribute, None)
+        if isinstance(inner, BaseException):
+            return inner
+    name = type(error).__name__
+    if name.startswith(_WRAPPERS_BY_NAME) and error.__cause__ is not None:
+        return error.__cause__
+    return None
+
+
 def _root_cause(error: BaseException) -> BaseException:
-    """The user's error inside Ray's wrappers (RayTaskError, ActorDiedError causes)."""
+    """The user's error inside Ray's wrappers (Ray Train's WorkerGroupError and
+    ControllerError, RayTaskError, Ray Data's UserCodeException)."""
     seen = set()
     while id(error) not in seen:
         seen.add(id(error))
-        cause = getattr(error, "cause", None)  # RayTaskError keeps the original here
-        if isinstance(cause, BaseException):
-            error = cause
-            continue
-        if type(error).__name__.startswith("RayTaskError") and error.__cause__ is not None:
-            error = error.__cause__
-            continue
-        break
+        inner = _unwrap_once(error)
+        if inner is None:
+            break
+        error = inner
     return error
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception the user's code (or a storage call) raised, out of Ray's wrappers."""
+    return _root_cause(error)
 
 
 def _is_bad_input(error: BaseException) -> bool:
@@ -51,9 +118,63 @@ def _is_bad_input(error: BaseException) -> bool:
     return isinstance(error, ValueError | FileNotFoundError | NotADirectoryError | KeyError)
 
 
+def _field(text: str, name: str) -> str:
+    match = re.search(rf"\b{name}:\s*(\S+)", text)
+    return match.group(1) if match else ""
+
+
+def _describe_process_death(error: BaseException) -> str | None:
+    """One line for a Ray worker process that died (killed, out of memory, node lost)."""
+    name = type(error).__name__
+    deaths = ("ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError")
+    if not any(death in name for death in (*deaths, "OwnerDiedError")):
+        return None
+    text = str(error)
+    who = _field(text, "class_name") or "a Ray worker"
+    where = " ".join(
+        part
+        for part in (
+            f"pid {_field(text, 'pid')}" if _field(text, "pid") else "",
+            f"on {_field(text, 'ip')}" if _field(text, "ip") else "",
+        )
+        if part
+    )
+    detail = ""
+    match = re.search(r"Worker exit detail: ([^\n]*?)(\.|$)", text)
+    if match:
+        detail = match.group(1).strip()
+    elif "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+        detail = "its node died"
+    what = {"RayTrainWorker": "a training worker"}.get(who, who)
+    line = f"{what} died" + (f" ({where})" if where else "")
+    return line + (f": {detail}" if detail else "")
+
+
+def _describe_placement_timeout(error: BaseException) -> str | None:
+    """One line for Ray Train giving up waiting for its workers to be placed."""
+    if type(error).__name__ != "WorkerGroupStartupTimeoutError":
+        return None
+    from santa.runtime.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV, placement_wait_s
+
+    workers = getattr(error, "num_workers", None)
+    return (
+        f"the cluster could not place {workers or 'the'} training workers within "
+        f"{placement_wait_s():.0f} s (a node lost and not replaced, or too few resources); "
+        "the run kept its checkpoints: run the same command when the cluster has room, wait "
+        f"longer ({WAIT_ENV}, {PLACEMENT_RETRIES_ENV}), or go on with fewer "
+        "(--num-workers MIN-MAX)"
+    )
+
+
 def describe(error: BaseException) -> tuple[str, int]:
     """The one line and the exit code for ``error``."""
     error = _root_cause(error)
+    from santa.runtime.storage import s3_error
+
+    error = s3_error(error) or error  # pyarrow's AWS errors from Ray's processes: the URI
+    death = _describe_process_death(error) or _describe_placement_timeout(error)
+    if death is not None:
+        return f"santa: error: {death}", RUNTIME_FAULT
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
@@ -75,31 +196,63 @@ def exit_with(code: int) -> None:
     status 1 instead of 130.
     """
     if code == INTERRUPTED:
-        ray = sys.modules.get("ray")
-        try:
-            if ray is not None and ray.is_initialized():
-                ray.shutdown()
-        except BaseException:  # noqa: BLE001, S110 - already exiting on an interrupt
-            pass
+        _shutdown_ray(timeout_s=20.0)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     sys.exit(code)
 
 
+def _shutdown_ray(timeout_s: float) -> None:
+    """Stop (a local Ray of the job's own) or leave the cluster, waiting at most
+    ``timeout_s``: the job's actors (Ray Train's controller and workers, the miner) end with
+    the driver. A second Ctrl-C meanwhile ends the process at once."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return
+
+    def shutdown() -> None:
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        except BaseException:  # noqa: BLE001, S110 - already exiting on an interrupt
+            pass
+
+    import threading
+
+    thread = threading.Thread(target=shutdown, name="santa-ray-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+
+
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:
     """Run a job's ``main`` and turn any exception into one line and an exit code."""
+    from santa.runtime import interrupts
+    from santa.runtime.workdir import steady_working_directory
+
     debug = debug_enabled(argv)
+    previous = interrupts.install()
+    steady_working_directory()  # an MKL abort at `import torch` when the cwd vanished
     try:
-        return int(main() or 0)
+        code = int(main() or 0)
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        print("santa: interrupted", file=sys.stderr, flush=True)
+        # Ctrl-C, or `ray job stop` (SIGTERM): santa's handlers stay, so that a second
+        # signal while the process winds down stops it at once.
+        print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        if not interrupts.interrupted():  # raised by the code itself, not by a signal
+            interrupts.restore(previous)
         return INTERRUPTED
     except BaseException as error:  # noqa: BLE001 - every error becomes one line
+        from santa.runtime import console
+
+        console.log_exception(error)  # the whole story, in the job's log file
         if debug:
             traceback.print_exc()
         line, code = describe(error)
         print(line, file=sys.stderr, flush=True)
+        interrupts.restore(previous)
         return code
+    interrupts.restore(previous)
+    return code

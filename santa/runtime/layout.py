@@ -51,6 +51,7 @@ __all__ = [
     "ScoderIteration",
     "checkpoint_model",
     "checkpoint_uri",
+    "output_lock",
 ]
 
 MODEL_DIR = "model"
@@ -320,6 +321,20 @@ class CacheLayout:
         """torch.compile's cache artifacts of one model, device and torch version (a blob
         per stage shape inside)."""
         return self.path("compile", key)
+
+
+def output_lock(uri: str) -> str:
+    """The one-writer lock of a job's output folder (preprocess, evaluate, export, mining).
+
+    Locally beside the folder (``PARENT/.NAME.santa-lock``): publishing renames a new
+    folder onto the output, which would carry a lock inside it away. On S3 (no renames)
+    inside it, as for runs.
+    """
+    if storage.is_s3(uri):
+        return storage.join(uri, S3_LEASE_FILE)
+    path = storage.absolute(uri).rstrip(os.sep)
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}{LOCAL_LOCK_FILE}")
 
 
 def checkpoint_uri(checkpoint: Any, storage_root: str) -> str:

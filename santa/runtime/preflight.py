@@ -16,7 +16,14 @@ import pyarrow.fs as pafs
 from santa.runtime import storage
 from santa.runtime.storage import StorageError
 
-__all__ = ["check_beir", "check_input", "check_pairs", "check_writable"]
+__all__ = [
+    "check_beir",
+    "check_input",
+    "check_model",
+    "check_negatives_table",
+    "check_pairs",
+    "check_writable",
+]
 
 PROBE_PREFIX = ".santa-probe-"
 
@@ -93,3 +100,37 @@ def check_beir(uri: str, split: str, what: str = "--eval-data") -> None:
         load_beir(uri, split)
     except (StorageError, ValueError) as error:
         raise StorageError(f"{what}: {error}") from None
+
+
+def check_model(source: str, what: str = "--init-checkpoint") -> None:
+    """``source`` resolves to a model folder whose config and weights load (a hub name is
+    left to the workers); a corrupt file is named with its reason."""
+    from santa.models.checkpoints import resolve_model
+    from santa.models.weights import check_model_folder
+
+    resolved = resolve_model(source)  # a mistyped folder is named here, not sent to the hub
+    if not resolved.is_hub_name:
+        check_model_folder(resolved.model_uri, what)
+
+
+def check_negatives_table(uri: str, what: str = "--hard-negatives table:") -> None:
+    """A hard-negatives table is there and has its columns (its schema is read, not its rows)."""
+    import pyarrow.parquet as pq
+
+    from santa.negatives.mining import TABLE_FILE, published_table
+
+    check_input(uri, what + uri)
+    target = uri if uri.endswith(".parquet") else published_table(uri)
+    if target is None:
+        raise StorageError(
+            f"{what}{uri} holds no hard-negatives table ({TABLE_FILE}, as "
+            "ray_jobs.mine_negatives writes it)"
+        )
+    filesystem, path = storage.resolve(target)
+    try:
+        schema = pq.read_schema(path, filesystem=filesystem)
+    except OSError as error:
+        raise ValueError(f"cannot read the hard-negatives table {target}: {error}") from None
+    missing = {"query_id", "negative_ids"} - set(schema.names)
+    if missing:
+        raise ValueError(f"{target} is not a hard-negatives table: no column(s) {sorted(missing)}")

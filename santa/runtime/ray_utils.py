@@ -148,16 +148,38 @@ def init_ray(
         os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     global _log_level
     level = _log_level = "INFO" if verbose else "WARNING"
+    log_to_driver = kwargs.pop("log_to_driver", True)
+    from santa.runtime import console
+
+    if not verbose:
+        console.quiet_driver_loggers()
     with _environment(raylet_env):
         ray.init(
             address=address,
             runtime_env=runtime_env or None,
-            log_to_driver=kwargs.pop("log_to_driver", True),
+            log_to_driver=log_to_driver,
             logging_level=getattr(logging, level),
             # The root logger of every worker of the job (Ray Train's and Ray Data's INFO).
-            logging_config=kwargs.pop("logging_config", None) or ray.LoggingConfig(log_level=level),
+            logging_config=kwargs.pop("logging_config", None)
+            or (
+                ray.LoggingConfig(log_level=level)
+                if verbose
+                else console.quiet_logging_config(level)
+            ),
             **kwargs,
         )
+    from santa.runtime import interrupts
+
+    interrupts.reinstall()  # ray.init turned SIGTERM into sys.exit(15)
+    if address == "local":
+        # The Ray of the job's own ends with it, even when the job is killed outright.
+        from santa.runtime.reaper import start_reaper
+
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is not None:
+            start_reaper(node.get_session_dir_path())
+    if not verbose and log_to_driver:
+        console.keep_ray_logs_off_the_terminal(session_log_dir())
     line = describe_cluster(joined=address != "local")
     if not verbose:
         line = line[:-1] + f"; warnings in {warnings_file})"

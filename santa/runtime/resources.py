@@ -30,7 +30,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "WORKER_GROUP_START_RETRIES",
     "Bundle",
     "ClusterShape",
     "ResourceError",
@@ -42,12 +41,6 @@ __all__ = [
     "trainer_gpus",
     "training_plan",
 ]
-
-WORKER_GROUP_START_RETRIES = 10
-"""Ray Train's controller retries a worker group that does not start (its placement group
-not ready within ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, 60 s by default) this many
-times, then the run fails: about 10 minutes for an autoscaler to add nodes, instead of
-Ray's default of retrying forever."""
 
 # Resources the plan may name (others in ray.nodes(), such as node:<ip>, memory or
 # object_store_memory, are not asked for by santa's jobs).

@@ -47,8 +47,16 @@ class RunLock:
         heartbeat_s: float = 20.0,
         settle_s: float = 1.0,
         description: str = "",
+        lock_uri: str = "",
+        what: str = "run",
+        hint: str = "pick another --name",
     ) -> None:
         self.run_uri = run_uri
+        # Where the lock lives: inside the run folder, unless the folder itself is replaced
+        # whole when published (a job's --output: RunLayout.output_lock puts it beside).
+        self.lock_uri = lock_uri
+        self.what = what
+        self.hint = hint
         self.force = force
         self.stale_after_s = stale_after_s
         self.heartbeat_s = heartbeat_s
@@ -94,16 +102,26 @@ class RunLock:
     def __enter__(self) -> RunLock:
         return self.acquire()
 
-    def __exit__(self, *exc_info: Any) -> None:
-        self.release()
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        # Leaving with an error (S3 gone silent, Ctrl-C): the error the user sees is that
+        # one, never one raised while releasing; a lease left behind goes stale.
+        try:
+            self.release()
+        except Exception as error:  # noqa: BLE001 - cleanup after another error
+            import logging
+
+            logging.getLogger(__name__).warning("could not release %s: %s", self.run_uri, error)
 
     # ------------------------------------------------------------------ local
 
     def _acquire_flock(self) -> None:
         import fcntl
 
-        os.makedirs(self.run_uri, exist_ok=True)
-        path = RunLayout(self.run_uri).local_lock
+        path = self.lock_uri or RunLayout(self.run_uri).local_lock
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,8 +129,8 @@ class RunLock:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
             os.close(fd)
             raise RunLockedError(
-                f"run {self.run_uri} is in use by {_describe(_parse(holder))}; "
-                "wait for it or pick another --name"
+                f"{self.what} {self.run_uri} is in use by {_describe(_parse(holder))}; "
+                f"wait for it or {self.hint}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(self.owner).encode(), 0)
@@ -122,7 +140,7 @@ class RunLock:
 
     @property
     def _lease_uri(self) -> str:
-        return RunLayout(self.run_uri).s3_lease
+        return self.lock_uri or RunLayout(self.run_uri).s3_lease
 
     def _read_lease(self) -> dict[str, Any] | None:
         # A read racing the holder's heartbeat can see a torn object (pyarrow sizes the
@@ -143,16 +161,20 @@ class RunLock:
 
     def _acquire_lease(self) -> None:
         lease = self._read_lease()
-        if lease is not None and lease.get("id") != self.owner["id"]:
+        if (
+            lease is not None
+            and lease.get("id") != self.owner["id"]
+            and not _died_here(lease)  # a job of this machine that is gone: taken over
+        ):
             age = time.time() - float(lease.get("heartbeat", 0))
             if age < self.stale_after_s:
                 raise RunLockedError(
-                    f"run {self.run_uri} is in use by {_describe(lease)} "
-                    f"(heartbeat {age:.0f} s ago); wait for it or pick another --name"
+                    f"{self.what} {self.run_uri} is in use by {_describe(lease)} "
+                    f"(heartbeat {age:.0f} s ago); wait for it or {self.hint}"
                 )
             if not self.force:
                 raise RunLockedError(
-                    f"run {self.run_uri} has a stale lock from {_describe(lease)} "
+                    f"{self.what} {self.run_uri} has a stale lock from {_describe(lease)} "
                     f"(no heartbeat for {age:.0f} s: that job died); rerun with --force "
                     "to take it over"
                 )
@@ -161,7 +183,7 @@ class RunLock:
         lease = self._read_lease()
         if lease is None or lease.get("id") != self.owner["id"]:
             raise RunLockedError(
-                f"run {self.run_uri} was taken by {_describe(lease or {})} at the same time"
+                f"{self.what} {self.run_uri} was taken by {_describe(lease or {})} at the same time"
             )
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, name="santa-run-lock", daemon=True)
@@ -172,6 +194,39 @@ class RunLock:
             # A brief outage: the next beat retries; a long one lets the lease go stale.
             with contextlib.suppress(storage.StorageError):
                 self._write_lease()
+
+
+def _died_here(lease: dict[str, Any]) -> bool:
+    """Whether the lease's holder ran on this machine and its process is gone (a job that
+    ended while S3 was unreachable could not delete its lease)."""
+    if lease.get("host") != socket.gethostname() or not os.path.isdir("/proc"):
+        return False
+    try:
+        pid = int(lease.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    started = _process_started_at(pid)
+    if started is None:
+        return True  # no such process
+    # The pid was reused by a process started after the lease's holder.
+    return started > float(lease.get("started", 0)) + 2.0
+
+
+def _process_started_at(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), or None when there is no such process."""
+    from santa.runtime.reaper import process_start_time
+
+    ticks = process_start_time(pid)
+    if not ticks:
+        return None
+    try:
+        with open("/proc/stat") as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return 0.0  # cannot tell: count it as the holder's own process
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def _parse(text: str) -> dict[str, Any]:

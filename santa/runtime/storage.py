@@ -272,6 +272,63 @@ def _s3_filesystem(bucket: str, _settings: tuple[str, ...]) -> pafs.S3FileSystem
     return pafs.S3FileSystem(**options)
 
 
+def for_ray(uri: str) -> tuple[str, pafs.FileSystem | None]:
+    """What to hand Ray for ``uri``: Ray Data's ``(paths, filesystem=)``, Ray Train's
+    ``RunConfig(storage_path, storage_filesystem=)``.
+
+    On S3, ``bucket/key`` and santa's :func:`s3_filesystem`, so that Ray's own reads,
+    writes and checkpoint uploads get santa's connect/request timeouts (a silent endpoint
+    ends a job in seconds, not after Ray's and the AWS SDK's defaults); locally the path
+    and None (Ray's default). Ray's returned paths then lack the ``s3://`` scheme
+    (:func:`santa.runtime.layout.checkpoint_uri` puts it back).
+    """
+    if not is_s3(uri):
+        return uri, None
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    path = f"{bucket}/{key.strip('/')}" if key.strip("/") else bucket
+    limit_ray_data_retries()
+    return path, s3_filesystem(bucket)
+
+
+# Ray Data retries a read or write that fails with these AWS errors up to 10 times, with a
+# backoff growing to 32 s, on top of pyarrow's own attempts (and again per batch): a silent
+# endpoint kept a read waiting more than 15 minutes. pyarrow's attempts, with santa's
+# timeouts, are the only retries of these; throttling and 503s stay Ray Data's to retry.
+NOT_RETRIED_BY_RAY_DATA = ("AWS Error NETWORK_CONNECTION",)
+
+
+def limit_ray_data_retries() -> None:
+    """Drop :data:`NOT_RETRIED_BY_RAY_DATA` from Ray Data's retried errors (the current
+    DataContext: datasets created from now on, and their tasks, keep it)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.retried_io_errors = [
+        error for error in context.retried_io_errors if error not in NOT_RETRIED_BY_RAY_DATA
+    ]
+
+
+_S3_OBJECT = re.compile(r"key '([^']*)' in bucket '([^']*)'")
+_S3_BUCKET = re.compile(r"bucket '([^']*)'")
+
+
+def s3_error(error: BaseException) -> StorageError | None:
+    """The one-line :class:`StorageError` of an AWS error pyarrow raised inside Ray (a Ray
+    Data task, a checkpoint upload): the URI it names and why; None for other errors."""
+    text = " ".join(str(error).split())
+    if not isinstance(error, OSError) or "AWS Error" not in text:
+        return None
+    found = _S3_OBJECT.search(text)
+    if found:
+        uri = f"s3://{found.group(2)}/{found.group(1)}".rstrip("/")
+    else:
+        bucket = _S3_BUCKET.search(text)
+        uri = f"s3://{bucket.group(1)}" if bucket else "S3"
+    lowered = text.lower()
+    writing = any(word in lowered for word in ("upload", "writing", "creating", "deleting"))
+    return classify_error(error, uri, "write" if writing else "read")
+
+
 def is_ray_checkpoint(source: Any) -> bool:
     """Whether ``source`` is a ``ray.train.Checkpoint`` (duck-typed: Ray is not imported)."""
     return hasattr(source, "path") and isinstance(

@@ -29,7 +29,7 @@ from typing import Any
 
 from santa.config import SantaConfig
 from santa.negatives.offline import mine_negatives
-from santa.runtime import storage
+from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["format_table", "progress_line", "run_algorithm", "run_iteration"]
@@ -54,7 +54,44 @@ def run_algorithm(
     from santa.train.trainer import run_plan
 
     check_plan(run_plan(config, cpus_per_worker), job="SCodeR's dual encoder")
+
+    finished: list[str] = []  # for an interruption's line
+
+    def describe() -> str:
+        return f"SCodeR run {layout.root}: " + (
+            f"{', '.join(finished)} done" if finished else "the warm-up is not finished"
+        )
+
+    with interrupts.keeping(describe, hint="run the same command to resume"):
+        return _run_algorithm(
+            config,
+            layout=layout,
+            finished=finished,
+            started=started,
+            data=data,
+            recipe=recipe,
+            eval_data=eval_data,
+            eval_split=eval_split,
+            cpus_per_worker=cpus_per_worker,
+            on_iteration=on_iteration,
+        )
+
+
+def _run_algorithm(
+    config: SantaConfig,
+    *,
+    layout: RunLayout,
+    finished: list[str],
+    started: float,
+    data: str,
+    recipe: str,
+    eval_data: str,
+    eval_split: str,
+    cpus_per_worker: float,
+    on_iteration: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
     warmup = _warmup(config, data, layout, eval_data, eval_split, cpus_per_worker)
+    finished.append("the warm-up")
     dual_encoder = warmup["model"]
     discriminators = _initial_discriminators(config, data, layout)
     history: list[dict[str, Any]] = []
@@ -77,6 +114,7 @@ def run_algorithm(
             )
             storage.write_json(manifest_uri, manifest)  # last: the iteration is done
         dual_encoder, discriminators = manifest["dual_encoder"], manifest["discriminators"]
+        finished.append(f"iteration {iteration}")
         history.append(manifest["metrics"])
         lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
         storage.write_bytes(layout.scoder_metrics, lines.encode())

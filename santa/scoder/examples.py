@@ -154,7 +154,8 @@ def read_listwise_dataset(uri: str):
     context = ray.data.DataContext.get_current()
     use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
     try:  # see santa.train.data: the V2 reader's listing task asks a whole CPU
-        return ray.data.read_parquet(root, num_cpus=DATA_TASK_CPUS)
+        path, filesystem = storage.for_ray(root)  # S3: santa's timeouts in the read tasks
+        return ray.data.read_parquet(path, filesystem=filesystem, num_cpus=DATA_TASK_CPUS)
     finally:
         context.use_datasource_v2 = use_v2
 

@@ -241,7 +241,9 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
     context = ray.data.DataContext.get_current()
     use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
     try:  # the dataset keeps a copy of the context it was created with
-        dataset = ray.data.read_parquet(root, num_cpus=DATA_TASK_CPUS)
+        # On S3 with santa's filesystem: its timeouts reach Ray Data's read tasks.
+        path, filesystem = storage.for_ray(root)
+        dataset = ray.data.read_parquet(path, filesystem=filesystem, num_cpus=DATA_TASK_CPUS)
     finally:
         context.use_datasource_v2 = use_v2
     return dataset.select_columns(columns).map_batches(

@@ -26,12 +26,13 @@ def start_first_epoch(loop: LoopConfig) -> EpochReader | None:
 
     if ray.train.get_checkpoint() is not None:
         return None
-    rank = ray.train.get_context().get_world_rank()
+    context = ray.train.get_context()
     return EpochReader(
         lambda: ray.train.get_dataset_shard("train"),
         loop.santa.train,
-        rank,
+        context.get_world_rank(),
         loop.batch_format,
+        world_size=context.get_world_size(),
     )
 
 

@@ -21,12 +21,18 @@ _END = object()
 
 
 def epoch_batches(
-    shard, train: TrainConfig, rank: int, epoch: int, batch_format: str = "numpy"
+    shard,
+    train: TrainConfig,
+    rank: int,
+    epoch: int,
+    batch_format: str = "numpy",
+    world_size: int | None = None,
 ) -> Iterator[Any]:
-    """One epoch of this worker's shard, in batches of the per-worker batch size."""
+    """One epoch of this worker's shard, in batches of the per-worker batch size (of the
+    ``world_size`` workers present: an elastic run keeps its global batch)."""
     return iter(
         shard.iter_batches(
-            batch_size=train.per_worker_batch_size(),
+            batch_size=train.per_worker_batch_size(world_size),
             drop_last=True,
             batch_format=batch_format,
             # Pairs arrive in corpus order (all functions of a file together); a seeded
@@ -84,7 +90,8 @@ class EpochReader:
     first skips ``skip`` batches (those trained before a resume). :meth:`epoch` yields the
     next epoch's batches; errors of the pipeline are raised there. The thread keeps
     ``prefetch`` batches queued, running into the next epoch while the current one's last
-    batches train.
+    batches train. Batches are the per-worker size of ``world_size`` workers (those
+    present, in an elastic run).
     """
 
     def __init__(
@@ -94,12 +101,14 @@ class EpochReader:
         rank: int,
         batch_format: str = "numpy",
         *,
+        world_size: int | None = None,
         start_epoch: int = 0,
         skip: int = 0,
         prefetch: int = PREFETCH_BATCHES,
     ) -> None:
         self._open_shard = open_shard
         self._train, self._rank, self._format = train, rank, batch_format
+        self._world_size = world_size  # of the workers present (elastic runs)
         self._epoch, self._skip = start_epoch, skip
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
@@ -124,7 +133,9 @@ class EpochReader:
             shard = self._open_shard()
             epoch, skip = self._epoch, self._skip
             while not self._stop.is_set():
-                batches = epoch_batches(shard, self._train, self._rank, epoch, self._format)
+                batches = epoch_batches(
+                    shard, self._train, self._rank, epoch, self._format, self._world_size
+                )
                 for batch in batches:
                     if skip:
                         skip -= 1

@@ -186,8 +186,15 @@ def train_loop_per_worker(
     )
     try:
         trainer.train()
-    finally:
-        trainer.close()
+    except BaseException:
+        # The first error is the one to report: closing (the TensorBoard upload to an S3
+        # endpoint that just went silent) must not replace it.
+        try:
+            trainer.close()
+        except Exception:  # noqa: BLE001 - cleanup after another error
+            logger.warning("closing after a failure failed too", exc_info=True)
+        raise
+    trainer.close()
 
 
 class WorkerTrainer:
@@ -250,6 +257,7 @@ class WorkerTrainer:
         if self.master is not None:
             self.master.weights_to_compute()  # the resumed master, rounded
         self.startup["startup_resume_s"] = time.time() - resumed_at
+        self._announce_world_size()
         # An interruption on purpose (a preemptible run's budget, or a test of resuming):
         # train up to this step, checkpoint, and return; the schedule still spans `steps`.
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
@@ -295,6 +303,7 @@ class WorkerTrainer:
                 config.train,
                 self.rank,
                 loop.batch_format,
+                world_size=self.world_size,
                 start_epoch=self.state["epoch"],
                 skip=self.state["batches_in_epoch"],
             )
@@ -303,6 +312,10 @@ class WorkerTrainer:
         if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
             text = storage.read_bytes(loop.metrics_uri).decode()
             self.history = [json.loads(line) for line in text.splitlines() if line.strip()]
+        # Steps this job printed already (a worker group Ray Train restarted repeats them
+        # from the checkpoint): repeated quietly, not shown as new.
+        logged = max((int(h["step"]) for h in self.history), default=0)
+        self.printed_through = logged if logged > loop.logged_before else 0
         # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
         # the held-out BEIR split at every eval step; the other ranks wait at the report
         # barrier.
@@ -330,6 +343,23 @@ class WorkerTrainer:
             state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
             logger.info("rank %d resumed at step %d", self.rank, state["step"])
         return state
+
+    def _announce_world_size(self) -> None:
+        """An elastic run that resumes with another number of workers says so (rank 0)."""
+        before = self.state.get("world_size")
+        self.state["world_size"] = self.world_size
+        if self.rank != 0 or before is None or before == self.world_size:
+            return
+        from santa.runtime.console import say
+
+        train = self.config.train
+        allowed = f" of {train.min_workers}-{train.num_workers}" if train.elastic else ""
+        say(
+            f"training goes on with {self.world_size} worker(s){allowed} from step "
+            f"{self.state['step']} (was {before}); the global "
+            f"batch stays {train.global_batch_size}: "
+            f"{train.per_worker_batch_size(self.world_size)} pairs per worker"
+        )
 
     def _reset_window(self) -> None:
         self.window: dict[str, list[float]] = {"time": []}
@@ -442,8 +472,9 @@ class WorkerTrainer:
         if self.rank == 0:
             # Ray Train patches print() to log *and* tee it (two lines per call); the
             # process's own stdout is printed once and still reaches the driver.
-            line = self.objective.progress_line(metrics, self.steps)
-            print(line, file=sys.__stdout__, flush=True)
+            if step > self.printed_through:
+                line = self.objective.progress_line(metrics, self.steps)
+                print(line, file=sys.__stdout__, flush=True)
             self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
         self._report(metrics, checkpoint_now)
         return last

@@ -68,6 +68,10 @@ class LoopConfig:
     submitted_at: float = 0.0
     """``time.time()`` when the driver submitted the run (the workers' start is measured
     from it)."""
+    logged_before: int = 0
+    """The last step ``metrics_uri`` held when the job started: steps logged after it were
+    printed by this job, so a worker restarted by Ray Train repeats them without printing
+    them again (a rerun of the command prints its steps anew)."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -139,9 +139,7 @@ def santa_grad_cache_step(
     per_query = 0 if hard is None else hard.shape[0] // rows
     labels = inputs.get("mep_labels")
     reduction = train.mep_reduction
-    batch_tokens = (
-        None if labels is None else model.mep_token_count(labels, reduction).clamp(min=1)
-    )
+    batch_tokens = None if labels is None else model.mep_token_count(labels, reduction).clamp(min=1)
     chunks = [
         {
             # Hard negatives are query-major: a chunk of queries owns a block of them.

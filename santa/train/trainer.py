@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -16,11 +17,12 @@ import pyarrow.parquet as pq
 from santa.config import SantaConfig
 from santa.data.outputs import published_root, read_manifest
 from santa.models.checkpoints import resolve_model
-from santa.runtime import storage
+from santa.runtime import interrupts, storage
+from santa.runtime.interrupts import call_in_thread
 from santa.runtime.layout import CacheLayout, RunLayout
+from santa.runtime.placement import placement_retries, placement_wait_s
 from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
 from santa.runtime.resources import (
-    WORKER_GROUP_START_RETRIES,
     ResourcePlan,
     check_plan,
     trainer_gpus,
@@ -29,6 +31,7 @@ from santa.runtime.resources import (
 from santa.train.data import build_train_dataset
 from santa.train.entry import train_loop_per_worker
 from santa.train.ingest import PreparedSplits
+from santa.train.kept import describe_run
 from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
@@ -76,8 +79,9 @@ class RunSpec:
     config's ``negatives.encoder_gpus`` (``--miner-gpus``)."""
     miner_max_restarts: int = 3
     """How often Ray restarts a dead hard-negative miner."""
-    start_retries: int = WORKER_GROUP_START_RETRIES
-    """How often Ray Train retries a worker group that does not start (-1: forever)."""
+    start_retries: int | None = None
+    """How often Ray Train retries a worker group that does not start (-1: forever; None:
+    ``SANTA_PLACEMENT_RETRIES``, see :mod:`santa.runtime.placement`)."""
     objective: str = "santa"
     """What the loop trains (``santa.train.loop_config.OBJECTIVES``): SANTA's SDA/DR + MEP on
     tokenized pairs, or SCodeR's ``discriminators`` / ``dual_encoder`` on listwise rows."""
@@ -216,6 +220,14 @@ def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
     }
 
 
+RESIZE_INTERVAL_ENV = "SANTA_RESIZE_INTERVAL_S"
+
+
+def resize_interval_s() -> float:
+    """How often an elastic run looks for room to grow back (Ray Train's default 60 s)."""
+    return float(os.environ.get(RESIZE_INTERVAL_ENV, "60"))
+
+
 def set_poll_interval() -> str:
     """Ray Train's poll interval for this process's runs: the user's, else santa's 0.5 s."""
     return os.environ.setdefault(POLL_INTERVAL_ENV, POLL_INTERVAL_S)
@@ -261,12 +273,28 @@ def run_plan(
     )
 
 
+def last_logged_step(metrics_uri: str) -> int:
+    """The last step in a run's ``metrics.jsonl`` (0: none yet)."""
+    import json
+
+    if not storage.exists(metrics_uri):
+        return 0
+    steps = [
+        int(json.loads(line).get("step", 0))
+        for line in storage.read_bytes(metrics_uri).decode().splitlines()
+        if line.strip()
+    ]
+    return max(steps, default=0)
+
+
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
     import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    from santa.train.recovery import RecoveryReporter
 
     train = config.train
     layout = spec.layout
@@ -317,6 +345,8 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             resources=miner_resources,
         )
         startup["startup_miner_s"] = time.time() - started
+    # On S3, Ray Train's checkpoint uploads and downloads get santa's timeouts.
+    storage_path, storage_filesystem = storage.for_ray(layout.storage_path)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=LoopConfig(
@@ -340,9 +370,14 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             cache_root=spec.cache_layout.root,
             startup=startup,
             submitted_at=time.time(),
+            logged_before=last_logged_step(layout.metrics),
         ).to_dict(),
         scaling_config=ScalingConfig(
-            num_workers=train.num_workers,
+            # Elastic (--num-workers MIN-MAX): Ray Train goes on with the workers that fit.
+            num_workers=(train.min_workers, train.num_workers)
+            if train.elastic
+            else train.num_workers,
+            **({"elastic_resize_monitor_interval_s": resize_interval_s()} if train.elastic else {}),
             use_gpu=train.use_gpu,
             # A worker whose GPU the miner's encoder actors share asks for the rest of it.
             resources_per_worker=worker_resources(config, cpus),
@@ -353,15 +388,23 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         ),
         run_config=RunConfig(
             name=layout.name,
-            storage_path=layout.storage_path,
+            storage_path=storage_path,
+            storage_filesystem=storage_filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
+            # A wait for workers that never fit (a lost node, an autoscaler that does not
+            # deliver) is retried a bounded number of times, not forever (Ray's default),
+            # then the job ends in one line.
             failure_config=FailureConfig(
                 max_failures=spec.max_failures,
-                # A worker group that cannot start (no room for its placement group) is
-                # retried a bounded number of times, not forever.
-                controller_failure_limit=spec.start_retries,
+                controller_failure_limit=placement_retries()
+                if spec.start_retries is None
+                else spec.start_retries,
             ),
-            callbacks=callbacks or None,
+            # One line per recovery (a dead worker, a lost node), not Ray's traceback.
+            callbacks=[
+                *(callbacks or []),
+                RecoveryReporter(layout.root, spec.max_failures, placement_wait_s()),
+            ],
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
@@ -370,9 +413,33 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         dataset_config=PreparedSplits(),
     )
     try:
-        return trainer.fit()
+        # In a helper thread: from the main thread, Ray Train takes SIGINT over (and ends
+        # the process with status 1 and no message); santa's handler answers instead.
+        with interrupts.keeping(lambda: describe_run(layout.root)):
+            result = call_in_thread(trainer.fit, name="santa-fit")
+        # A checkpoint upload cut short and retried leaves its folder behind: a finished
+        # run holds registered checkpoints only.
+        remove_unregistered_checkpoints(layout.root)
+        if miner is not None:
+            _warn_if_negatives_never_came(config, result, miner)
+        return result
     finally:
         if miner is not None:
             import ray
 
             ray.kill(miner)
+
+
+def _warn_if_negatives_never_came(config: SantaConfig, result, miner) -> None:
+    """One line when an ``async`` stage ended without a table, or with a stale one."""
+    import ray
+
+    from santa.negatives.health import negatives_warning
+
+    try:
+        info = ray.get(miner.info.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - the line is still worth printing without it
+        info = None
+    line = negatives_warning(config, dict(result.metrics or {}), info)
+    if line:
+        print(line, file=sys.stderr, flush=True)

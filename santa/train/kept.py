@@ -1,0 +1,38 @@
+"""What an interrupted training run kept: its newest registered checkpoint and step.
+
+The line a job prints after Ctrl-C or ``ray job stop`` (``santa: interrupted: ...``) is
+built here for Ray Train runs, from Ray's own record of registered checkpoints (a folder an
+interrupted upload left behind is never counted).
+"""
+
+from __future__ import annotations
+
+from santa.models.checkpoints import _snapshot_candidates
+from santa.runtime import storage
+from santa.runtime.layout import RUN_SNAPSHOT_FILE, RunLayout
+
+__all__ = ["describe_run", "latest_registered"]
+
+RESUME_HINT = "run the same command to resume"
+
+
+def latest_registered(run_uri: str) -> tuple[str, int | None] | None:
+    """``(checkpoint URI, step)`` of the run's newest registered checkpoint, or None."""
+    location = storage.open_location(run_uri)
+    snapshot = storage.read_json_or_none(location.child(RUN_SNAPSHOT_FILE), invalid_ok=True)
+    candidates = _snapshot_candidates(snapshot) if snapshot is not None else None
+    if not candidates:
+        return None
+    name, metrics = candidates[0]
+    step = metrics.get("step")
+    return RunLayout(run_uri).checkpoint(name), int(step) if isinstance(step, int | float) else None
+
+
+def describe_run(run_uri: str, what: str = "run") -> str:
+    """``run RUN kept its checkpoint at step 6 (URI)`` or ``run RUN has no checkpoint yet``."""
+    found = latest_registered(run_uri)
+    if found is None:
+        return f"{what} {run_uri} has no checkpoint yet (it starts over)"
+    uri, step = found
+    at = f"step {step}" if step is not None else "its latest step"
+    return f"{what} {run_uri} kept its checkpoint at {at} ({uri})"

@@ -1,0 +1,142 @@
+"""What the driver can check in a second is checked before Ray starts (issue 33): a corrupt
+``--init-checkpoint``, a missing ``--hard-negatives table:``, languages of a flat folder, a
+corrupt ESCI file — each one line naming the file and why, exit 2, no ``Ray:`` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from santa.models.weights import model_folder_problem, safetensors_problem
+from tests.datagen import other_language_records
+from tests.training import stdlib_pair_rows, write_pairs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _job(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """A tiny santa model folder (config.json, model.safetensors, tokenizer)."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+    from santa.recipes import get_recipe
+
+    texts = [row["query"] for row in stdlib_pair_rows()] + [
+        r["document"] for r in stdlib_pair_rows()
+    ]
+    tokenizer = train_tokenizer(texts, vocab_size=500)
+    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0)
+    root = tmp_path_factory.mktemp("model") / "model"
+    model.save_pretrained(str(root), santa_config=get_recipe("tiny"))
+    return root
+
+
+def _corrupt_copy(model_folder: Path, target: Path, keep_bytes: int) -> Path:
+    import shutil
+
+    shutil.copytree(model_folder, target)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:keep_bytes])
+    return target
+
+
+def test_a_whole_model_folder_has_no_problem(model_folder: Path) -> None:
+    assert model_folder_problem(str(model_folder)) is None
+
+
+def test_safetensors_cut_short_is_named_with_its_reason(model_folder: Path, tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
+
+    header_cut = _corrupt_copy(model_folder, tmp_path / "header", keep_bytes=40)
+    reason = safetensors_problem(pafs.LocalFileSystem(), str(header_cut / "model.safetensors"))
+    assert reason is not None and reason.startswith("invalid header length")
+    size = (model_folder / "model.safetensors").stat().st_size
+    data_cut = _corrupt_copy(model_folder, tmp_path / "data", keep_bytes=size - 100)
+    file_uri, reason = model_folder_problem(str(data_cut))
+    assert file_uri.endswith("model.safetensors") and "cut short" in reason
+    (data_cut / "config.json").write_text("{not json")
+    file_uri, reason = model_folder_problem(str(data_cut))
+    assert file_uri.endswith("config.json") and "not valid JSON" in reason
+
+
+def test_finetune_with_a_corrupt_init_checkpoint_fails_before_ray(
+    model_folder: Path, tmp_path: Path
+) -> None:
+    corrupt = _corrupt_copy(model_folder, tmp_path / "ckpt" / "model", keep_bytes=40)
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    started = time.monotonic()
+    proc = _job(
+        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft",
+        "--init-checkpoint", str(corrupt), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("santa: error: cannot load --init-checkpoint ")
+    assert f"{corrupt}/model.safetensors: invalid header length" in lines[0]
+    assert "Ray:" not in proc.stdout and time.monotonic() - started < 60
+    assert not (tmp_path / "runs" / "ft").exists() or not any((tmp_path / "runs" / "ft").iterdir())
+
+
+def test_a_missing_hard_negatives_table_fails_before_ray(tmp_path: Path) -> None:
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    proc = _job(
+        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft",
+        "--hard-negatives", f"table:{tmp_path / 'no-table'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no-table" in lines[0], proc.stderr
+    assert "Ray:" not in proc.stdout
+    (tmp_path / "empty-table").mkdir()
+    proc = _job(
+        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft",
+        "--hard-negatives", f"table:{tmp_path / 'empty-table'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "holds no hard-negatives table" in proc.stderr, proc.stderr
+
+
+def test_languages_of_a_flat_folder_are_read_from_its_records(tmp_path: Path) -> None:
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    records = other_language_records("ruby", 5)
+    (flat / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = _job(
+        "ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", str(flat),
+        "--output", str(tmp_path / "out"), "--languages", "python", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"santa: error: no python files under {flat} (languages found: ruby)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_esci_file_is_named(tmp_path: Path) -> None:
+    from tests.datagen import write_esci
+
+    write_esci(tmp_path / "esci")
+    products = tmp_path / "esci" / "shopping_queries_dataset_products.parquet"
+    products.write_bytes(products.read_bytes()[:-200])
+    proc = _job(
+        "ray_jobs.preprocess", "--dataset", "esci", "--input", str(tmp_path / "esci"),
+        "--output", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(products) in lines[0], proc.stderr
+    assert "Ray:" not in proc.stdout

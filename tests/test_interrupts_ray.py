@@ -1,0 +1,134 @@
+"""Ctrl-C to the process group of running Ray jobs (issue 33): a pretrain and a sweep end
+with exit 130 and one ``santa: interrupted`` line, keep what they wrote, release their lock,
+and the same command resumes (the pretrain's losses equal an uninterrupted run's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from santa.runtime.runlock import RunLock
+from tests.training import stdlib_pair_rows, write_beir, write_pairs
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "--recipe", "tiny", "--num-workers", "1", "--cpus-per-worker", "0.5",
+    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
+    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
+    "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
+    "--address", "local",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, str]:
+    rows = stdlib_pair_rows()
+    root = tmp_path_factory.mktemp("interrupt-data")
+    return {
+        "train": write_pairs(root / "train", rows[:-24]),
+        "dev": write_beir(root / "dev", rows[-24:]),
+    }
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+
+def _interrupt_after(proc: subprocess.Popen, marker: str) -> tuple[str, str]:
+    """Ctrl-C (SIGINT to the process group) once a stdout line starts with ``marker``."""
+    head = []
+    for line in proc.stdout:
+        head.append(line)
+        if line.startswith(marker):
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    return "".join(head) + stdout, stderr
+
+
+def _losses(run: Path) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path):
+    runs = tmp_path / "runs"
+    train = ["ray_jobs.pretrain", "--data", data["train"], "--storage", str(runs), *TINY]
+    train += ["--set", "train.checkpoint_every=2", "--max-steps", "8"]
+    reference = _start([*train, "--name", "reference"], tmp_path)
+    _, stderr = reference.communicate(timeout=600)
+    assert reference.returncode == 0, stderr[-3000:]
+    assert not stderr.strip(), stderr  # a successful run: santa's lines only, on stdout
+
+    proc = _start([*train, "--name", "cut"], tmp_path)
+    started = time.monotonic()
+    stdout, stderr = _interrupt_after(proc, "[train] step 5/8")
+    assert proc.returncode == 130, stderr[-3000:]
+    assert time.monotonic() - started < 300
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    # Step 4's checkpoint may still be uploading at step 5: then step 2's is the one kept.
+    kept = re.match(
+        rf"santa: interrupted: run {runs / 'cut'} kept its checkpoint at step [24] ", lines[0]
+    )
+    assert kept, lines[0]
+    assert lines[0].endswith("; run the same command to resume")
+    with RunLock(str(runs / "cut")):  # released (a flock the kernel would free anyway)
+        pass
+
+    rerun = _start([*train, "--name", "cut"], tmp_path)
+    stdout, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-3000:]
+    assert "[train] step 8/8" in stdout
+    assert _losses(runs / "cut") == _losses(runs / "reference")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data, tmp_path):
+    sets = [arg for item in ("train.eval_every=2",) for arg in ("--set", item)]
+    args = [
+        "tuning.sweep", "--data", data["train"], "--eval-data", data["dev"],
+        "--storage", str(tmp_path / "sweeps"), "--name", "cut", "--num-samples", "2",
+        "--max-steps", "6", "--eval-every", "2", "--scheduler", "fifo", "--max-concurrent", "1",
+        "--seed", "0", *TINY, *sets,
+    ]  # fmt: skip
+    root = tmp_path / "sweeps" / "cut"
+    proc = _start(args, tmp_path)
+    stdout, stderr = _interrupt_after(proc, "[sweep] trial")  # started: cut before a result
+    assert proc.returncode == 130, stderr[-3000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"santa: interrupted: sweep {root}: "), stderr
+    assert "no best.json written; run the same command to resume the unfinished trials" in lines[0]
+    assert not (root / "best.json").exists()
+    assert "╭" not in stdout and "Trial name" not in stdout  # no Tune status boxes
+
+    rerun = _start(args, tmp_path)
+    stdout, stderr = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, stderr[-3000:]
+    assert "resuming the sweep" in stdout
+    table = stdout[stdout.index("trial  ") :].splitlines()
+    assert len(table) >= 3
+    assert all(row.split()[-2:] == ["6", "done"] for row in table[1:3]), table
+    best = json.loads((root / "best.json").read_text())
+    assert best["step"] == 6
