@@ -412,9 +412,15 @@ def test_s3_data_model_and_output_on_moto(csn_beir, tiny_checkpoint, moto_s3):
         EvalConfig(output=f"{bucket}/eval", baseline=None, progress=False),
     )
     assert set(results) == {"model"}
-    assert storage.read_json(f"{bucket}/eval/metrics.json") == results
-    assert "| model |" in storage.read_bytes(f"{bucket}/eval/metrics.md").decode()
-    assert storage.read_json(f"{bucket}/eval/info.json")["max_document_length"] == 128
+    # Published whole: on S3 the files sit under the run prefix the manifest names.
+    from santa.data.outputs import published_root, read_manifest
+
+    assert read_manifest(f"{bucket}/eval")["manifest"]["complete"]
+    published = published_root(f"{bucket}/eval")
+    assert published.startswith(f"{bucket}/eval/runs/")
+    assert storage.read_json(f"{published}/metrics.json") == results
+    assert "| model |" in storage.read_bytes(f"{published}/metrics.md").decode()
+    assert storage.read_json(f"{published}/info.json")["max_document_length"] == 128
 
 
 def test_cli_prints_the_table(csn_beir, tiny_checkpoint, tmp_path):
