@@ -17,9 +17,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from santa.data.records import PairOptions, build_code_pair
@@ -178,3 +180,91 @@ def write_csn_layout(
                 root / language / "final" / "jsonl" / split / f"{language}_{split}_0.jsonl.gz", part
             )
     return urls
+
+
+def write_esci(root: Path, seed: int = 0) -> dict[str, Any]:
+    """ESCI parquet files in the exact schema: products and judged examples."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    kinds = [
+        ("Wireless Mouse", "mouse"),
+        ("Coffee Grinder", "grinder"),
+        ("Yoga Mat", "mat"),
+        ("Desk Lamp", "lamp"),
+        ("Water Bottle", "bottle"),
+        ("Phone Case", "case"),
+    ]
+    products = []
+    for index in range(24):
+        name, noun = kinds[index % len(kinds)]
+        locale = "us" if index < 20 else "es"
+        products.append(
+            {
+                "product_id": f"B{index:09d}",
+                "product_title": f"Acme {name} {index} with Travel Pouch",
+                "product_description": (
+                    f"<p>The <b>Acme</b> {noun} is built for daily use.<br>"
+                    f"Each {noun} ships with a travel pouch &amp; a warranty card.</p>"
+                ),
+                "product_bullet_point": (
+                    f"DURABLE {noun.upper()}: made from recycled materials\n"
+                    f"PORTABLE: the pouch keeps the {noun} clean\nWARRANTY: two years"
+                )
+                if index % 7
+                else "",
+                "product_brand": "Acme",
+                "product_color": rng.choice(["black", "red", None]),
+                "product_locale": locale,
+            }
+        )
+    examples = []
+    queries = [
+        ("wireless mouse for laptop", "mouse"),
+        ("burr coffee grinder", "grinder"),
+        ("thick yoga mat", "mat"),
+        ("led desk lamp", "lamp"),
+    ]
+    example_id = 0
+    for query_id, (query, noun) in enumerate(queries):
+        split = "test" if query_id == 3 else "train"
+        # The test query judges its own products, so pretraining keeps the others.
+        judged = products[12:20] if split == "test" else products[:20]
+        for product in judged:
+            example_id += 1
+            label = "E" if noun in product["product_title"].lower() else rng.choice("SCI")
+            examples.append(
+                {
+                    "example_id": example_id,
+                    "query": query,
+                    "query_id": query_id,
+                    "product_id": product["product_id"],
+                    "product_locale": "us",
+                    "esci_label": label,
+                    "small_version": 1 if product["product_id"] < "B000000016" else 0,
+                    "large_version": 1,
+                    "split": split,
+                }
+            )
+    products_schema = pa.schema([(name, pa.string()) for name in products[0]])
+    examples_schema = pa.schema(
+        [
+            ("example_id", pa.int64()),
+            ("query", pa.string()),
+            ("query_id", pa.int64()),
+            ("product_id", pa.string()),
+            ("product_locale", pa.string()),
+            ("esci_label", pa.string()),
+            ("small_version", pa.int64()),
+            ("large_version", pa.int64()),
+            ("split", pa.string()),
+        ]
+    )
+    pq.write_table(
+        pa.Table.from_pylist(products, products_schema),
+        root / "shopping_queries_dataset_products.parquet",
+    )
+    pq.write_table(
+        pa.Table.from_pylist(examples, examples_schema),
+        root / "shopping_queries_dataset_examples.parquet",
+    )
+    return {"products": products, "examples": examples}

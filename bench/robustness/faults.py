@@ -816,10 +816,10 @@ def _finished(run: Path, steps: int) -> bool:
 
 def corrupt_model(folder: Path) -> None:
     """A tiny model folder whose model.safetensors is cut short (its header is gone)."""
+    from bench.corpora import stdlib_pair_rows
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
     from santa.recipes import get_recipe
-    from tests.training import stdlib_pair_rows
 
     rows = stdlib_pair_rows()
     tokenizer = train_tokenizer([r["query"] for r in rows] + [r["document"] for r in rows], 500)
@@ -837,12 +837,11 @@ def lost_node(mode: str, work: Path) -> list[str]:
 
 def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> list[Fault]:
     """The faults while jobs run (after :func:`build_faults`, whose data they reuse)."""
+    from bench.corpora import other_language_records, stdlib_pair_rows, write_esci, write_pairs
     from santa.data.outputs import staged_output
     from santa.negatives.mining import NegativesTable
     from santa.runtime import storage
     from santa.runtime.reaper import session_processes
-    from tests.datagen import other_language_records, write_esci
-    from tests.training import stdlib_pair_rows, write_pairs
 
     pairs, beir = str(work / "pairs"), str(work / "beir")
     runs = work / "running"

@@ -558,6 +558,8 @@ def _explain_load_failure(uri: str, error: BaseException) -> None:
     (the libraries' own messages, such as safetensors' ``HeaderTooLarge``, name none)."""
     if not (storage.is_s3(uri) or os.path.isdir(uri)):
         return  # a hub name: the library's message is the one to see
+    if isinstance(error, storage.StorageError):
+        return  # no model there, or storage unreachable: already one line naming the URI
     from santa.models.weights import model_folder_problem
 
     try:
