@@ -245,6 +245,13 @@ def write_esci(root: Path, seed: int = 0) -> dict[str, Any]:
                     "split": split,
                 }
             )
+    return write_esci_tables(root, products, examples)
+
+
+def write_esci_tables(
+    root: Path, products: list[dict[str, Any]], examples: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``products`` and ``examples`` as the ESCI release's two Parquet files (its schema)."""
     products_schema = pa.schema([(name, pa.string()) for name in products[0]])
     examples_schema = pa.schema(
         [

@@ -14,9 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from bench.corpora import (  # noqa: F401 - the tests import them from here
     NOUNS,
     STDLIB_MODULES,
@@ -24,6 +21,7 @@ from bench.corpora import (  # noqa: F401 - the tests import them from here
     stdlib_python_records,
     write_csn_layout,
     write_esci,
+    write_esci_tables,
     write_jsonl_gz,
 )
 from santa.data.source import default_source_root, extract_functions
@@ -256,26 +254,4 @@ def write_esci_splits(root: Path, train_queries: int = 24, test_queries: int = 4
             "split": "train",
         }
     )
-    products_schema = pa.schema([(name, pa.string()) for name in products[0]])
-    examples_schema = pa.schema(
-        [
-            ("example_id", pa.int64()),
-            ("query", pa.string()),
-            ("query_id", pa.int64()),
-            ("product_id", pa.string()),
-            ("product_locale", pa.string()),
-            ("esci_label", pa.string()),
-            ("small_version", pa.int64()),
-            ("large_version", pa.int64()),
-            ("split", pa.string()),
-        ]
-    )
-    pq.write_table(
-        pa.Table.from_pylist(products, products_schema),
-        root / "shopping_queries_dataset_products.parquet",
-    )
-    pq.write_table(
-        pa.Table.from_pylist(examples, examples_schema),
-        root / "shopping_queries_dataset_examples.parquet",
-    )
-    return {"products": products, "examples": examples}
+    return write_esci_tables(root, products, examples)

@@ -465,23 +465,6 @@ def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fau
             2,
             watch=[work / "a-file"],
         ),
-        # ---------------------------------------------------------------- a lost node
-        Fault(
-            "pretrain: lost node, fixed size (waits 2 x 20 s, ends)",
-            lost_node("fixed", work),
-            1,
-            running=True,
-            timeout_s=1500,
-        ),
-        Fault(
-            "pretrain: lost node, --num-workers 1-2 (goes on, grows back)",
-            lost_node("elastic", work),
-            0,
-            success_line="training goes on with 2 worker(s) of 1-2",
-            check=lambda: _finished(work / "lost-elastic" / "elastic", 40),
-            running=True,
-            timeout_s=1500,
-        ),
     ]
     return faults
 

@@ -28,7 +28,7 @@ from santa.method.losses import (
 )
 from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
-from santa.train.grad_cache import ChunkForward, chunk_slices, ddp_no_sync, grad_cache_backward
+from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.loop import Objective
 from santa.train.objectives import DualEncoderObjective
 
@@ -255,15 +255,7 @@ def soft_label_grad_cache_step(
     """:func:`soft_label_losses` and its backward by GradCache (:mod:`santa.train.grad_cache`):
     chunks of ``chunk_size`` examples (a query and its ``1 + n`` candidates)."""
     rows, width = teacher.shape
-    chunks = [
-        {
-            key: value[part.start * width : part.stop * width]
-            if key.startswith("document")
-            else value[part]
-            for key, value in inputs.items()
-        }
-        for part in chunk_slices(rows, chunk_size)
-    ]
+    chunks = chunk_inputs(inputs, rows, chunk_size, grouped="document", per_row=width)
 
     def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
         output = forward_model(**chunk)

@@ -39,7 +39,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["ChunkForward", "RngState", "chunk_slices", "ddp_no_sync", "grad_cache_backward"]
+__all__ = [
+    "ChunkForward",
+    "RngState",
+    "chunk_inputs",
+    "chunk_slices",
+    "ddp_no_sync",
+    "grad_cache_backward",
+]
 
 
 @dataclass
@@ -90,6 +97,27 @@ def chunk_slices(rows: int, chunk_size: int) -> list[slice]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     return [slice(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
+
+
+def chunk_inputs(
+    inputs: dict[str, torch.Tensor],
+    rows: int,
+    chunk_size: int,
+    grouped: str = "",
+    per_row: int = 0,
+) -> list[dict[str, torch.Tensor]]:
+    """The batch's tensors cut into chunks of ``chunk_size`` rows. Tensors whose key starts
+    with ``grouped`` hold ``per_row`` entries per row, row-major (a query's hard negatives,
+    an example's candidates): a chunk of rows owns their block."""
+    return [
+        {
+            key: value[part.start * per_row : part.stop * per_row]
+            if grouped and key.startswith(grouped)
+            else value[part]
+            for key, value in inputs.items()
+        }
+        for part in chunk_slices(rows, chunk_size)
+    ]
 
 
 def ddp_no_sync(model: torch.nn.Module) -> Callable[[], contextlib.AbstractContextManager]:

@@ -18,7 +18,7 @@ from santa.method.duplicates import document_keys
 from santa.method.losses import contrastive_loss, total_loss
 from santa.models.dual_encoder import DualEncoder
 from santa.runtime.layout import checkpoint_model
-from santa.train.grad_cache import ChunkForward, chunk_slices, ddp_no_sync, grad_cache_backward
+from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.loop import Objective
 
 __all__ = [
@@ -140,16 +140,8 @@ def santa_grad_cache_step(
     labels = inputs.get("mep_labels")
     reduction = train.mep_reduction
     batch_tokens = None if labels is None else model.mep_token_count(labels, reduction).clamp(min=1)
-    chunks = [
-        {
-            # Hard negatives are query-major: a chunk of queries owns a block of them.
-            key: value[part.start * per_query : part.stop * per_query]
-            if key.startswith("hard_negative")
-            else value[part]
-            for key, value in inputs.items()
-        }
-        for part in chunk_slices(rows, chunk_size)
-    ]
+    # Hard negatives are query-major: a chunk of queries owns a block of them.
+    chunks = chunk_inputs(inputs, rows, chunk_size, grouped="hard_negative", per_row=per_query)
 
     def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
         output = forward_model(**chunk, mep_reduction=reduction)
