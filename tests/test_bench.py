@@ -163,7 +163,7 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     )
     result = json.loads(output.read_text())
     summary = result["summary"]
-    assert list(summary) == ["santa-ray", "santa-local", "st-mnrl", "st-cached"]
+    assert list(summary) == ["santa-ray", "santa-local", "st-mnrl", "st-cached", "santa-cached"]
     assert [r["system"] for r in result["runs"]] == list(summary)
     for row in summary.values():
         assert row["loop_pairs_per_s"] > 0 and row["end_to_end_s"] > 0

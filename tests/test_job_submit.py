@@ -78,9 +78,13 @@ def shell_cluster(moto_s3, tmp_path):
         **os.environ,
         "RAY_AUTH_MODE": "token",  # harmless without a token; required once one exists
     }
+    # Each node's dashboard agent on a port of its own: Ray's default (52365) may be held by
+    # another Ray on this machine (the test session's own cluster), and a job is submitted
+    # through the head's agent.
     head = _ray(
         ["start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=true"]
-        + [f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+        + [f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+        + [f"--dashboard-agent-listen-port={_free_port()}"],
         env,
     )
     assert head.returncode == 0, head.stdout + head.stderr
@@ -90,7 +94,8 @@ def shell_cluster(moto_s3, tmp_path):
             # unpack the job's working_dir over each other's (and under the running driver).
             worker = _ray(
                 ["start", f"--address=127.0.0.1:{port}", "--num-cpus=1", "--disable-usage-stats"]
-                + [f"--temp-dir={temp_dir}-w{index}"],
+                + [f"--temp-dir={temp_dir}-w{index}"]
+                + [f"--dashboard-agent-listen-port={_free_port()}"],
                 env,
             )
             assert worker.returncode == 0, worker.stdout + worker.stderr

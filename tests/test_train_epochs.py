@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -111,13 +112,16 @@ def test_the_tokenize_task_runs_once_however_many_epochs(tmp_path) -> None:
         {"train": dataset}, world_size=2, worker_handles=None, worker_node_ids=None
     )
     assert ray.get(counter.total.remote()) == len(rows)  # prepared: tokenized once
-    seen = []
-    for rank, split in enumerate(splits):
-        reader = EpochReader(lambda split=split: split["train"], config.train, rank)
-        for _ in range(3):
-            ids = [q for batch in reader.epoch() for q in batch["query_id"]]
-            seen.append(sorted(ids))
+
+    def three_epochs(rank: int) -> list[list[str]]:
+        # The workers' splits stream together (one coordinator), as in training.
+        reader = EpochReader(lambda: splits[rank]["train"], config.train, rank)
+        epochs = [sorted(q for batch in reader.epoch() for q in batch["query_id"]) for _ in "abc"]
         reader.close()
+        return epochs
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        seen = [epoch for epochs in pool.map(three_epochs, range(2)) for epoch in epochs]
     assert ray.get(counter.total.remote()) == len(rows)  # three epochs later: still once
     assert seen[0] == seen[1] == seen[2] and seen[3] == seen[4] == seen[5]
     # The two workers' splits are disjoint and of equal size (drop_last batches aside).
