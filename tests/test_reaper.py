@@ -67,7 +67,7 @@ def test_a_job_killed_outright_leaves_no_ray_process(tmp_path: Path) -> None:
         env=env,
     )
     first = job.stdout.readline()
-    found = re.search(r"logs in (\S+)/logs\)", first)
+    found = re.search(r"logs in (\S+)/logs[;)]", first)
     assert found, (first, (tmp_path / "stderr.txt").read_text()[-2000:])
     session = found.group(1)
     assert session_processes(session)  # Ray of the job's own is up

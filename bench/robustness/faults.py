@@ -749,7 +749,7 @@ def _session_of(head: list[str]) -> str:
     import re
 
     for line in head:
-        found = re.search(r"logs in (\S+)/logs\)", line)
+        found = re.search(r"logs in (\S+)/logs[;)]", line)
         if found:
             return found.group(1)
     return ""
