@@ -22,6 +22,7 @@ import pytest
 from tests.training import stdlib_pair_rows, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
+ELASTIC_STEPS = 150
 TINY = [
     "--recipe", "tiny", "--cpus-per-worker", "1.5", "--max-failures", "2",
     "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
@@ -41,7 +42,9 @@ def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
     node = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     workers = "1-2" if mode == "elastic" else "2"
-    steps = "40" if mode == "elastic" else "16"
+    # Elastic: long enough that the node added at step 12 is found (every 5 s) and joins
+    # before the end (a tiny step takes a fraction of a second).
+    steps = str(ELASTIC_STEPS) if mode == "elastic" else "16"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env.update(
         PYTHONPATH=str(REPO),
@@ -137,7 +140,8 @@ def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
         json.loads(line)
         for line in (tmp_path / "runs" / "elastic" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [h["step"] for h in history] == list(range(1, 41))  # every step once, to the end
+    # every step once, to the end
+    assert [h["step"] for h in history] == list(range(1, ELASTIC_STEPS + 1))
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
     records = stdlib_python_records(limit=400)
     write_jsonl_gz(source / "python_train_0.jsonl.gz", records)
     out = tmp_path / "out"
-    _publish(str(out), {"data/part-0.parquet": b"previous run"}, stage="old")
+    # A preprocess output of an earlier run (its manifest names the dataset).
+    _publish(str(out), {"data/part-0.parquet": b"previous run"}, dataset="codesearchnet")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     proc = _preprocess_cli(tmp_path / "csn", out)
@@ -140,7 +141,10 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
     assert proc.returncode == 130, stderr[-2000:]
     assert time.time() - started < 120
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["csn", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".out.santa-lock") == [
+        "csn",
+        "out",
+    ]  # (beside the output: its one-writer lock)
 
     proc = _preprocess_cli(tmp_path / "csn", out)
     _, stderr = proc.communicate(timeout=300)
@@ -148,7 +152,10 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
     manifest = read_manifest(str(out))
     assert manifest["config"]["dataset"] == "codesearchnet"
     assert pq.read_table(out / "data").num_rows == manifest["rows_written"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["csn", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".out.santa-lock") == [
+        "csn",
+        "out",
+    ]  # (beside the output: its one-writer lock)
 
 
 def test_stage_ids_are_unique_and_sortable():

@@ -113,7 +113,7 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     for line in proc.stdout:
-        if line.startswith("[train] step 3/"):
+        if line.startswith("[train] step 5/"):  # the step-2 checkpoint registered by now
             os.kill(own_moto.process.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             break

@@ -813,6 +813,9 @@ def corrupt_model(folder: Path) -> None:
     weights.write_bytes(weights.read_bytes()[:40])
 
 
+ELASTIC_STEPS = 150  # the elastic scenario's steps (tests/test_lost_node.py's ELASTIC_STEPS)
+
+
 def lost_node(mode: str, work: Path) -> list[str]:
     """The lost-node scenario of tests/test_lost_node.py (its own 2-node cluster)."""
     return ["tests.test_lost_node", mode, str(work / "pairs"), str(work / f"lost-{mode}")]
@@ -1265,7 +1268,7 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             lost_node("elastic", work),
             0,
             success_line="training goes on with 2 worker(s) of 1-2",
-            check=lambda: _finished(work / "lost-elastic" / "elastic", 40),
+            check=lambda: _finished(work / "lost-elastic" / "elastic", ELASTIC_STEPS),
             running=True,
             timeout_s=1500,
         ),
