@@ -159,7 +159,9 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_p
         results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
         assert all("dev_mrr" in result for result in results)
     # (A raylet warning of the test session's own cluster may land among the lines.)
-    table = [line for line in out[out.index("trial ") :].splitlines() if "(raylet)" not in line]
+    lines = out.splitlines()  # the table's header is the first line that starts "trial "
+    start = next(i for i, line in enumerate(lines) if line.startswith("trial "))
+    table = [line for line in lines[start:] if "(raylet)" not in line]
     assert table[1].startswith(best["trial_id"])  # best first
 
     # The same command again: the finished experiment is restored, nothing runs again.
