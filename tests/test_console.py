@@ -27,8 +27,10 @@ def test_santa_lines_are_told_from_ray_lines() -> None:
 
 
 def test_forwarded_worker_lines_other_than_santas_go_to_the_log_file(tmp_path: Path, capsys):
+    from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
+    printer = ray_worker.print_to_stdstream
     path = console.keep_ray_logs_off_the_terminal(str(tmp_path))
     try:
         dispatcher.emit(
@@ -40,11 +42,48 @@ def test_forwarded_worker_lines_other_than_santas_go_to_the_log_file(tmp_path: P
             }
         )
         dispatcher.emit({"pid": 7, "is_err": False, "lines": ["[train] step 1/2 loss 1.0"]})
+        # The errors Ray pushes to the driver bypass the dispatcher (a killed worker).
+        ray_worker.print_to_stdstream(
+            {"lines": ["A worker died or was killed while executing a task"], "pid": "raylet",
+             "is_err": False},
+            ignore_prefix=False,
+        )  # fmt: skip
     finally:
         dispatcher.remove_handler("ray_print_logs")
+        ray_worker.print_to_stdstream = printer
     captured = capsys.readouterr()
     assert captured.err == "santa: warning: a line\n"
     assert captured.out == "[train] step 1/2 loss 1.0\n"
     assert Path(path).read_text() == (
         "(RayTrainWorker pid=4242) Traceback (most recent call last):\n"
+        "(pid=raylet) A worker died or was killed while executing a task\n"
+    )
+
+
+_NATIVE = """
+import os, sys
+from santa.runtime import console
+console.divert_native_stderr(sys.argv[1])  # a library call: nothing diverted
+os.write(2, b"native before\\n")
+console.mark_command_line()
+assert console.divert_native_stderr(sys.argv[1])
+os.write(2, b"[2026-11-26 07:41:23,785 E 1 1] core_worker.cc:2465: native after\\n")
+print("santa: error: a python line", file=sys.stderr, flush=True)
+console.say("santa: warning: said")
+"""
+
+
+def test_native_stderr_of_a_command_line_job_goes_to_its_log_file(tmp_path: Path) -> None:
+    """C++ code (Ray's core worker in the driver) writes to fd 2 itself: in a job run from
+    the command line that goes to the log file; Python's stderr keeps the terminal."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "logs" / "job.log"
+    done = subprocess.run(
+        [sys.executable, "-c", _NATIVE, str(log)], capture_output=True, text=True, check=True
+    )
+    assert done.stderr == ("native before\nsanta: error: a python line\nsanta: warning: said\n")
+    assert log.read_text() == (
+        "[2026-11-26 07:41:23,785 E 1 1] core_worker.cc:2465: native after\n"
     )

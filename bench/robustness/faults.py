@@ -13,7 +13,8 @@ or for a success the line that shows the fault was handled), and whether the dat
 
     python bench/robustness/faults.py [--only SUBSTRING] [--bad-input-only]
 
-Writes bench/results/faults.json and prints the table. The faults themselves (each a
+Writes bench/results/faults.json (``--only``: the faults it ran replace their rows there)
+and prints the table. The faults themselves (each a
 command line, the exit code it must end with and what must stay untouched) are built by
 ``build_faults`` below, in a scratch folder.
 """
@@ -693,9 +694,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(r['ok'] and r['data_safe'] for r in running)}/{len(running)} of them while a "
         "job runs"
     )
-    if not args.only:
-        bench.write_json(RESULTS, {"faults": rows})
-        print(f"wrote {RESULTS}")
+    if args.only and RESULTS.exists():
+        # A re-run of some faults replaces their rows and keeps the others' (in order).
+        fresh = {row["fault"]: row for row in rows}
+        kept = json.loads(RESULTS.read_text()).get("faults", [])
+        names = {row["fault"] for row in kept}
+        rows = [fresh.get(row["fault"], row) for row in kept]
+        rows += [row for row in fresh.values() if row["fault"] not in names]
+    bench.write_json(RESULTS, {"faults": rows})
+    print(f"wrote {RESULTS}")
     return 0 if passed == len(rows) else 1
 
 

@@ -28,7 +28,9 @@ __all__ = [
     "driver_log_path",
     "is_santa_line",
     "keep_ray_logs_off_the_terminal",
+    "divert_native_stderr",
     "log_exception",
+    "mark_command_line",
     "say",
 ]
 
@@ -39,7 +41,7 @@ _SANTA_LINE = re.compile(r"^(santa: |\[[a-z][a-z_\-]*( \d+)?\] )")
 # Ray's own loggers in the driver, and the libraries that log at INFO when they load.
 _QUIETED_LOGGERS = ("ray", "faiss", "faiss.loader", "bm25s")
 
-_state: dict[str, Any] = {"path": None, "handler": None}
+_state: dict[str, Any] = {"path": None, "handler": None, "command_line": False, "native": None}
 _lock = threading.Lock()
 
 
@@ -172,8 +174,47 @@ def _filter_forwarded_lines(path: str) -> None:
 
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.add_handler("ray_print_logs", forward)
+    # The driver's error listener prints the errors Ray pushes to the job ("A worker died or
+    # was killed while executing a task ...", a paragraph on stdout) without the dispatcher.
+    ray_worker.print_to_stdstream = lambda data, ignore_prefix=False: forward(data)
     # Ray prints its own "(raylet)" and autoscaler notes through the same dispatcher.
     ray_worker.autoscaler_log_fyi_printed = True
+
+
+def mark_command_line() -> None:
+    """This process is a job run from the command line (its ``__main__``), not a library
+    call: it owns the process's file descriptors (see :func:`divert_native_stderr`)."""
+    _state["command_line"] = True
+
+
+def divert_native_stderr(path: str) -> bool:
+    """In a job run from the command line, what C and C++ code writes to file descriptor 2
+    goes to ``path``; Python's ``sys.stderr`` (santa's lines, a ``--debug`` traceback) keeps
+    the terminal. Ray's core worker in the driver logs there directly: a ``core_worker.cc``
+    line at start, more when Ctrl-C stops the job. Returns whether it diverted."""
+    with _lock:
+        if not _state["command_line"] or _state["native"] is not None:
+            return False
+        try:
+            sys.stderr.flush()
+            terminal = os.fdopen(
+                os.dup(2),
+                "w",
+                buffering=1,
+                encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                errors="backslashreplace",
+            )
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except (OSError, ValueError):
+            return False  # no terminal or no log folder: leave the descriptors as they are
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        _state["native"] = path
+        if sys.stderr is sys.__stderr__:
+            sys.stderr = terminal
+        sys.__stderr__ = terminal
+        return True
 
 
 def log_exception(error: BaseException) -> str | None:

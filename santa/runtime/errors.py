@@ -231,6 +231,10 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
     from santa.runtime.workdir import steady_working_directory
 
     debug = debug_enabled(argv)
+    if argv is None:  # the process's own command line (``__main__``), not a library call
+        from santa.runtime import console
+
+        console.mark_command_line()
     previous = interrupts.install()
     steady_working_directory()  # an MKL abort at `import torch` when the cwd vanished
     try:

@@ -121,6 +121,9 @@ def init_ray(
         # Third-party warnings (Ray's token-auth notice, ranx, faiss, Inductor) go to a log
         # file, here and in every worker process of the job (santa.runtime.quiet).
         warnings_file = quiet_driver()
+        from santa.runtime import console
+
+        console.divert_native_stderr(warnings_file)  # the core worker's own log lines
     runtime_env = kwargs.pop("runtime_env", {}) or {}
     if not verbose and "worker_process_setup_hook" not in runtime_env:
         if address == "local" and not runtime_env:
