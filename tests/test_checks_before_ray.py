@@ -126,6 +126,24 @@ def test_languages_of_a_flat_folder_are_read_from_its_records(tmp_path: Path) ->
     assert not (tmp_path / "out").exists()
 
 
+def test_a_split_missing_from_the_input_is_named_before_ray(tmp_path: Path) -> None:
+    folder = tmp_path / "csn" / "ruby"
+    folder.mkdir(parents=True)
+    records = other_language_records("ruby", 5)
+    (folder / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = _job(
+        "ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", str(tmp_path / "csn"),
+        "--output", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"santa: error: no train files under {tmp_path / 'csn'} (splits found: valid; choose "
+        "one with --split)"
+    ]
+    assert "Ray:" not in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_corrupt_esci_file_is_named(tmp_path: Path) -> None:
     from tests.datagen import write_esci
 

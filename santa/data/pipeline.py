@@ -299,7 +299,22 @@ def check_inputs(config: PreprocessConfig) -> None:
             except (OSError, ValueError) as error:
                 raise ValueError(f"cannot read the ESCI {name} file {uri}: {error}") from None
     else:
-        _code_files(config)
+        _split_files(config, _code_files(config))
+
+
+def _split_files(config: PreprocessConfig, files: list[str]) -> list[str]:
+    """The code files to read: those of the wanted split, of a held-out split, or of none
+    named (their records' ``partition`` field decides); an error when none can hold the
+    wanted split's rows."""
+    wanted = (config.wanted_split, *_heldout_splits(config), "")
+    splits = {f: split_from_path(relative_path(f, config.input)) for f in files}
+    if not any(split in (config.wanted_split, "") for split in splits.values()):
+        named = sorted({split for split in splits.values() if split})
+        raise FileNotFoundError(
+            f"no {config.wanted_split} files under {config.input} "
+            f"(splits found: {', '.join(named)}; choose one with --split)"
+        )
+    return [f for f in files if splits[f] in wanted]
 
 
 @contextlib.contextmanager
@@ -344,17 +359,7 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     else:
         # Files whose name says another split are not read; files of unknown split are
         # read and their rows selected by the records' own `partition` field.
-        wanted = (config.wanted_split, *heldout, "")
-        files = [
-            f
-            for f in _code_files(config)
-            if split_from_path(relative_path(f, config.input)) in wanted
-        ]
-        if not any(
-            split_from_path(relative_path(f, config.input)) in (config.wanted_split, "")
-            for f in files
-        ):
-            raise FileNotFoundError(f"no {config.wanted_split} files under {config.input}")
+        files = _split_files(config, _code_files(config))
         source = JsonLinesDatasource(
             files,
             root=config.input,
