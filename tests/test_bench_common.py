@@ -115,3 +115,25 @@ def test_figures_are_written_whole(tmp_path: Path) -> None:
     for path in (single, grouped):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grouped.png", "single.png"]
+
+
+def test_a_faults_rerun_replaces_only_its_rows(tmp_path) -> None:
+    """``faults.py --only`` runs some faults again: their rows replace the recorded ones and
+    the rest of the table stays (a real fault, run for real)."""
+    import json
+
+    from bench.robustness import faults
+
+    results = tmp_path / "faults.json"
+    old = {"fault": "preprocess: --input missing", "exit": 99, "ok": False, "data_safe": False}
+    other = {"fault": "some other fault", "exit": 0, "ok": True, "data_safe": True}
+    results.write_text(json.dumps({"faults": [old, other]}))
+    code = faults.main(
+        ["--bad-input-only", "--only", "preprocess: --input missing", "--results", str(results)]
+    )
+    rows = json.loads(results.read_text())["faults"]
+    assert code == 0
+    assert [row["fault"] for row in rows] == ["preprocess: --input missing", "some other fault"]
+    assert rows[0]["exit"] == 2 and rows[0]["ok"] and rows[0]["data_safe"]
+    assert rows[1] == other
+    assert faults.merge_rows([old], [other]) == [old, other]

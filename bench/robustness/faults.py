@@ -638,6 +638,16 @@ def format_table(rows: list[dict]) -> str:
     return common.format_table(header, table, align="lrrrrll")
 
 
+def merge_rows(kept: list[dict], fresh: list[dict]) -> list[dict]:
+    """A re-run of some faults (``--only``): their rows replace the recorded ones, in the
+    recorded order; the other faults' rows stay; new faults come last."""
+    by_name = {row["fault"]: row for row in fresh}
+    names = {row["fault"] for row in kept}
+    return [by_name.get(row["fault"], row) for row in kept] + [
+        row for row in fresh if row["fault"] not in names
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the faults (or those ``--only`` names), print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -645,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--bad-input-only", action="store_true", help="skip the faults while jobs run (long)"
     )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON to write")
     args = parser.parse_args(argv)
     os.environ.setdefault("NLTK_DATA", str(ROOT.parent / "shared" / "nltk_data"))
     from santa.runtime.runlock import RunLock
@@ -694,16 +705,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(r['ok'] and r['data_safe'] for r in running)}/{len(running)} of them while a "
         "job runs"
     )
-    if args.only and RESULTS.exists():
-        # A re-run of some faults replaces their rows and keeps the others' (in order).
-        fresh = {row["fault"]: row for row in rows}
-        kept = json.loads(RESULTS.read_text()).get("faults", [])
-        names = {row["fault"] for row in kept}
-        rows = [fresh.get(row["fault"], row) for row in kept]
-        rows += [row for row in fresh.values() if row["fault"] not in names]
-    bench.write_json(RESULTS, {"faults": rows})
-    print(f"wrote {RESULTS}")
-    return 0 if passed == len(rows) else 1
+    code = 0 if passed == len(rows) else 1
+    if args.only and args.results.exists():
+        rows = merge_rows(json.loads(args.results.read_text()).get("faults", []), rows)
+    bench.write_json(args.results, {"faults": rows})
+    print(f"wrote {args.results}")
+    return code
 
 
 # ============================================================================ while running
