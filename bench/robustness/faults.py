@@ -651,7 +651,12 @@ def merge_rows(kept: list[dict], fresh: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     """Run the faults (or those ``--only`` names), print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="", help="run the faults whose name has this text")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run the faults whose name has this text (repeatable)",
+    )
     parser.add_argument(
         "--bad-input-only", action="store_true", help="skip the faults while jobs run (long)"
     )
@@ -673,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.bad_input_only:
             faults += build_running_faults(work, moto_url, pausable, pausable_url)
         for fault in faults:
-            if args.only and args.only not in fault.name:
+            if args.only and not any(text in fault.name for text in args.only):
                 continue
             if fault.name.startswith("pretrain: corrupt latest"):
                 print(f"  corrupted {corrupt_latest_checkpoint(work / 'runs' / 'r')}", flush=True)
@@ -803,12 +808,18 @@ def _finished(run: Path, steps: int) -> bool:
     from santa.models.checkpoints import latest_checkpoint
 
     folders = {p.name for p in run.glob("checkpoint_*")}
-    return (
-        bool(folders)
-        and folders == _registered(run)
-        and latest_checkpoint(str(run)).step == steps
-        and _lock_free(run)
-    )
+    registered = _registered(run)
+    latest = latest_checkpoint(str(run)) if folders else None
+    problems = [
+        *(["no checkpoint"] if not folders else []),
+        *([f"unregistered: {sorted(folders - registered)}"] if folders - registered else []),
+        *([f"registered, missing: {sorted(registered - folders)}"] if registered - folders else []),
+        *([f"latest step {latest.step}, not {steps}"] if latest and latest.step != steps else []),
+        *(["its lock is held"] if not _lock_free(run) else []),
+    ]
+    if problems:
+        print(f"  {run}: {'; '.join(problems)}", flush=True)
+    return not problems
 
 
 def corrupt_model(folder: Path) -> None:
