@@ -797,10 +797,14 @@ def _kept(run: Path) -> bool:
     """An interrupted run: its newest registered checkpoint is whole, its lock free."""
     from santa.models.checkpoints import latest_checkpoint
 
-    if not _registered(run):
-        return _lock_free(run)
-    found = latest_checkpoint(str(run))
-    return found.checkpoint_uri is not None and _lock_free(run)
+    problems = []
+    if _registered(run) and latest_checkpoint(str(run)).checkpoint_uri is None:
+        problems.append("no whole registered checkpoint")
+    if not _lock_free(run):
+        problems.append("its lock is held")
+    if problems:
+        print(f"  {run}: {'; '.join(problems)}", flush=True)
+    return not problems
 
 
 def _finished(run: Path, steps: int) -> bool:
