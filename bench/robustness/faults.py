@@ -789,7 +789,11 @@ def _lock_free(run: Path) -> bool:
     try:
         with RunLock(str(run)):
             return True
-    except RunLockedError:
+    except RunLockedError as error:
+        holders = subprocess.run(
+            ["fuser", str(run / ".santa-lock")], capture_output=True, text=True
+        ).stdout.split()
+        print(f"  {error} (processes with the lock file open: {holders})", flush=True)
         return False
 
 
