@@ -790,9 +790,14 @@ def _lock_free(run: Path) -> bool:
         with RunLock(str(run)):
             return True
     except RunLockedError as error:
-        holders = subprocess.run(
-            ["fuser", str(run / ".santa-lock")], capture_output=True, text=True
-        ).stdout.split()
+        fuser = shutil.which("fuser")
+        holders = (
+            subprocess.run(
+                [fuser, str(run / ".santa-lock")], capture_output=True, text=True
+            ).stdout.split()
+            if fuser
+            else "?"
+        )
         print(f"  {error} (processes with the lock file open: {holders})", flush=True)
         return False
 
