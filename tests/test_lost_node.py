@@ -3,8 +3,9 @@ training worker is removed mid-run. At a fixed size the run waits for the worker
 time and ends in one line; with ``--num-workers 1-2`` (elastic) it goes on with the worker
 left, at the same global batch, and grows back when a node returns.
 
-Each scenario runs in a process of its own (it starts its own cluster, apart from the test
-session's), which runs the real ``ray_jobs.pretrain`` command joined to that cluster.
+Each scenario (``bench/robustness/lost_node.py``) runs in a process of its own (it starts
+its own cluster, apart from the test session's), which runs the real ``ray_jobs.pretrain``
+command joined to that cluster.
 """
 
 from __future__ import annotations
@@ -14,84 +15,21 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from bench.robustness.lost_node import ELASTIC_STEPS
 from tests.training import stdlib_pair_rows, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
-ELASTIC_STEPS = 150
-TINY = [
-    "--recipe", "tiny", "--cpus-per-worker", "1.5", "--max-failures", "2",
-    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-    "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
-    "--set", "train.checkpoint_every=2",
-]  # fmt: skip
-
-
-def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
-    """Run in its own process: a head and a worker node (2 CPUs each; a 1.5-CPU trainer
-    fits once per node), the pretrain job joined to it, the worker node removed at step 5
-    and (``elastic``) a node added back a little later."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    node = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    workers = "1-2" if mode == "elastic" else "2"
-    # Elastic: long enough that the node added at step 12 is found (every 5 s) and joins
-    # before the end (a tiny step takes a fraction of a second).
-    steps = str(ELASTIC_STEPS) if mode == "elastic" else "16"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env.update(
-        PYTHONPATH=str(REPO),
-        RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="20",  # one wait for the workers
-        SANTA_PLACEMENT_RETRIES="1",  # two waits in all: 40 s
-        SANTA_RESIZE_INTERVAL_S="5",  # an elastic run looks for room every 5 s
-    )
-    args = ["ray_jobs.pretrain", "--data", data, "--storage", storage, "--name", mode, *TINY]
-    args += ["--num-workers", workers, "--max-steps", steps, "--address", cluster.address]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    events: list[tuple[str, float]] = []
-    stdout: list[str] = []
-    started = time.monotonic()
-    for line in proc.stdout:
-        stdout.append(line)
-        if line.startswith("[train] step 5/") and not events:
-            cluster.remove_node(node)  # the worker on it dies with it
-            events.append(("removed", time.monotonic() - started))
-        if mode == "elastic" and line.startswith("[train] step 12/") and len(events) == 1:
-            cluster.add_node(num_cpus=2)
-            events.append(("added", time.monotonic() - started))
-    stderr = proc.stderr.read()
-    proc.wait()
-    result = {
-        "returncode": proc.returncode,
-        "stdout": "".join(stdout),
-        "stderr": stderr,
-        "events": events,
-        "seconds": time.monotonic() - started,
-    }
-    if result_file:
-        Path(result_file).write_text(json.dumps(result))
-    cluster.shutdown()
-    return result
 
 
 def _run_scenario(mode: str, tmp_path: Path) -> dict:
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows())
     result_file = tmp_path / "result.json"
     code = (
-        "from tests.test_lost_node import scenario; "
+        "from bench.robustness.lost_node import scenario; "
         f"scenario({mode!r}, {data!r}, {str(tmp_path / 'runs')!r}, {str(result_file)!r})"
     )
     subprocess.run(
@@ -142,12 +80,3 @@ def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
     ]
     # every step once, to the end
     assert [h["step"] for h in history] == list(range(1, ELASTIC_STEPS + 1))
-
-
-if __name__ == "__main__":
-    # bench/robustness/faults.py: python -m tests.test_lost_node MODE DATA STORAGE (the job's own output
-    # and exit status, as if it had been run directly).
-    outcome = scenario(*sys.argv[1:4])
-    sys.stdout.write(outcome["stdout"])
-    sys.stderr.write(outcome["stderr"])
-    sys.exit(outcome["returncode"])

@@ -42,6 +42,7 @@ if not __package__:  # run as a file (python bench/robustness/faults.py): the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+from bench.robustness.lost_node import ELASTIC_STEPS
 
 ROOT = common.ROOT
 RESULTS = common.RESULTS_DIR / "faults.json"
@@ -851,12 +852,9 @@ def corrupt_model(folder: Path) -> None:
     weights.write_bytes(weights.read_bytes()[:40])
 
 
-ELASTIC_STEPS = 150  # the elastic scenario's steps (tests/test_lost_node.py's ELASTIC_STEPS)
-
-
 def lost_node(mode: str, work: Path) -> list[str]:
-    """The lost-node scenario of tests/test_lost_node.py (its own 2-node cluster)."""
-    return ["tests.test_lost_node", mode, str(work / "pairs"), str(work / f"lost-{mode}")]
+    """The lost-node scenario of bench/robustness/lost_node.py (its own 2-node cluster)."""
+    return ["bench.robustness.lost_node", mode, str(work / "pairs"), str(work / f"lost-{mode}")]
 
 
 def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> list[Fault]:
