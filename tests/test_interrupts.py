@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from santa.runtime import interrupts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,26 +25,36 @@ SLOW_JOB = textwrap.dedent(
     from santa.runtime import interrupts
     from santa.runtime.errors import exit_with, run_job
 
+    if sys.argv[1].startswith("diverted"):  # a command-line job: fd 2 to its log file
+        from santa.runtime import console
+
+        console.mark_command_line()
+        console.divert_native_stderr(sys.argv[2])
+
     def main():
         with interrupts.keeping(lambda: "run X kept its checkpoint at step 5", hint="rerun"):
-            print("working", flush=True)
             try:
+                print("working", flush=True)
                 time.sleep(60)
             finally:
-                if sys.argv[1] == "slow-cleanup":
+                if sys.argv[1].endswith("slow-cleanup"):
                     print("cleaning", flush=True)
                     time.sleep(60)
         return 0
 
-    exit_with(run_job(main, argv=[]))
+    code = run_job(main, argv=[])
+    if sys.argv[1] == "slow-exit":  # as Ray's shutdown after the line, in exit_with
+        print("exiting", flush=True)
+        time.sleep(60)
+    exit_with(code)
     """
 )
 
 
-def _start(mode: str) -> subprocess.Popen:
+def _start(mode: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-c", SLOW_JOB, mode],
+        [sys.executable, "-c", SLOW_JOB, mode, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,8 +90,11 @@ def test_sigterm_is_answered_like_ctrl_c() -> None:
     assert stderr.splitlines() == ["santa: interrupted: run X kept its checkpoint at step 5; rerun"]
 
 
-def test_a_second_ctrl_c_stops_at_once() -> None:
-    proc = _start("slow-cleanup")
+@pytest.mark.parametrize("mode", ["slow-cleanup", "diverted-slow-cleanup"])
+def test_a_second_ctrl_c_stops_at_once(mode: str, tmp_path: Path) -> None:
+    """Also from a job whose file descriptor 2 goes to its log file: the line is the
+    terminal's."""
+    proc = _start(mode, str(tmp_path / "job.log"))
     _wait_for(proc, "working")
     os.killpg(proc.pid, signal.SIGINT)
     _wait_for(proc, "cleaning")
@@ -88,6 +103,20 @@ def test_a_second_ctrl_c_stops_at_once() -> None:
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and time.monotonic() - started < 5
     assert stderr.splitlines() == ["santa: interrupted again: stopped at once"]
+
+
+def test_a_second_ctrl_c_after_the_line_adds_no_line() -> None:
+    """Once the job said what was kept, a second Ctrl-C (while Ray shuts down) ends it at
+    once and that one line stays the job's last word."""
+    proc = _start("slow-exit")
+    _wait_for(proc, "working")
+    os.killpg(proc.pid, signal.SIGINT)
+    _wait_for(proc, "exiting")
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - started < 5
+    assert stderr.splitlines() == ["santa: interrupted: run X kept its checkpoint at step 5; rerun"]
 
 
 def test_the_line_joins_what_each_level_kept_outer_first() -> None:

@@ -245,6 +245,7 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
         # Ctrl-C, or `ray job stop` (SIGTERM): santa's handlers stay, so that a second
         # signal while the process winds down stops it at once.
         print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        interrupts.said()
         if not interrupts.interrupted():  # raised by the code itself, not by a signal
             interrupts.restore(previous)
         return INTERRUPTED

@@ -63,10 +63,26 @@ def _handler(signum: int, frame: Any) -> None:
     _state["signals"] += 1
     if _state["signals"] > 1:
         # The first one is still unwinding (a checkpoint listing on a slow S3, Ray's
-        # shutdown): stop now. Locks are freed by the kernel (local) or go stale (S3).
-        os.write(2, b"santa: interrupted again: stopped at once\n")
+        # shutdown): stop now. Locks are freed by the kernel (local) or go stale (S3). Once
+        # the job's line is out (what was kept), that stays its one line.
+        if not _state.get("said"):
+            os.write(_terminal_fd(), b"santa: interrupted again: stopped at once\n")
         os._exit(EXIT_CODE)
     raise Interrupted(signal.Signals(signum).name)
+
+
+def _terminal_fd() -> int:
+    """Where the job's own lines go: ``sys.__stderr__`` (a command-line job sends file
+    descriptor 2 itself to its log file, see santa.runtime.console)."""
+    try:
+        return sys.__stderr__.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
+
+
+def said() -> None:
+    """The job's ``santa: interrupted`` line is out: a second signal ends it silently."""
+    _state["said"] = True
 
 
 def install() -> dict[int, Any]:
