@@ -821,7 +821,7 @@ def _finished(run: Path, steps: int) -> bool:
     """A finished run: at its last step, registered checkpoints only, its lock free."""
     from santa.models.checkpoints import latest_checkpoint
 
-    folders = {p.name for p in run.glob("checkpoint_*")}
+    folders = {p.name for p in run.glob("checkpoint_*") if p.is_dir()}
     registered = _registered(run)
     latest = latest_checkpoint(str(run)) if folders else None
     problems = [
