@@ -92,6 +92,47 @@ def test_finetune_with_a_corrupt_init_checkpoint_fails_before_ray(
     assert not (tmp_path / "runs" / "ft").exists() or not any((tmp_path / "runs" / "ft").iterdir())
 
 
+@pytest.mark.parametrize("keep", ["header", "data"])
+def test_a_corrupt_model_folder_is_named_when_it_loads(
+    model_folder: Path, tmp_path: Path, keep: str
+) -> None:
+    """Loading (evaluate, export, index, a worker's init) names the broken file and why,
+    whatever the library raised: safetensors' own SafetensorError for a header cut short."""
+    from santa.models.dual_encoder import DualEncoder
+
+    size = (model_folder / "model.safetensors").stat().st_size
+    corrupt = _corrupt_copy(
+        model_folder, tmp_path / "model", keep_bytes=40 if keep == "header" else size - 100
+    )
+    with pytest.raises(ValueError, match=r"^cannot load checkpoint .*model\.safetensors: "):
+        DualEncoder.from_pretrained(str(corrupt))
+
+
+def test_evaluate_with_a_corrupt_checkpoint_names_the_file(
+    model_folder: Path, tmp_path: Path
+) -> None:
+    from bench.corpora import write_beir
+
+    corrupt = _corrupt_copy(model_folder, tmp_path / "model", keep_bytes=40)
+    beir = write_beir(tmp_path / "beir", stdlib_pair_rows()[-24:])
+    proc = _job(
+        "ray_jobs.evaluate", "--checkpoint", str(corrupt), "--data", str(beir),
+        "--baseline", "none", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"santa: error: cannot load checkpoint {corrupt}/model.safetensors: invalid header "
+        f"length {_header_length(corrupt)} for a file of 40 bytes (the file is cut short or "
+        "not safetensors)"
+    ]
+
+
+def _header_length(folder: Path) -> int:
+    import struct
+
+    return struct.unpack("<Q", (folder / "model.safetensors").read_bytes()[:8])[0]
+
+
 def test_a_missing_hard_negatives_table_fails_before_ray(tmp_path: Path) -> None:
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
     proc = _job(

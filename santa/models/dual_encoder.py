@@ -410,7 +410,7 @@ class DualEncoder(nn.Module):
                     storage.download_dir(uri_or_name, local_dir, what="model")
                     return cls._load(local_dir, model_config)
             return cls._load(uri_or_name, model_config)
-        except (OSError, ValueError, RuntimeError) as error:
+        except Exception as error:  # safetensors' SafetensorError is none of OSError & co.
             _explain_load_failure(uri_or_name, error)
             raise
 
