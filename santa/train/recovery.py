@@ -8,7 +8,8 @@ failure it recovers from (the traceback stays in the log folder)::
     santa: warning: a training worker died (pid 4242 on 10.0.0.7): killed; training resumes
     from checkpoint step 4 (retry 1 of 2)
 
-A failure past the last retry prints nothing here: the job's error line says it.
+A failure past the last retry prints nothing here: the job's error line says it. Nor is a
+failure on bad input retried (it would fail the same way): the run ends with its line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from typing import Any
 
 from ray.train import UserCallback
 
-__all__ = ["RecoveryReporter", "first_failure"]
+__all__ = ["BadInputInWorker", "RecoveryReporter", "first_failure"]
+
+
+class BadInputInWorker(ValueError):
+    """A training worker failed on its input: ends the run without a retry (exit 2)."""
 
 
 def first_failure(failures: dict[int, BaseException]) -> tuple[int, BaseException]:
@@ -52,15 +57,22 @@ class RecoveryReporter(UserCallback):
                 self.checkpoint_step = int(step)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]):
-        """Say what failed and where training resumes, while retries are left."""
+        """Say what failed and where training resumes, while retries are left. A failure
+        on bad input (a table naming unknown documents, a corrupt shard) is not retried:
+        the same input fails the same way, so the run ends at once with that one line."""
+        from santa.runtime.console import say
+        from santa.runtime.errors import BAD_INPUT, describe
+
+        rank, error = first_failure(worker_exceptions)
+        line, code = describe(error)
+        what = line.removeprefix("santa: error: ")
+        if code == BAD_INPUT:
+            # Raised in Ray Train's controller loop: a ControllerError, which its failure
+            # policy never retries; the job's error line is this message.
+            raise BadInputInWorker(what)
         self.failures += 1
         if self.max_failures >= 0 and self.failures > self.max_failures:
             return  # no retry left: the job ends with one error line
-        from santa.runtime.console import say
-        from santa.runtime.errors import describe
-
-        rank, error = first_failure(worker_exceptions)
-        what = describe(error)[0].removeprefix("santa: error: ")
         if not what.startswith("a training worker died"):
             what = f"training worker rank {rank} failed: {what}"
         step = self.checkpoint_step
