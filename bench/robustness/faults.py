@@ -1172,6 +1172,19 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             running=True,
         ),
         # ---------------------------------------------------------------- checked before Ray
+        # ---------------------------------------------------------------- a plan that can run
+        Fault(
+            "pretrain: --gpu on a machine without one",
+            train("no-gpu", "--gpu"),
+            2,
+            watch=[runs / "no-gpu"],
+        ),
+        Fault(
+            "pretrain: 2 workers of 1 CPU on 2 CPUs (Ray Data starved)",
+            train("starved", "--num-workers", "2", "--cpus-per-worker", "1"),
+            2,
+            watch=[runs / "starved"],
+        ),
         Fault(
             "finetune: --init-checkpoint cut short",
             train(
