@@ -127,6 +127,23 @@ def test_evaluate_with_a_corrupt_checkpoint_names_the_file(
     ]
 
 
+def test_a_job_without_ray_keeps_library_lines_off_its_output(
+    model_folder: Path, tmp_path: Path
+) -> None:
+    """evaluate on a small set never starts Ray: faiss's loader lines and transformers'
+    weight-loading bar (into a pipe) still go to its log file, not the output."""
+    from bench.corpora import write_beir
+
+    beir = write_beir(tmp_path / "beir", stdlib_pair_rows()[-24:])
+    proc = _job(
+        "ray_jobs.evaluate", "--checkpoint", str(model_folder), "--data", str(beir),
+        "--baseline", "none", "--no-progress", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "faiss" not in proc.stderr.lower() and "Loading weights" not in proc.stderr, proc.stderr
+    assert "| model |" in proc.stdout
+
+
 def _header_length(folder: Path) -> int:
     import struct
 

@@ -233,8 +233,17 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
     debug = debug_enabled(argv)
     if argv is None:  # the process's own command line (``__main__``), not a library call
         from santa.runtime import console
+        from santa.runtime.quiet import quiet_driver
 
         console.mark_command_line()
+        if "--verbose" not in sys.argv[1:]:
+            # Also for a job that never starts Ray (evaluate, export): faiss's loader lines
+            # and Python warnings go to its log file.
+            quiet_driver()
+            if not sys.stderr.isatty():
+                # Progress bars redrawn into a pipe or a log file (transformers' weight
+                # loading) are most of what such a job prints; on a terminal they stay.
+                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     previous = interrupts.install()
     steady_working_directory()  # an MKL abort at `import torch` when the cwd vanished
     try:
