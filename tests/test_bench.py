@@ -264,3 +264,12 @@ def test_ablation_bench(tmp_path: Path) -> None:
     _, paired = parse_tables(stdout)
     assert paired[0]["paired difference"] == "w/ SDA - baseline"
     assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_cpu_scaling_bench(tmp_path: Path) -> None:
+    output = tmp_path / "cpu.json"
+    run_bench("perf/cpu_scaling.py", "--iterations", "5", "--rounds", "1", "--output", str(output))
+    result = json.loads(output.read_text())
+    (round_,) = result["rounds"]
+    assert round_["one"]["processes"] == 1 and len(round_["two"]["seconds"]) == 2
+    assert round_["speedup"] > 0
