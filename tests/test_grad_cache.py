@@ -32,6 +32,8 @@ from santa.train.objectives import compute_losses, santa_grad_cache_step
 from tests.conftest import free_port
 
 TOLERANCE = 1e-5  # relative error of the parameter gradients, fp32 on CPU
+# The losses too (rel=1e-5): chunked sums run in another order, and fp32 rounding then
+# differs by about 1e-6 on CPUs without AVX-512 (1.2e-6 measured on 2026-11-26).
 VOCAB = 96
 QUERY_LENGTH, DOC_LENGTH, TARGET_LENGTH = 7, 11, 5
 WORLD_SIZE = 2
@@ -183,7 +185,7 @@ def compare_on_one_process(model, config, batch) -> None:
     assert relative_error(got, expected) <= TOLERANCE
     assert len(got) == len(list(model.parameters()))  # every parameter got its gradient
     for key in ("loss", "loss_sda", "loss_mep"):
-        assert float(got_losses[key]) == pytest.approx(float(expected_losses[key]), rel=1e-6)
+        assert float(got_losses[key]) == pytest.approx(float(expected_losses[key]), rel=1e-5)
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["in-batch", "hard-negatives"])
@@ -331,8 +333,8 @@ def test_scoder_soft_labeled_dual_encoder() -> None:
     got = soft_label_grad_cache_step(model, model, inputs, teacher, 0.2, chunk_size=4)
     assert relative_error(gradients(model), expected) <= TOLERANCE
     for key in ("loss_adv", "loss_distill", "accuracy", "soft_label_entropy"):
-        assert got[key] == pytest.approx(expected_losses[key], rel=1e-6)
-    assert float(got["loss"]) == pytest.approx(float(expected_losses["loss"]), rel=1e-6)
+        assert got[key] == pytest.approx(expected_losses[key], rel=1e-5)
+    assert float(got["loss"]) == pytest.approx(float(expected_losses["loss"]), rel=1e-5)
 
 
 def test_chunk_slices() -> None:
@@ -422,7 +424,7 @@ def two_workers(tmp_path_factory) -> dict[str, list[dict]]:
 def check_two_workers(ranks: list[dict]) -> None:
     for result in ranks:
         assert relative_error(result["cached"], result["plain"]) <= TOLERANCE
-        assert float(result["cached_loss"]) == pytest.approx(float(result["plain_loss"]), rel=1e-6)
+        assert float(result["cached_loss"]) == pytest.approx(float(result["plain_loss"]), rel=1e-5)
         # no_sync: one all-reduce of every bucket, with the last chunk, as the plain step
         assert result["cached_buckets"] == result["plain_buckets"] > 0
     assert relative_error(ranks[1]["cached"], ranks[0]["cached"]) == 0.0  # all-reduced
@@ -487,7 +489,7 @@ def test_the_santa_objective_dispatches_to_grad_cache() -> None:
         losses = objective.forward_backward(trainer, arrays)
         results[chunk] = (gradients(model), {k: float(v.detach()) for k, v in losses.items()})
     assert relative_error(results[CHUNK][0], results[0][0]) <= TOLERANCE
-    assert results[CHUNK][1] == pytest.approx(results[0][1], rel=1e-6)
+    assert results[CHUNK][1] == pytest.approx(results[0][1], rel=1e-5)
     # The keys reached the loss: without the duplicate mask the loss is another.
     unmasked = {k: v for k, v in batch.items() if k != "doc_keys"}
     unmasked_sda = float(compute_losses(model, unmasked, config, identity_gather)["loss_sda"])
@@ -565,5 +567,5 @@ def test_the_soft_label_objective_dispatches_to_grad_cache() -> None:
         figures = {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in losses.items()}
         results[chunk] = (gradients(model), figures)
     assert relative_error(results[2][0], results[0][0]) <= TOLERANCE
-    assert results[2][1] == pytest.approx(results[0][1], rel=1e-6)
+    assert results[2][1] == pytest.approx(results[0][1], rel=1e-5)
     assert set(results[0][1]) >= {"loss", "loss_adv", "loss_distill", "accuracy"}
