@@ -17,7 +17,7 @@ import pytest
 from bench.common import parse_tables
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 
 
 def run_bench(script: str, *args: str, timeout: int = 600) -> str:

@@ -293,7 +293,7 @@ def test_bf16_autocast_stays_close_to_the_plain_bf16_step() -> None:
     assert float(losses["loss"]) == pytest.approx(float(plain["loss"]), rel=0.02)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_compiled_model_gets_the_full_batch_gradients() -> None:
     """``train.compile``: the chunks run through ``torch.compile`` (``aot_eager``: no C++
     compiler), without and with gradients (two graphs), and give the eager gradients."""
@@ -444,7 +444,7 @@ def test_two_workers_get_the_gradients_of_the_plain_ddp_step(case, two_workers) 
         assert relative_error(ranks[0]["cached"], gradients(model)) <= TOLERANCE
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_under_torch_compile(tmp_path) -> None:
     """The compiled DDP module (``train.compile``) honours ``no_sync`` and gives the eager
     step's gradients (compiling takes a minute here)."""

@@ -69,7 +69,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path):
     runs = tmp_path / "runs"
@@ -103,7 +103,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     assert _losses(runs / "cut") == _losses(runs / "reference")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data, tmp_path):
     sets = [arg for item in ("train.eval_every=2",) for arg in ("--set", item)]

@@ -74,7 +74,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pairs, tmp_path):
     runs = tmp_path / "runs"
@@ -104,7 +104,7 @@ def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pairs, tmp_pat
     assert _losses(runs / "killed") == _losses(runs / "reference")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
     runs = tmp_path / "runs"
@@ -133,7 +133,7 @@ def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
     assert history[-1]["miner_restarts"] >= 1  # a table of the restarted miner arrived
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_a_stage_without_any_table_says_so_with_the_times(tmp_path):
     # A corpus whose refresh (encoding every document) outlasts the whole short stage.

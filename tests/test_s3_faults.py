@@ -81,7 +81,7 @@ def test_a_silent_endpoint_during_a_ray_data_read_ends_in_one_line(
     assert seconds < 120, seconds
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resumes(
     own_moto, tmp_path, monkeypatch

@@ -197,7 +197,7 @@ def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs, tmp_path, capsys):
     """Two iterations of Algorithm 2 with the tiny recipe (offline soft labels); a rerun
@@ -272,7 +272,7 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
     ray_cluster, tmp_path, capsys
 ):
