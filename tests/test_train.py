@@ -183,7 +183,7 @@ def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
     assert keys and not any("_orig_mod" in key or "module." in key for key in keys)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
     import ray
 
