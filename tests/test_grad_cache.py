@@ -518,8 +518,11 @@ def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
             for row in map(json.loads, lines)
         }
     assert sorted(losses["cached"]) == list(range(1, 21))
+    # Each step's gradients are equal to fp32 rounding (the tests above, 1e-5); over 20 Adam
+    # steps that rounding grows: 1.4e-4 by step 14 on a CPU without AVX-512 (2026-11-26).
+    # A wrong GradCache step (a chunk's gradient lost, MEP left out) is off by percents.
     for step, expected in losses["plain"].items():
-        assert losses["cached"][step] == pytest.approx(expected, rel=1e-4), step
+        assert losses["cached"][step] == pytest.approx(expected, rel=1e-3), step
     assert losses["plain"][20][0] < losses["plain"][1][0]  # it trained
 
 
