@@ -496,7 +496,7 @@ def test_the_santa_objective_dispatches_to_grad_cache() -> None:
     assert abs(unmasked_sda - results[0][1]["loss_sda"]) > 1e-3
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.usefixtures("ray_cluster")
 def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
     """Through ``fit`` on two Ray Train workers (DDP, gloo): 20 steps of SDA + MEP with
