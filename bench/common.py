@@ -16,6 +16,8 @@ machine the load average says how far to trust a timing.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import platform
@@ -406,3 +408,36 @@ def plot_intervals(
     if len(series) > 1:
         axis.legend(fontsize=8)
     return save_figure(figure, path)
+
+
+TENSOR_READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+
+
+@contextlib.contextmanager
+def counting_tensor_reads():
+    """Count every read of a tensor's values into Python while the block runs (on a GPU
+    each one waits for the device): ``Tensor.item``/``tolist``/``float``/``int``/``bool``,
+    by name. Reads by torch's optimizers are left out: AdamW's step counters are host
+    tensors (fused AdamW on a GPU keeps them on the device and reads none)."""
+    import torch
+
+    counts: collections.Counter[str] = collections.Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in TENSOR_READS}
+
+    def counted(name):
+        original = originals[name]
+
+        def read(self, *args, **kwargs):
+            if "torch/optim/" not in sys._getframe(1).f_code.co_filename:
+                counts[name] += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name in TENSOR_READS:
+        setattr(torch.Tensor, name, counted(name))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)

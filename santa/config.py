@@ -27,6 +27,7 @@ SIMILARITIES = ("dot", "cosine")
 PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 COMPILE_MODES = ("gpu", "always", "never")
+COMPILE_SCOPES = ("blocks", "model")
 DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
 SOFT_LABEL_MODES = ("offline", "online")
 SECTIONS = ("model", "train", "negatives", "scoder")
@@ -275,6 +276,12 @@ class TrainConfig:
     compile_backend: str = "inductor"
     """The ``torch.compile`` backend (``inductor``; ``aot_eager`` needs no C++ compiler)."""
 
+    compile_scope: str = "blocks"
+    """What ``compile`` compiles: ``blocks``, each repeated transformer block (regional
+    compilation: a few small graphs shared by every layer, compiled in a fraction of the
+    time; what runs between blocks stays eager), or ``model``, the whole step's forward as
+    one graph (slower to compile, a little less Python per step)."""
+
     grad_cache_chunk_size: int = 0
     """GradCache (Gao et al., 2021): embed each worker's batch in chunks of this many pairs
     without activations, compute the loss of the whole global batch and its gradient with
@@ -316,6 +323,11 @@ class TrainConfig:
             _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
         if self.compile not in COMPILE_MODES:
             _fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            _fail(
+                f"TrainConfig.compile_scope must be one of {COMPILE_SCOPES}, "
+                f"got {self.compile_scope!r}"
+            )
         if self.optimizer not in OPTIMIZERS:
             _fail(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.mep_reduction not in MEP_REDUCTIONS:

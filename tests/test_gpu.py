@@ -87,3 +87,92 @@ def test_encoding_on_cuda_matches_cpu(tokenizer) -> None:
     torch.testing.assert_close(
         torch.from_numpy(on_gpu), torch.from_numpy(on_cpu), rtol=1e-3, atol=1e-3
     )
+
+
+# GradCache's tolerance under bf16 autocast: the reference and the cached step run the same
+# chunks with the same dropout masks, but in other orders of bf16 sums (measured on an H100:
+# see bench/RESULTS.md).
+GPU_GRAD_CACHE_TOLERANCE = 2e-2
+
+
+def test_grad_cache_with_bf16_inductor_and_dropout_follows_the_chunked_reference() -> None:
+    """GradCache at T5-small's shape (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048) with
+    dropout on, bf16 autocast and each block compiled by Inductor (the GPU's default path):
+    its gradients are those of running the same chunks with their graphs kept, as the
+    replayed dropout masks must make them (tolerance: ``GPU_GRAD_CACHE_TOLERANCE``)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from santa.method.losses import contrastive_loss
+    from santa.train.compiling import compile_for_training
+    from santa.train.grad_cache import chunk_slices
+    from santa.train.objectives import BATCH_KEYS
+    from tests.test_grad_cache import (
+        CHUNK,
+        GLOBAL_BATCH,
+        HARD_PER_QUERY,
+        VOCAB,
+        cached_step,
+        gradients,
+        make_batch,
+        relative_error,
+        santa_config,
+    )
+
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=512,
+        d_kv=64,
+        d_ff=2048,
+        num_layers=6,
+        num_decoder_layers=6,
+        num_heads=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        dropout_rate=0.1,
+    )
+    torch.manual_seed(0)
+    model = DualEncoder(T5ForConditionalGeneration(config), ModelConfig(kind="t5")).cuda().train()
+    forward = compile_for_training(model, model, scope="blocks", backend="inductor")
+    santa = santa_config(model)
+    batch = {key: value.cuda() for key, value in make_batch(model, hard=True, mep=True).items()}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+
+    def chunked_with_graphs() -> dict[str, torch.Tensor]:
+        queries, docs, hards, meps = [], [], [], []
+        tokens = model.mep_token_count(batch["labels"])
+        for part in chunk_slices(GLOBAL_BATCH, CHUNK):
+            chunk = {
+                key: value[part.start * HARD_PER_QUERY : part.stop * HARD_PER_QUERY]
+                if key.startswith("hard_negative")
+                else value[part]
+                for key, value in batch.items()
+                if key not in ("doc_keys", "hard_negative_keys")
+            }
+            with autocast:
+                output = forward(**{BATCH_KEYS[k]: v for k, v in chunk.items()})
+            queries.append(output.query_embeddings)
+            docs.append(output.doc_embeddings)
+            hards.append(output.hard_negative_embeddings)
+            meps.append(output.mep_loss * model.mep_token_count(chunk["labels"]) / tokens)
+        sda = contrastive_loss(
+            torch.cat(queries),
+            torch.cat(docs),
+            torch.cat(hards),
+            doc_keys=batch["doc_keys"],
+            hard_negative_keys=batch["hard_negative_keys"],
+        )
+        (sda + sum(meps)).backward()
+        return gradients(model)
+
+    chunked_with_graphs()  # compiles every graph once, with and without gradients
+    cached_step(forward, model, batch, santa, autocast=autocast)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(11)
+    expected = chunked_with_graphs()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(11)
+    cached_step(forward, model, batch, santa, autocast=autocast)
+    error = relative_error(gradients(model), expected)
+    print(f"GradCache vs chunked reference, bf16 + inductor, dropout 0.1: rel error {error:.2e}")
+    assert error <= GPU_GRAD_CACHE_TOLERANCE

@@ -78,7 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-gpu-ray"))
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--skip-ray", action="store_true", help="plain loop only")
+    parser.add_argument("--skip-ray", action="store_true", help="no Ray run")
+    parser.add_argument(
+        "--skip-local", action="store_true", help="no run of the worker loop without Ray"
+    )
     args = parser.parse_args(argv)
     # As Ray does for its workers (OMP_NUM_THREADS = their CPUs): without it the plain
     # loop's OpenMP threads spin against each other on a busy machine (on the 2-core dev
@@ -211,7 +214,11 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
     )
     forward = model
     if train.compile == "always" or (train.compile == "gpu" and on_gpu):
-        forward = torch.compile(model, backend=train.compile_backend)
+        from santa.train.compiling import compile_for_training
+
+        forward = compile_for_training(
+            model, model, scope=train.compile_scope, backend=train.compile_backend
+        )
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu and train.bf16 else nullcontext()
     )
@@ -264,6 +271,54 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
     }
 
 
+def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str, Any]:
+    """The worker loop itself (``WorkerTrainer``: the objective, the reader thread, the
+    window metrics) in this process through :class:`~santa.train.session.LocalSession`,
+    on the same pairs as the Ray run: what the loop costs beyond the plain step, without
+    Ray's data ingest and reports."""
+    import torch
+
+    from santa.recipes import get_recipe
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession, local_shard
+
+    on_gpu = args.device == "cuda"
+    config = get_recipe("tiny").with_overrides(
+        [*overrides(args), *(["train.use_gpu=true"] if on_gpu else [])]
+    )
+    if not on_gpu:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    shard = local_shard(data, init_model, config)
+    tokenized_s = time.perf_counter() - started
+    session = LocalSession(shard, device=args.device)
+    loop = LoopConfig(
+        santa=config,
+        init_model=init_model,
+        train_rows=shard.rows,
+        stop_at_step=args.steps,
+        torch_threads=args.threads,
+    )
+    run_worker(WorkerTrainer(loop, session))
+    stage_s = time.perf_counter() - started
+    batch = config.train.global_batch_size
+    rates = [report["pairs_per_s"] for report in session.reports]
+    last = session.reports[-1]
+    phases = {k: v for k, v in last.items() if k.startswith("startup_") or k.startswith("compile")}
+    return {
+        "system": "local",
+        "load_average_1m_before": load,
+        "stage_s": stage_s,
+        "whole_pairs_per_s": args.steps * batch / stage_s,
+        "loop_pairs_per_s": last["run_pairs_per_s"],
+        "windows_pairs_per_s": rates,
+        **window_figures(rates),
+        "phases_s": {"startup_tokenize_s": tokenized_s, **phases},
+    }
+
+
 def print_tables(result: dict[str, Any]) -> None:
     """The systems side by side, then the Ray run's phases before its first step."""
     rows = result["systems"]
@@ -285,11 +340,11 @@ def print_tables(result: dict[str, Any]) -> None:
             f"{row['whole_pairs_per_s'] / plain['whole_pairs_per_s']:.2f}x | "
             f"{row['steady_pairs_per_s'] / plain['steady_pairs_per_s']:.2f}x |"
         )
-    ray = next((row for row in rows if row["system"] == "ray"), None)
-    if ray and ray["phases_s"]:
-        print("\n| phase before the first step (ray) | s |\n|---|---:|")
-        for key, value in ray["phases_s"].items():
-            print(f"| {key.removeprefix('startup_').removesuffix('_s')} | {value:.2f} |")
+    for row in rows:
+        if row["system"] != "plain" and row["phases_s"]:
+            print(f"\n| before the first step ({row['system']}) | s |\n|---|---:|")
+            for key, value in row["phases_s"].items():
+                print(f"| {key.removeprefix('startup_').removesuffix('_s')} | {value:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -313,6 +368,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         init_model = str(Path(systems[0]["run"]) / "init_model")
     print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
     systems.append(run_plain(args, init_model))
+    if not args.skip_local:
+        print(f"[bench] the worker loop without Ray, {args.steps} steps ...", flush=True)
+        systems.append(run_local(args, init_model, data))
     import torch
 
     result = {

@@ -75,10 +75,20 @@ def all_reduce_min(value: int, device: torch.device | str) -> int:
     return int(tensor.item())
 
 
+_CHECKED_SHAPES: set[tuple[int, ...]] = set()
+"""Shapes every rank was seen to gather alike: checked once, not at every step (the check
+reads the device, which would stop the host at every gather of a GPU step)."""
+
+
 def _check_equal_shapes(tensor: torch.Tensor, world_size: int) -> None:
     """Fail clearly instead of hanging or mixing rows when local batches differ."""
     # One tiny collective; a mismatched all_gather would otherwise error obscurely (gloo)
-    # or silently read the wrong rows (NCCL).
+    # or silently read the wrong rows (NCCL). Fixed-size batches keep a run's shapes few:
+    # each is checked on its first gather. A rank that sees a new shape while the others
+    # see a known one is not caught here (the loop's batches are all one size: drop_last).
+    key = (world_size, *tensor.shape)
+    if key in _CHECKED_SHAPES:
+        return
     shape = torch.tensor(list(tensor.shape), dtype=torch.long, device=tensor.device)
     shapes = [torch.empty_like(shape) for _ in range(world_size)]
     dist.all_gather(shapes, shape)
@@ -88,3 +98,4 @@ def _check_equal_shapes(tensor: torch.Tensor, world_size: int) -> None:
             f"all_gather_with_grad needs the same shape on every rank, got {found}: "
             "use equal local batches (drop the last incomplete batch)"
         )
+    _CHECKED_SHAPES.add(key)

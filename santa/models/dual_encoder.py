@@ -57,6 +57,20 @@ _ACTIVATIONS = {
 # Encoder-decoder families whose stacks and LM head follow T5ForConditionalGeneration
 # (CodeT5 checkpoints are model_type "t5").
 T5_MODEL_TYPES = ("t5", "mt5", "umt5")
+
+
+def _takes_prepared_masks() -> bool:
+    """Whether transformers' T5 builds its masks in ``masking_utils`` (transformers 5 and
+    late 4.x), which passes a prepared 4D mask through as it is."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "create_bidirectional_mask")
+
+
+_PREPARED_MASKS = _takes_prepared_masks()
+_MASK_READY_ATTENTION = ("sdpa", "eager")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.json")
 
 
@@ -295,6 +309,27 @@ class DualEncoder(nn.Module):
 
     # ----------------------------------------------------------------- internals
 
+    def padding_mask(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(batch, length)`` 1/0 → the ``(batch, 1, 1, length)`` mask the backbone's
+        attention takes (boolean for SDPA, additive for eager attention).
+
+        Given the 2D mask, transformers reads it (``padding_mask.all()``) at every encoder
+        and cross-attention to decide whether it can drop it: a host-device sync in every
+        forward of an eager (or regionally compiled) GPU step. The prepared mask is used
+        as it is. Other attention implementations, and transformers without
+        ``masking_utils``, take the 2D mask.
+        """
+        implementation = getattr(self.backbone.config, "_attn_implementation", None)
+        if not _PREPARED_MASKS or implementation not in _MASK_READY_ATTENTION:
+            return attention_mask
+        keep = attention_mask[:, None, None, :].bool()  # (batch, 1, 1, length)
+        if implementation == "sdpa":
+            return keep
+        dtype = self.backbone.get_input_embeddings().weight.dtype
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+            ~keep, torch.finfo(dtype).min
+        )
+
     def _t5_decoder_states(
         self,
         input_ids: torch.Tensor,
@@ -302,6 +337,7 @@ class DualEncoder(nn.Module):
         decoder_input_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Last decoder layer's states ``(batch, decoder_length, dim)``; no LM head."""
+        attention_mask = self.padding_mask(attention_mask)
         encoder_states = self.backbone.encoder(
             input_ids=input_ids, attention_mask=attention_mask
         ).last_hidden_state  # (batch, length, dim)

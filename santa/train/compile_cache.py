@@ -47,6 +47,7 @@ def cache_key(config, *, device: str) -> str:
         "cuda": torch.version.cuda if device == "cuda" else None,
         "model": config.model.to_dict(),
         "backend": train.compile_backend,
+        "scope": train.compile_scope,
         "precision": [
             train.bf16,
             train.bf16_weights,

@@ -33,6 +33,7 @@ def start_first_epoch(loop: LoopConfig) -> EpochReader | None:
         context.get_world_rank(),
         loop.batch_format,
         world_size=context.get_world_size(),
+        pin_memory=loop.santa.train.use_gpu,
     )
 
 

@@ -77,6 +77,23 @@ class FirstEpoch:
         yield from self._batches
 
 
+def pin_batch(batch: Any) -> Any:
+    """A numpy batch's integer columns as tensors in pinned (page-locked) host memory, so
+    the training thread copies them to the GPU without waiting (``non_blocking``); other
+    columns (ids, texts) and other batch formats stay as they are."""
+    import numpy as np
+    import torch
+
+    if not isinstance(batch, dict):
+        return batch
+    return {
+        key: torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64)).pin_memory()
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu"
+        else value
+        for key, value in batch.items()
+    }
+
+
 PREFETCH_BATCHES = 4
 """Batches an :class:`EpochReader` holds ahead of the training thread."""
 _EPOCH_END = object()
@@ -91,7 +108,8 @@ class EpochReader:
     next epoch's batches; errors of the pipeline are raised there. The thread keeps
     ``prefetch`` batches queued, running into the next epoch while the current one's last
     batches train. Batches are the per-worker size of ``world_size`` workers (those
-    present, in an elastic run).
+    present, in an elastic run). With ``pin_memory`` (training on a GPU) the thread puts
+    each batch's token ids in pinned memory (:func:`pin_batch`), off the training thread.
     """
 
     def __init__(
@@ -105,8 +123,10 @@ class EpochReader:
         start_epoch: int = 0,
         skip: int = 0,
         prefetch: int = PREFETCH_BATCHES,
+        pin_memory: bool = False,
     ) -> None:
         self._open_shard = open_shard
+        self._pin = pin_memory
         self._train, self._rank, self._format = train, rank, batch_format
         self._world_size = world_size  # of the workers present (elastic runs)
         self._epoch, self._skip = start_epoch, skip
@@ -130,6 +150,10 @@ class EpochReader:
         import time
 
         try:
+            if self._pin:  # asked for a GPU; a worker without CUDA has no pinned memory
+                import torch
+
+                self._pin = torch.cuda.is_available()
             shard = self._open_shard()
             epoch, skip = self._epoch, self._skip
             while not self._stop.is_set():
@@ -140,6 +164,8 @@ class EpochReader:
                     if skip:
                         skip -= 1
                         continue
+                    if self._pin:
+                        batch = pin_batch(batch)
                     if self.first_batch_at is None:
                         self.first_batch_at = time.time()
                     if not self._put((epoch, batch)):

@@ -1,14 +1,16 @@
 """The one per-worker training loop run by Ray Train's ``TorchTrainer`` (Train V2).
 
-Plain PyTorch: Ray is touched only through ``prepare_model``, the dataset shard, the
-checkpoint API and ``ray.train.report``. What is trained is an *objective*
-(:class:`Objective`): SANTA's SDA/DR + MEP (:mod:`santa.train.objectives`) or SCodeR's
-discriminators and soft-labeled dual encoder (:mod:`santa.scoder.objectives`). An objective
-builds its model, turns a batch into losses, and saves and loads its model; everything else
-is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA) and the warm-up
-schedule, DDP, ``torch.compile``, bf16 autocast, exact resume with fallback past a broken
-checkpoint, metrics (``metrics.jsonl``, TensorBoard, progress lines), dev evaluation and
-checkpoints.
+Plain PyTorch: where it runs is a *session* (:mod:`santa.train.session`): under Ray Train,
+``prepare_model``, the dataset shard, the checkpoint API and ``ray.train.report``; in a
+plain process (benchmarks, tests), the same loop without Ray. What is trained is an
+*objective* (:class:`Objective`): SANTA's SDA/DR + MEP (:mod:`santa.train.objectives`) or
+SCodeR's discriminators and soft-labeled dual encoder (:mod:`santa.scoder.objectives`). An
+objective builds its model, turns a batch into losses, and saves and loads its model;
+everything else is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA)
+and the warm-up schedule, DDP, ``torch.compile`` (each transformer block, or the whole
+model), bf16 autocast, exact resume with fallback past a broken checkpoint, metrics
+(``metrics.jsonl``, TensorBoard, progress lines; read from the device once per logged
+window, never inside a step), dev evaluation and checkpoints.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 
 from santa.config import SantaConfig
@@ -39,11 +40,13 @@ from santa.train.compile_cache import (
     save_compile_cache,
     shape_key,
 )
+from santa.train.compiling import compile_for_training
 from santa.train.epochs import EpochReader
 from santa.train.loop_config import OBJECTIVES, LoopConfig
 from santa.train.optim import build_optimizer
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
 from santa.train.resume import load_newest_loadable
+from santa.train.session import Session
 from santa.train.state import (
     linear_warmup_schedule,
     load_loop_state,
@@ -181,9 +184,20 @@ def train_loop_per_worker(
     ``first_epoch``: the shard already being read from epoch 0 (``santa.train.entry``), for
     a fresh run; ``entered_at``: ``time.time()`` when the worker's entry started.
     """
-    trainer = WorkerTrainer(
-        LoopConfig.from_dict(loop_config), first_epoch=first_epoch, entered_at=entered_at
+    from santa.train.session import RaySession
+
+    run_worker(
+        WorkerTrainer(
+            LoopConfig.from_dict(loop_config),
+            RaySession(),
+            first_epoch=first_epoch,
+            entered_at=entered_at,
+        )
     )
+
+
+def run_worker(trainer: WorkerTrainer) -> None:
+    """Train to the stop step, then close; on a failure close too, keeping its error."""
     try:
         trainer.train()
     except BaseException:
@@ -203,14 +217,13 @@ class WorkerTrainer:
     def __init__(
         self,
         loop: LoopConfig,
+        session: Session,
         first_epoch: EpochReader | None = None,
         entered_at: float | None = None,
     ) -> None:
-        import ray.train
-        import ray.train.torch
-
         config = self.config = loop.santa
         self.loop = loop
+        self.session = session
         # What happened before the first step, in seconds (the run's fixed cost): the
         # driver's phases, then this worker's, reported with every window.
         self.startup = dict(loop.startup)
@@ -222,8 +235,7 @@ class WorkerTrainer:
         self.objective = objective_class(loop.objective)(loop)
         if os.environ.get("SANTA_QUIET"):
             _quiet_train_reports()
-        context = ray.train.get_context()
-        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.rank, self.world_size = session.rank, session.world_size
         seed_everything(config.train.seed)  # same init everywhere; DDP also broadcasts it
         torch.set_num_threads(loop.torch_threads)
 
@@ -239,7 +251,7 @@ class WorkerTrainer:
         self.master = None
         compute_model = model
         if self.bf16 and config.train.bf16_weights:
-            model.to(ray.train.torch.get_device())
+            model.to(session.device())
             self.master = MasterWeights(model)
             compute_model = self.master.compute
         self.startup["startup_model_s"] = time.time() - imported_at
@@ -263,14 +275,10 @@ class WorkerTrainer:
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
         wrapped_at = time.time()
-        self.ddp_model = ray.train.torch.prepare_model(
+        self.ddp_model = session.prepare_model(
             compute_model,
-            # A GPU-shaped request on a worker without CUDA (gloo, a fake GPU resource)
-            # trains on the CPU.
-            move_to_device=True if self.use_gpu else torch.device("cpu"),
-            parallel_strategy_kwargs={
-                "find_unused_parameters": self.objective.find_unused_parameters(model)
-            },
+            use_gpu=self.use_gpu,
+            find_unused_parameters=self.objective.find_unused_parameters(model),
         )
         self.device = next(self.ddp_model.parameters()).device
         self.startup["startup_ddp_s"] = time.time() - wrapped_at
@@ -289,7 +297,12 @@ class WorkerTrainer:
                     folder, shape_key(config, objective=loop.objective)
                 )
                 self.startup["compile_cache_loaded"] = float(load_compile_cache(folder))
-            self.forward_model = torch.compile(self.ddp_model, backend=config.train.compile_backend)
+            self.forward_model = compile_for_training(
+                compute_model,
+                self.ddp_model,
+                scope=config.train.compile_scope,
+                backend=config.train.compile_backend,
+            )
         self.compile_cache_saved = False
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else nullcontext()
         self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
@@ -299,13 +312,14 @@ class WorkerTrainer:
             if first_epoch is not None:
                 first_epoch.close()
             self.reader = EpochReader(
-                lambda: ray.train.get_dataset_shard("train"),
+                session.open_shard,
                 config.train,
                 self.rank,
                 loop.batch_format,
                 world_size=self.world_size,
                 start_epoch=self.state["epoch"],
                 skip=self.state["batches_in_epoch"],
+                pin_memory=self.use_gpu,
             )
         self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
         self.history: list[dict[str, Any]] = []
@@ -326,10 +340,8 @@ class WorkerTrainer:
 
     def _resume(self) -> dict[str, Any]:
         """The loop state: fresh, or restored with the weights from Ray's checkpoint."""
-        import ray.train
-
         state: dict[str, Any] = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "resumed_at": []}
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = self.session.checkpoint()
         if checkpoint is not None:
 
             def load(candidate) -> dict[str, Any]:
@@ -362,7 +374,10 @@ class WorkerTrainer:
         )
 
     def _reset_window(self) -> None:
-        self.window: dict[str, list[float]] = {"time": []}
+        # Sums of each step's values since the last report: tensors stay on their device.
+        self.window_sums: dict[str, torch.Tensor | float] = {}
+        self.window_steps = 0
+        self.window_host_s = 0.0
         self.window_started = time.perf_counter()
 
     def _batches(self) -> Iterator[Any]:
@@ -391,8 +406,13 @@ class WorkerTrainer:
             self.state["epoch"] += 1
             self.state["batches_in_epoch"] = 0
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        """One optimizer step on a batch; returns its losses and metrics as floats."""
+    def train_step(self, batch: Any) -> dict[str, torch.Tensor | float]:
+        """One optimizer step on a batch; returns its losses and metrics, detached.
+
+        Nothing here waits for the device: the losses are added up where they are (on the
+        GPU) and read once per logged window (:meth:`_window_metrics`), so the host queues
+        the next step while the device runs this one.
+        """
         train = self.config.train
         started = time.perf_counter()
         first = self.state["step"] == self.run_first_step
@@ -415,12 +435,13 @@ class WorkerTrainer:
         self.state["batches_in_epoch"] += 1
         self.objective.after_step(self)
         values = {
-            key: float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+            key: value.detach() if isinstance(value, torch.Tensor) else float(value)
             for key, value in losses.items()
         }
         for key, value in values.items():
-            self.window.setdefault(key, []).append(value)
-        self.window["time"].append(time.perf_counter() - started)
+            self.window_sums[key] = self.window_sums.get(key, 0.0) + value
+        self.window_steps += 1
+        self.window_host_s += time.perf_counter() - started
         if first:
             self._after_first_step(time.perf_counter() - started)
         return values
@@ -480,37 +501,38 @@ class WorkerTrainer:
         return last
 
     def _window_metrics(self) -> dict[str, float]:
-        """Means over the steps since the last report; throughput includes waiting for data."""
+        """Means over the steps since the last report (the window's one read of the device);
+        throughput includes waiting for data."""
         import resource
 
-        window = self.window
-        steps = max(1, len(window["time"]))
+        steps = max(1, self.window_steps)
+        means = read_means(self.window_sums, steps)  # waits for the window's last step
         elapsed = time.perf_counter() - self.window_started
         metrics: dict[str, float] = {"step": self.state["step"], "epoch": self.state["epoch"]}
-        metrics.update(
-            {key: float(np.mean(values)) for key, values in window.items() if key != "time"}
-        )
+        metrics.update(means)
         metrics["learning_rate"] = float(self.scheduler.get_last_lr()[0])
-        metrics["step_time_s"] = sum(window["time"]) / steps
+        # A step's wall time in the window (waits for data and the device included), and
+        # the host's share of it: what queueing the step's work took (on a GPU the device
+        # runs behind the host; on a CPU that is the step itself).
+        metrics["step_time_s"] = elapsed / steps
+        metrics["step_host_s"] = self.window_host_s / steps
         batch = self.config.train.global_batch_size
         metrics["pairs_per_s"] = batch * steps / elapsed if elapsed else 0.0
         metrics["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return metrics
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool) -> None:
-        """``ray.train.report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
-        import ray.train
-
+        """The session's report on every rank (a barrier); rank 0 attaches the checkpoint."""
         if not with_checkpoint:
-            ray.train.report(metrics)
+            self.session.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="santa-ckpt-") as directory:
-            checkpoint = None
+            checkpoint_dir = None
             if self.rank == 0:
                 self.objective.save_model(directory, self.model)
                 save_loop_state(directory, self.optimizer, self.scheduler, self.state)
-                checkpoint = ray.train.Checkpoint.from_directory(directory)
-            ray.train.report(metrics, checkpoint=checkpoint)
+                checkpoint_dir = directory
+            self.session.report(metrics, checkpoint_dir)
 
     def _keep_history(self, metrics: dict[str, float], publish_tensorboard: bool) -> None:
         """Rank 0: TensorBoard scalars, the JSON-lines history, the storage copy of events."""
@@ -540,6 +562,23 @@ class WorkerTrainer:
             self.objective.close()
 
 
+def read_means(sums: dict[str, torch.Tensor | float], steps: int) -> dict[str, float]:
+    """``sums`` divided by ``steps``, as floats: the tensors of one device are read in one
+    transfer (one host-device sync a window, not one per value and step)."""
+    means = {
+        key: value / steps for key, value in sums.items() if not isinstance(value, torch.Tensor)
+    }
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in sums.items():
+        if isinstance(value, torch.Tensor):
+            by_device.setdefault(value.device, []).append(key)
+    for keys in by_device.values():
+        stacked = torch.stack([sums[key].float().reshape(()) for key in keys])  # (keys,)
+        for key, value in zip(keys, (stacked / steps).tolist(), strict=True):
+            means[key] = float(value)
+    return means
+
+
 def _tensorboard_writer(directory: str):
     """A TensorBoard writer on rank 0 (Train V2 writes none itself)."""
     if not directory:
@@ -563,5 +602,7 @@ __all__ = [
     "WorkerTrainer",
     "dev_metrics",
     "objective_class",
+    "read_means",
+    "run_worker",
     "train_loop_per_worker",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "hard_negative_batch",
     "placeholder_negatives",
     "santa_grad_cache_step",
+    "to_device",
     "to_tensors",
 ]
 
@@ -45,10 +47,20 @@ BATCH_KEYS = {
 }
 
 
-def to_tensors(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]:
-    """The model inputs of a numpy batch as long tensors on ``device`` (id strings stay)."""
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor`` on ``device`` without stopping the host: to a GPU from pinned memory with
+    ``non_blocking`` (a copy from pageable memory waits for every kernel queued before it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def to_tensors(arrays: dict[str, Any], device) -> dict[str, torch.Tensor]:
+    """The model inputs of a batch (numpy arrays, or tensors the reader pinned already) as
+    long tensors on ``device`` (id strings stay)."""
     return {
-        key: torch.as_tensor(value, dtype=torch.long).to(device)
+        key: to_device(torch.as_tensor(value, dtype=torch.long), device)
         for key, value in arrays.items()
         if key in BATCH_KEYS
     }
@@ -59,8 +71,8 @@ def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, d
     as the training input tokenizes documents (fixed length, the backbone's own rules)."""
     encoded = model.tokenize(texts, max_length, padding="max_length")
     return {
-        "hard_negative_input_ids": encoded["input_ids"].to(device),
-        "hard_negative_attention_mask": encoded["attention_mask"].to(device),
+        "hard_negative_input_ids": to_device(encoded["input_ids"], device),
+        "hard_negative_attention_mask": to_device(encoded["attention_mask"], device),
     }
 
 
@@ -103,7 +115,7 @@ def compute_losses(
         hard_negative_keys=batch.get("hard_negative_keys"),
     )
     loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
-    mep = output.mep_loss if output.mep_loss is not None else torch.zeros(())
+    mep = output.mep_loss if output.mep_loss is not None else torch.zeros((), device=sda.device)
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
 
 
@@ -231,7 +243,9 @@ class SantaObjective(DualEncoderObjective):
     def batch_tensors(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The step's tensors: the model inputs, hard negatives, the duplicate keys."""
         config, negatives = self.config, self.negatives
-        tensors = to_tensors(batch, trainer.device)
+        # Everything is made on the host first and copied without waiting for the device
+        # (the duplicate keys hash host tokens: hashing device tokens would read the GPU).
+        host = {key: value for key, value in batch.items() if key in BATCH_KEYS}
         self.table = None
         hard_ids: list[str] = []
         if negatives is not None:
@@ -242,15 +256,19 @@ class SantaObjective(DualEncoderObjective):
                     self.table, batch["query_id"], batch["doc_id"], trainer.state["step"]
                 )
                 texts = [self.table.documents[doc] for doc in hard_ids]
-                tensors.update(
+                host.update(
                     hard_negative_batch(
-                        trainer.model, texts, config.train.max_document_length, trainer.device
+                        trainer.model, texts, config.train.max_document_length, "cpu"
                     )
                 )
-            else:  # no table yet: the same shapes, left out of the loss
-                tensors.update(placeholder_negatives(tensors, negatives.n))
+        keys = {}
         if config.train.mask_duplicates:
-            tensors.update(_duplicate_keys(trainer.model, batch, tensors, hard_ids))
+            keys = _duplicate_keys(trainer.model, batch, host, hard_ids)
+        tensors = to_tensors(host, trainer.device)
+        tensors.update({key: to_device(value, trainer.device) for key, value in keys.items()})
+        if negatives is not None and self.table is None:
+            # No table yet: the same shapes, left out of the loss.
+            tensors.update(placeholder_negatives(tensors, negatives.n))
         return tensors
 
     def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -304,21 +322,21 @@ class SantaObjective(DualEncoderObjective):
 
 def _duplicate_keys(
     model: DualEncoder,
-    batch: dict[str, np.ndarray],
-    tensors: dict[str, torch.Tensor],
+    batch: dict[str, Any],
+    tensors: dict[str, Any],
     hard_ids: list[str],
 ) -> dict[str, torch.Tensor]:
-    """Each document's keys (id, embedded tokens) for the loss's duplicate mask."""
+    """Each document's keys (id, embedded tokens) for the loss's duplicate mask, on the
+    host (``tensors``: the batch's token ids in host memory)."""
     rows = len(tensors["query_input_ids"])
     doc_ids = batch["doc_id"] if "doc_id" in batch else [""] * rows
     # The tokens the document's embedding comes from: the masked document in single-pass
     # MEP, the document otherwise (see DualEncoder.forward).
     single_pass = "labels" in tensors and not model.embed_unmasked_document
     embedded = tensors["masked_input_ids" if single_pass else "document_input_ids"]
-    keys = {"doc_keys": document_keys(doc_ids, embedded, embedded.device)}
+    keys = {"doc_keys": document_keys(doc_ids, embedded)}
     if hard_ids:
-        hard = tensors["hard_negative_input_ids"]
-        keys["hard_negative_keys"] = document_keys(hard_ids, hard, hard.device)
+        keys["hard_negative_keys"] = document_keys(hard_ids, tensors["hard_negative_input_ids"])
     return keys
 
 

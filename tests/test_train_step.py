@@ -1,0 +1,221 @@
+"""The worker loop without Ray (LocalSession): its step reads nothing back from the device
+but once per logged window, regional compilation trains as eager does, masks reach the
+model prepared, and batches reach a GPU from pinned memory without waiting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.common import counting_tensor_reads
+from santa.config import ModelConfig
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.train.compiling import compile_for_training, repeated_blocks
+from santa.train.epochs import EpochReader, pin_batch
+from santa.train.loop import WorkerTrainer, read_means, run_worker
+from santa.train.loop_config import LoopConfig
+from santa.train.session import ArrayShard, LocalSession, local_shard
+from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> dict:
+    """Pairs of real functions, a tiny T5 saved as the initial model, and the tokenized
+    shard (the streaming input's tokenization, in memory)."""
+    work = tmp_path_factory.mktemp("local-run")
+    rows = stdlib_pair_rows()[:64]
+    config = tiny_config()
+    data = write_pairs(work / "pairs", rows)
+    texts = [row["query"] for row in rows] + [row["document"] for row in rows]
+    tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)
+    model = DualEncoder.build_tiny(config.model, tokenizer, seed=0)
+    model.save_pretrained(str(work / "init"), santa_config=config)
+    return {
+        "init": str(work / "init"),
+        "shard": local_shard(data, str(work / "init"), config),
+        "work": work,
+    }
+
+
+def local_trainer(tiny_run, steps: int, **train) -> tuple[WorkerTrainer, LocalSession]:
+    config = tiny_config(**train)
+    session = LocalSession(tiny_run["shard"], device="cuda" if train.get("use_gpu") else "cpu")
+    loop = LoopConfig(
+        santa=config,
+        init_model=tiny_run["init"],
+        train_rows=tiny_run["shard"].rows,
+        stop_at_step=steps,
+    )
+    return WorkerTrainer(loop, session), session
+
+
+def test_a_step_reads_nothing_back_and_a_window_reads_once(tiny_run) -> None:
+    """The losses are summed where they are and read once per logged window: no read of a
+    tensor inside a step, and at most one per step over the run (the target on a GPU,
+    where each read stops the host until the device catches up)."""
+    trainer, session = local_trainer(tiny_run, steps=12, log_every=4, max_steps=12)
+    in_steps: list[int] = []
+    step = trainer.train_step
+
+    def counted_step(batch):
+        before = sum(reads.values())
+        values = step(batch)
+        in_steps.append(sum(reads.values()) - before)
+        return values
+
+    trainer.train_step = counted_step
+    with counting_tensor_reads() as reads:
+        run_worker(trainer)
+    assert len(in_steps) == 12
+    assert in_steps == [0] * 12, f"reads inside steps: {in_steps} ({dict(reads)})"
+    assert sum(reads.values()) <= 12, dict(reads)
+    assert [report["step"] for report in session.reports] == [4, 8, 12]
+    assert all(np.isfinite(report["loss"]) for report in session.reports)
+    # the mean of the window is the mean of the steps' losses
+    assert session.reports[-1]["loss"] == pytest.approx(
+        session.reports[-1]["loss_sda"] + session.reports[-1]["loss_mep"], rel=1e-5
+    )
+
+
+def test_read_means_reads_each_device_once_and_averages() -> None:
+    sums = {"loss": torch.tensor(6.0), "loss_sda": torch.tensor([4.0]), "accuracy": 1.5}
+    with counting_tensor_reads() as reads:
+        means = read_means(sums, 3)
+    assert means == {"loss": 2.0, "loss_sda": pytest.approx(4 / 3), "accuracy": 0.5}
+    assert sum(reads.values()) == 1
+
+
+def test_regional_compilation_trains_as_eager(tiny_run) -> None:
+    """Each T5 block compiled (aot_eager: Dynamo and AOTAutograd's graphs, no C++) gives the
+    losses of eager steps; the graphs are compiled in the first window and never again."""
+    eager, eager_session = local_trainer(tiny_run, steps=3, log_every=1)
+    run_worker(eager)
+    compiled, compiled_session = local_trainer(
+        tiny_run, steps=3, log_every=1, compile="always", compile_backend="aot_eager"
+    )
+    assert compiled.forward_model is compiled.ddp_model  # the blocks, not the model
+    run_worker(compiled)
+    for plain, regional in zip(eager_session.reports, compiled_session.reports, strict=True):
+        assert regional["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+        assert regional["loss_mep"] == pytest.approx(plain["loss_mep"], rel=1e-5)
+    graphs = [report["compile_graphs"] for report in compiled_session.reports]
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 3
+
+
+def test_repeated_blocks_are_t5s_blocks_and_a_model_without_them_compiles_whole() -> None:
+    tokenizer = train_tokenizer(["def f(x): return x", "Open a file."] * 20, vocab_size=400)
+    model = DualEncoder.build_tiny(ModelConfig(tiny_d_model=16, tiny_d_ff=32), tokenizer)
+    blocks = repeated_blocks(model)
+    stacks = [model.backbone.encoder.block, model.backbone.decoder.block]
+    assert blocks == [block for stack in stacks for block in stack]
+    plain = torch.nn.Linear(2, 2)
+    compiled = compile_for_training(plain, plain, scope="blocks", backend="eager")
+    assert compiled is not plain  # no blocks: the model itself is compiled
+    with pytest.raises(ValueError, match="compile scope"):
+        compile_for_training(plain, plain, scope="layers", backend="eager")
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_prepared_padding_masks_embed_as_the_2d_mask(implementation: str) -> None:
+    """The 4D mask the model prepares (so that transformers need not read the 2D one)
+    gives the embeddings and MEP loss of the 2D mask, padding included."""
+    tokenizer = train_tokenizer(["def f(x): return x", "Open a file."] * 20, vocab_size=400)
+    model = DualEncoder.build_tiny(ModelConfig(tiny_d_model=16, tiny_d_ff=32), tokenizer)
+    model.backbone.config._attn_implementation = implementation
+    model.eval()
+    vocab = model.backbone.config.vocab_size
+    ids = torch.randint(3, vocab, (3, 10))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[0, 6:] = 0
+    mask[2, 3:] = 0
+    labels = torch.randint(3, vocab, (3, 5))
+    prepared = model.padding_mask(mask)
+    assert prepared.dim() == 4
+    with torch.no_grad():
+        embedded, mep = model.encode_with_mep(ids, mask, labels)
+        with_2d = model.padding_mask
+        model.padding_mask = lambda mask: mask  # the 2D mask, read by transformers
+        reference, reference_mep = model.encode_with_mep(ids, mask, labels)
+        model.padding_mask = with_2d
+    torch.testing.assert_close(embedded, reference)
+    torch.testing.assert_close(mep, reference_mep)
+
+
+def test_array_shard_reads_batches_as_a_ray_data_shard() -> None:
+    shard = ArrayShard({"a": np.arange(10), "b": np.arange(10) * 2})
+    batches = list(shard.iter_batches(batch_size=4))
+    assert [list(batch["a"]) for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shuffled = list(
+        shard.iter_batches(batch_size=5, local_shuffle_buffer_size=8, local_shuffle_seed=1)
+    )
+    rows = np.concatenate([batch["a"] for batch in shuffled])
+    assert sorted(rows) == list(range(10)) and list(rows) != list(range(10))
+    assert all((batch["b"] == batch["a"] * 2).all() for batch in shuffled)
+    with pytest.raises(ValueError, match="different lengths"):
+        ArrayShard({"a": np.arange(3), "b": np.arange(4)})
+
+
+def test_a_reader_asked_to_pin_without_cuda_hands_numpy_batches(tiny_run) -> None:
+    reader = EpochReader(lambda: tiny_run["shard"], tiny_config().train, 0, pin_memory=True)
+    try:
+        batch = next(iter(reader.epoch()))
+    finally:
+        reader.close()
+    if torch.cuda.is_available():
+        assert batch["query_input_ids"].is_pinned()
+    else:
+        assert isinstance(batch["query_input_ids"], np.ndarray)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_pinned_batches_keep_ids_and_pin_token_ids() -> None:
+    batch = pin_batch(
+        {"query_input_ids": np.ones((2, 3), np.int32), "doc_id": np.array(["a", "b"])}
+    )
+    assert batch["query_input_ids"].is_pinned() and batch["query_input_ids"].dtype == torch.long
+    assert list(batch["doc_id"]) == ["a", "b"]
+
+
+@cuda
+def test_gpu_steps_after_the_first_never_wait_for_the_device(tiny_run) -> None:
+    """Steps 2..k of the loop on a GPU under ``set_sync_debug_mode("error")``: any
+    host-device sync inside a step raises."""
+    trainer, session = local_trainer(
+        tiny_run, steps=6, log_every=6, use_gpu=True, compile="never", grad_clip=1.0
+    )
+    assert trainer.device.type == "cuda"
+    step = trainer.train_step
+    calls = []
+
+    def strict_step(batch):
+        calls.append(1)
+        if len(calls) == 1:
+            return step(batch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    trainer.train_step = strict_step
+    run_worker(trainer)
+    assert len(calls) == 6 and session.reports[-1]["step"] == 6
+
+
+def test_local_session_keeps_checkpoints_under_its_root(tiny_run, tmp_path: Path) -> None:
+    config = tiny_config(log_every=2, checkpoint_every=2)
+    session = LocalSession(tiny_run["shard"], checkpoint_root=str(tmp_path))
+    loop = LoopConfig(
+        santa=config, init_model=tiny_run["init"], train_rows=tiny_run["shard"].rows, stop_at_step=4
+    )
+    run_worker(WorkerTrainer(loop, session))
+    kept = sorted(path.name for path in tmp_path.iterdir())
+    assert kept == ["checkpoint_000002", "checkpoint_000004"]
+    assert DualEncoder.from_pretrained(str(tmp_path / kept[-1] / "model")) is not None
