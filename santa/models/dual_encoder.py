@@ -60,13 +60,13 @@ T5_MODEL_TYPES = ("t5", "mt5", "umt5")
 
 
 def _takes_prepared_masks() -> bool:
-    """Whether transformers' T5 builds its masks in ``masking_utils`` (transformers 5 and
-    late 4.x), which passes a prepared 4D mask through as it is."""
+    """Whether transformers' T5 builds its masks with ``masking_utils`` (transformers 5),
+    which passes a prepared 4D mask through as it is (older T5 code rejects one)."""
     try:
-        from transformers import masking_utils
+        from transformers.models.t5 import modeling_t5
     except ImportError:
         return False
-    return hasattr(masking_utils, "create_bidirectional_mask")
+    return hasattr(modeling_t5, "create_bidirectional_mask")
 
 
 _PREPARED_MASKS = _takes_prepared_masks()
