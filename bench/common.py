@@ -441,3 +441,12 @@ def counting_tensor_reads():
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
+
+
+def use_shared_nltk_data() -> None:
+    """Point NLTK at ``../shared/nltk_data`` when the environment names no folder and that
+    one exists (a fresh clone without ``../shared`` keeps NLTK's own search path, so the
+    tests that need the tagger skip instead of failing)."""
+    shared = ROOT.parent / "shared" / "nltk_data"
+    if "NLTK_DATA" not in os.environ and shared.is_dir():
+        os.environ["NLTK_DATA"] = str(shared)

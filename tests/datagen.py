@@ -158,7 +158,7 @@ def write_cosqa_sample(path: Path, functions: int = 552, positives: int = 313) -
     records = []
     for index in range(positives):
         records.append({"idx": f"cosqa-dev-{index}", "doc": docs[index], "code": codes[index]})
-        records[-1]["label"] = "1"
+        records[-1]["label"] = 1
     negatives = list(range(positives, functions))
     negatives += rng.sample(range(positives), 604 - positives - len(negatives))
     for number, code_index in enumerate(negatives):
@@ -166,7 +166,7 @@ def write_cosqa_sample(path: Path, functions: int = 552, positives: int = 313) -
         records.append(
             {"idx": f"cosqa-dev-{positives + number}", "doc": query, "code": codes[code_index]}
         )
-        records[-1]["label"] = "0"
+        records[-1]["label"] = 0
     for record in records:
         record["code_tokens"] = record["code"].split()
         record["docstring_tokens"] = record["doc"].split()

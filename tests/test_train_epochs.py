@@ -78,9 +78,9 @@ def test_the_tokenize_task_runs_once_however_many_epochs(tmp_path) -> None:
     two workers' splits re-read the prepared blocks; the tokenizer ran once per row."""
     import ray
 
-    from santa.train.data import build_train_dataset
+    from santa.train.data import build_train_dataset, tokenization_settings
     from santa.train.ingest import PreparedSplits
-    from santa.train.trainer import RunSpec, prepare_initial_model, tokenization_settings
+    from santa.train.trainer import RunSpec, prepare_initial_model
 
     rows = stdlib_pair_rows()[:96]
     data = write_pairs(tmp_path / "pairs", rows)

@@ -95,7 +95,12 @@ def test_regional_compilation_trains_as_eager(tiny_run) -> None:
     eager, eager_session = local_trainer(tiny_run, steps=3, log_every=1)
     run_worker(eager)
     compiled, compiled_session = local_trainer(
-        tiny_run, steps=3, log_every=1, compile="always", compile_backend="aot_eager"
+        tiny_run,
+        steps=3,
+        log_every=1,
+        compile="always",
+        compile_backend="aot_eager",
+        compile_scope="blocks",
     )
     assert compiled.forward_model is compiled.ddp_model  # the blocks, not the model
     run_worker(compiled)

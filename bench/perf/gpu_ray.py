@@ -191,8 +191,8 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
     from santa.method.distributed import identity_gather
     from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
+    from santa.train.data import tokenization_settings
     from santa.train.objectives import compute_losses
-    from santa.train.trainer import tokenization_settings
 
     config = get_recipe("tiny").with_overrides(
         [*overrides(args), *(["train.use_gpu=true"] if args.device == "cuda" else [])]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -185,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    os.environ.setdefault("NLTK_DATA", str(common.ROOT.parent / "shared" / "nltk_data"))
+    common.use_shared_nltk_data()
     bench = common.BenchRun(__file__, argv)
 
     # A part skipped keeps its earlier figures (the meta describes this run).

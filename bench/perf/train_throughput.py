@@ -27,9 +27,9 @@ from bench.corpora import write_stdlib_pairs
 from santa.method.distributed import identity_gather
 from santa.models.dual_encoder import DualEncoder
 from santa.recipes import get_recipe
-from santa.train.data import tokenize_pairs
+from santa.train.data import tokenization_settings, tokenize_pairs
 from santa.train.objectives import compute_losses, to_tensors
-from santa.train.trainer import RunSpec, fit, prepare_initial_model, tokenization_settings
+from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
 
 def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> dict:

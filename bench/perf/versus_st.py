@@ -106,9 +106,8 @@ def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
     from santa.method.distributed import identity_gather
     from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
-    from santa.train.data import tokenize_pairs
+    from santa.train.data import tokenization_settings, tokenize_pairs
     from santa.train.objectives import compute_losses, santa_grad_cache_step, to_tensors
-    from santa.train.trainer import tokenization_settings
 
     torch.set_num_threads(args.threads)
     config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))

@@ -134,6 +134,20 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, n
     return encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
 
 
+def tokenization_settings(config) -> dict[str, Any]:
+    """What the streaming tokenizer produces for this config."""
+    with_mep = config.train.uses_mep
+    limit = config.model.max_seq_length or None  # the backbone's own (sentence-transformers)
+    return {
+        "max_query_length": min(config.train.max_query_length, limit or 1 << 30),
+        "max_document_length": min(config.train.max_document_length, limit or 1 << 30),
+        "max_target_length": config.train.max_target_length,
+        "with_mep": with_mep,
+        "with_document": (not with_mep) or config.model.embed_unmasked_document,
+        "lowercase": config.model.lowercase,
+    }
+
+
 def tokenize_pairs(
     batch: pa.Table,
     *,

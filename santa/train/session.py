@@ -177,8 +177,7 @@ def local_shard(data_uri: str, tokenizer_path: str, config) -> ArrayShard:
 
     from santa.data.outputs import published_root
     from santa.runtime import storage
-    from santa.train.data import tokenize_pairs
-    from santa.train.trainer import tokenization_settings
+    from santa.train.data import tokenization_settings, tokenize_pairs
 
     root = storage.join(published_root(data_uri), "data")
     files = storage.list_files(root, suffixes=(".parquet",))

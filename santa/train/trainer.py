@@ -10,7 +10,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -28,7 +27,7 @@ from santa.runtime.resources import (
     trainer_gpus,
     training_plan,
 )
-from santa.train.data import build_train_dataset
+from santa.train.data import build_train_dataset, tokenization_settings
 from santa.train.entry import train_loop_per_worker
 from santa.train.ingest import PreparedSplits
 from santa.train.kept import describe_run
@@ -204,20 +203,6 @@ def corpus_tokenizer(data_uri: str, vocab_size: int, cache: CacheLayout):
             with open(os.path.join(local, name), "rb") as handle:
                 storage.write_bytes(storage.join(folder, name), handle.read())
         return tokenizer
-
-
-def tokenization_settings(config: SantaConfig) -> dict[str, Any]:
-    """What the streaming tokenizer produces for this config."""
-    with_mep = config.train.uses_mep
-    limit = config.model.max_seq_length or None  # the backbone's own (sentence-transformers)
-    return {
-        "max_query_length": min(config.train.max_query_length, limit or 1 << 30),
-        "max_document_length": min(config.train.max_document_length, limit or 1 << 30),
-        "max_target_length": config.train.max_target_length,
-        "with_mep": with_mep,
-        "with_document": (not with_mep) or config.model.embed_unmasked_document,
-        "lowercase": config.model.lowercase,
-    }
 
 
 RESIZE_INTERVAL_ENV = "SANTA_RESIZE_INTERVAL_S"
