@@ -333,7 +333,7 @@ def test_scoder_soft_labeled_dual_encoder() -> None:
     got = soft_label_grad_cache_step(model, model, inputs, teacher, 0.2, chunk_size=4)
     assert relative_error(gradients(model), expected) <= TOLERANCE
     for key in ("loss_adv", "loss_distill", "accuracy", "soft_label_entropy"):
-        assert got[key] == pytest.approx(expected_losses[key], rel=1e-5)
+        assert float(got[key]) == pytest.approx(float(expected_losses[key]), rel=1e-5)
     assert float(got["loss"]) == pytest.approx(float(expected_losses["loss"]), rel=1e-5)
 
 

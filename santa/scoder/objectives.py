@@ -30,7 +30,7 @@ from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.loop import Objective
-from santa.train.objectives import DualEncoderObjective
+from santa.train.objectives import DualEncoderObjective, to_device
 
 __all__ = [
     "DISCRIMINATORS_DIR",
@@ -113,7 +113,7 @@ class DiscriminatorObjective(Objective):
                 max_length=pair_length(self.config),
             )
             for key in ("input_ids", "attention_mask"):
-                value = encoded[key].to(trainer.device)
+                value = to_device(encoded[key], trainer.device)
                 inputs[f"{kind}_{key}"] = value.reshape(len(index), width, -1)
             counts[kind] = len(index)
         unknown = set(rows["kind"]) - set(pair.by_kind)
@@ -122,7 +122,7 @@ class DiscriminatorObjective(Objective):
         scores = trainer.forward_model(**inputs)  # {kind: (rows of kind, 1 + n)}
         total = sum(counts.values())
         loss = sum(discriminator_loss(s) * (counts[k] / total) for k, s in scores.items())
-        correct = sum(int((s.argmax(dim=1) == 0).sum()) for s in scores.values())
+        correct = sum((s.argmax(dim=1) == 0).sum() for s in scores.values())  # on the device
         return {"loss": loss, "accuracy": correct / total}
 
     def save_model(self, directory: str, model: DiscriminatorPair) -> None:
@@ -155,7 +155,7 @@ class SoftLabelObjective(DualEncoderObjective):
         if self.teacher is None:
             if "scores" not in rows:
                 raise ValueError("offline soft labels need a 'scores' column (soft_labels.py)")
-            return torch.tensor(rows["scores"], dtype=torch.float32, device=device)
+            return to_device(torch.tensor(rows["scores"], dtype=torch.float32), device)
         width = len(rows["candidates"][0])
         scores = torch.empty(len(rows["query"]), width, device=device)
         with torch.no_grad():  # a constant for G_θ (no_grad: the result enters the loss)
@@ -182,10 +182,10 @@ class SoftLabelObjective(DualEncoderObjective):
         )
         device = trainer.device
         return {
-            "query_input_ids": encoded_queries["input_ids"].to(device),
-            "query_attention_mask": encoded_queries["attention_mask"].to(device),
-            "document_input_ids": encoded_documents["input_ids"].to(device),
-            "document_attention_mask": encoded_documents["attention_mask"].to(device),
+            "query_input_ids": to_device(encoded_queries["input_ids"], device),
+            "query_attention_mask": to_device(encoded_queries["attention_mask"], device),
+            "document_input_ids": to_device(encoded_documents["input_ids"], device),
+            "document_attention_mask": to_device(encoded_documents["attention_mask"], device),
         }
 
     def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
@@ -226,7 +226,8 @@ def soft_label_losses(
     adversarial_weight: float,
 ) -> dict[str, torch.Tensor | float]:
     """Eq. 10 from the embeddings of the queries ``(batch, dim)`` and of their candidates
-    ``(batch * (1 + n), dim)``, query-major; ``loss`` and the logged figures."""
+    ``(batch * (1 + n), dim)``, query-major; ``loss`` and the logged figures (detached
+    tensors: the loop reads them once per logged window, not at every step)."""
     width = teacher.shape[1]
     every = model.similarity(query_embeddings, candidate_embeddings)
     scores = own_candidate_scores(every, width)  # (batch, 1 + n)
@@ -234,10 +235,10 @@ def soft_label_losses(
     with torch.no_grad():
         return {
             "loss": loss,
-            "loss_adv": float(adversarial_loss(scores, teacher)),
-            "loss_distill": float(distillation_loss(scores, teacher)),
-            "soft_label_entropy": float(listwise_entropy(teacher).mean()),
-            "accuracy": float((scores.argmax(dim=1) == 0).float().mean()),
+            "loss_adv": adversarial_loss(scores, teacher).detach(),
+            "loss_distill": distillation_loss(scores, teacher).detach(),
+            "soft_label_entropy": listwise_entropy(teacher).mean().detach(),
+            "accuracy": (scores.argmax(dim=1) == 0).float().mean(),
         }
 
 

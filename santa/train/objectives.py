@@ -27,9 +27,11 @@ __all__ = [
     "DualEncoderObjective",
     "SantaObjective",
     "compute_losses",
+    "embeddings_of",
     "hard_negative_batch",
     "placeholder_negatives",
     "santa_grad_cache_step",
+    "sda_loss",
     "to_device",
     "to_tensors",
 ]
@@ -93,6 +95,33 @@ def placeholder_negatives(tensors: dict[str, torch.Tensor], n: int) -> dict[str,
     }
 
 
+def embeddings_of(output, use_hard_negatives: bool = True) -> dict[str, torch.Tensor]:
+    """The embeddings a forward gave, by role: ``query`` ``(batch, dim)``, ``doc``
+    ``(batch, dim)`` and, when scored, ``hard`` ``(batch * n, dim)``."""
+    embeddings = {"query": output.query_embeddings, "doc": output.doc_embeddings}
+    if output.hard_negative_embeddings is not None and use_hard_negatives:
+        embeddings["hard"] = output.hard_negative_embeddings
+    return embeddings
+
+
+def sda_loss(
+    embeddings: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], config, gather
+) -> torch.Tensor:
+    """L_SDA (pretraining) or the DR loss (fine-tuning) of the global batch from its
+    embeddings (:func:`embeddings_of`): the one definition the plain step and GradCache's
+    share; duplicates masked by the batch's ``doc_keys`` / ``hard_negative_keys``."""
+    return contrastive_loss(
+        embeddings["query"],
+        embeddings["doc"],
+        embeddings.get("hard"),
+        gather=gather,
+        similarity=config.model.similarity,
+        temperature=config.model.temperature,
+        doc_keys=batch.get("doc_keys"),
+        hard_negative_keys=batch.get("hard_negative_keys"),
+    )
+
+
 def compute_losses(
     ddp_model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -104,16 +133,7 @@ def compute_losses(
     (``use_hard_negatives=False``: the batch's hard negatives are encoded, not scored)."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
     output = ddp_model(**inputs, mep_reduction=config.train.mep_reduction)
-    sda = contrastive_loss(
-        output.query_embeddings,
-        output.doc_embeddings,
-        output.hard_negative_embeddings if use_hard_negatives else None,
-        gather=gather,
-        similarity=config.model.similarity,
-        temperature=config.model.temperature,
-        doc_keys=batch.get("doc_keys"),
-        hard_negative_keys=batch.get("hard_negative_keys"),
-    )
+    sda = sda_loss(embeddings_of(output, use_hard_negatives), batch, config, gather)
     loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
     mep = output.mep_loss if output.mep_loss is not None else torch.zeros((), device=sda.device)
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
@@ -157,9 +177,7 @@ def santa_grad_cache_step(
 
     def forward(chunk: dict[str, torch.Tensor]) -> ChunkForward:
         output = forward_model(**chunk, mep_reduction=reduction)
-        embeddings = {"query": output.query_embeddings, "doc": output.doc_embeddings}
-        if output.hard_negative_embeddings is not None and use_hard_negatives:
-            embeddings["hard"] = output.hard_negative_embeddings
+        embeddings = embeddings_of(output, use_hard_negatives)
         if output.mep_loss is None:
             return ChunkForward(embeddings)
         # The chunk's mean (over its target tokens, or its documents), as a part of the
@@ -172,16 +190,7 @@ def santa_grad_cache_step(
     seen: dict[str, torch.Tensor] = {}
 
     def loss_from_embeddings(embeddings: dict[str, torch.Tensor]) -> torch.Tensor:
-        sda = contrastive_loss(
-            embeddings["query"],
-            embeddings["doc"],
-            embeddings.get("hard"),
-            gather=gather,
-            similarity=config.model.similarity,
-            temperature=config.model.temperature,
-            doc_keys=batch.get("doc_keys"),
-            hard_negative_keys=batch.get("hard_negative_keys"),
-        )
+        sda = sda_loss(embeddings, batch, config, gather)
         seen["sda"] = sda.detach()
         return total_loss(sda, None, 0.0, train.sda_weight)
 
