@@ -37,6 +37,7 @@ def tiny_run(tmp_path_factory) -> dict:
     return {
         "init": str(work / "init"),
         "shard": local_shard(data, str(work / "init"), config),
+        "data": data,
         "work": work,
     }
 
@@ -224,3 +225,24 @@ def test_local_session_keeps_checkpoints_under_its_root(tiny_run, tmp_path: Path
     kept = sorted(path.name for path in tmp_path.iterdir())
     assert kept == ["checkpoint_000002", "checkpoint_000004"]
     assert DualEncoder.from_pretrained(str(tmp_path / kept[-1] / "model")) is not None
+
+
+def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
+    """``gpu_ray.py``'s ``local`` system (what ``step_overhead.py`` compares with the plain
+    step and Ray) trains the pairs through the real loop and reports its windows."""
+    import argparse
+
+    from bench.perf import gpu_ray, step_overhead
+
+    args = argparse.Namespace(
+        device="cpu",
+        steps=6,
+        window=2,
+        threads=1,
+        overrides=["train.global_batch_size=8", "train.max_document_length=96"],
+    )
+    row = gpu_ray.run_local(args, tiny_run["init"], tiny_run["data"])
+    assert row["system"] == "local" and len(row["windows_pairs_per_s"]) == 3
+    assert row["phases_s"]["startup_tokenize_s"] > 0 and row["steady_pairs_per_s"] > 0
+    figures = step_overhead.step_ms([1.0, 100.0, 50.0, 200.0], batch=100)
+    assert figures == {"ms_per_step_median": 1000.0, "ms_per_step_p90": 2000.0}

@@ -4,7 +4,7 @@ real batch through Ray, through the worker loop without Ray, and through the pla
     python bench/perf/step_overhead.py                 # the device there is (GPU, else CPU)
     python bench/perf/step_overhead.py --profile       # + the top host ops of 5 loop steps
 
-The model is a T5 of one layer, ``d_model`` 8 (the ``tiny`` recipe shrunk), at global
+The model is a T5 of one layer, ``d_model`` 8, 400 tokens (the ``tiny`` recipe shrunk), at global
 batch 128 and the lengths of the paper's code runs (50/240/60), so that a step's own work
 is next to nothing and what is left is the loop's: reading and copying batches, the
 objective's host work, the window metrics, Ray's data ingest and reports. Three systems
@@ -37,6 +37,7 @@ NEAR_ZERO = (
     "model.tiny_num_layers=1",
     "model.tiny_num_heads=1",
     "model.tiny_d_ff=8",
+    "model.tiny_vocab_size=400",
     "train.global_batch_size=128",
     "train.max_query_length=50",
     "train.max_document_length=240",
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     data = gpu_ray.build_pairs(args.workdir, args.pairs)
     out: dict[str, Any] = {"device": result["device"], "batch": batch, "steps": own.steps}
-    if init_model:
+    if init_model and any(row["system"] == "local" for row in rows):
         out["tensor_reads_per_step"] = reads_per_step(args, init_model, data, steps=20)
         if own.profile:
             out["top_host_ops"] = profile_local(args, init_model, data)
