@@ -103,16 +103,11 @@ def test_grad_cache_with_bf16_inductor_and_dropout_follows_the_chunked_reference
     replayed dropout masks must make them (tolerance: ``GPU_GRAD_CACHE_TOLERANCE``)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from santa.method.losses import contrastive_loss
     from santa.train.compiling import compile_for_training
-    from santa.train.grad_cache import chunk_slices
-    from santa.train.objectives import BATCH_KEYS
     from tests.test_grad_cache import (
-        CHUNK,
-        GLOBAL_BATCH,
-        HARD_PER_QUERY,
         VOCAB,
         cached_step,
+        chunked_with_graphs,
         gradients,
         make_batch,
         relative_error,
@@ -139,38 +134,11 @@ def test_grad_cache_with_bf16_inductor_and_dropout_follows_the_chunked_reference
     batch = {key: value.cuda() for key, value in make_batch(model, hard=True, mep=True).items()}
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
 
-    def chunked_with_graphs() -> dict[str, torch.Tensor]:
-        queries, docs, hards, meps = [], [], [], []
-        tokens = model.mep_token_count(batch["labels"])
-        for part in chunk_slices(GLOBAL_BATCH, CHUNK):
-            chunk = {
-                key: value[part.start * HARD_PER_QUERY : part.stop * HARD_PER_QUERY]
-                if key.startswith("hard_negative")
-                else value[part]
-                for key, value in batch.items()
-                if key not in ("doc_keys", "hard_negative_keys")
-            }
-            with autocast:
-                output = forward(**{BATCH_KEYS[k]: v for k, v in chunk.items()})
-            queries.append(output.query_embeddings)
-            docs.append(output.doc_embeddings)
-            hards.append(output.hard_negative_embeddings)
-            meps.append(output.mep_loss * model.mep_token_count(chunk["labels"]) / tokens)
-        sda = contrastive_loss(
-            torch.cat(queries),
-            torch.cat(docs),
-            torch.cat(hards),
-            doc_keys=batch["doc_keys"],
-            hard_negative_keys=batch["hard_negative_keys"],
-        )
-        (sda + sum(meps)).backward()
-        return gradients(model)
-
-    chunked_with_graphs()  # compiles every graph once, with and without gradients
+    chunked_with_graphs(model, forward, batch, autocast)  # compiles every graph once
     cached_step(forward, model, batch, santa, autocast=autocast)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(11)
-    expected = chunked_with_graphs()
+    expected = chunked_with_graphs(model, forward, batch, autocast)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(11)
     cached_step(forward, model, batch, santa, autocast=autocast)

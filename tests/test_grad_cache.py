@@ -214,6 +214,41 @@ def test_two_pass_mep_and_weighted_losses() -> None:
     compare_on_one_process(model, config, batch)
 
 
+def chunked_with_graphs(
+    model: DualEncoder, forward, batch: dict[str, torch.Tensor], autocast=None
+) -> dict[str, torch.Tensor]:
+    """GradCache's reference with dropout: each chunk's forward (through ``forward``) with
+    its graph kept, then the batch's loss and one backward; ``model``'s gradients."""
+    from santa.method.losses import contrastive_loss
+    from santa.train.objectives import BATCH_KEYS
+
+    queries, docs, hards, meps = [], [], [], []
+    tokens = model.mep_token_count(batch["labels"])
+    for part in chunk_slices(GLOBAL_BATCH, CHUNK):
+        chunk = {
+            key: value[part.start * HARD_PER_QUERY : part.stop * HARD_PER_QUERY]
+            if key.startswith("hard_negative")
+            else value[part]
+            for key, value in batch.items()
+            if key not in ("doc_keys", "hard_negative_keys")
+        }
+        with autocast or contextlib.nullcontext():
+            output = forward(**{BATCH_KEYS[k]: v for k, v in chunk.items()})
+        queries.append(output.query_embeddings)
+        docs.append(output.doc_embeddings)
+        hards.append(output.hard_negative_embeddings)
+        meps.append(output.mep_loss * model.mep_token_count(chunk["labels"]) / tokens)
+    sda = contrastive_loss(
+        torch.cat(queries),
+        torch.cat(docs),
+        torch.cat(hards),
+        doc_keys=batch["doc_keys"],
+        hard_negative_keys=batch["hard_negative_keys"],
+    )
+    (sda + sum(meps)).backward()
+    return gradients(model)
+
+
 def test_dropout_is_replayed_per_chunk() -> None:
     """With dropout, the re-run chunk must draw its first run's masks: GradCache then equals
     running the same chunks with their graphs kept; without the replay it does not."""
@@ -221,42 +256,8 @@ def test_dropout_is_replayed_per_chunk() -> None:
     config = santa_config(model)
     batch = make_batch(model, hard=True, mep=True)
 
-    def chunked_with_graphs() -> dict[str, torch.Tensor]:
-        """The reference: each chunk's forward with its graph, then one loss and backward."""
-        rows = GLOBAL_BATCH
-        outputs = []
-        for part in chunk_slices(rows, CHUNK):
-            chunk = {
-                key: value[part.start * HARD_PER_QUERY : part.stop * HARD_PER_QUERY]
-                if key.startswith("hard_negative")
-                else value[part]
-                for key, value in batch.items()
-                if key not in ("doc_keys", "hard_negative_keys")
-            }
-            outputs.append(chunk)
-        from santa.method.losses import contrastive_loss
-        from santa.train.objectives import BATCH_KEYS
-
-        queries, docs, hards, meps = [], [], [], []
-        tokens = model.mep_token_count(batch["labels"])
-        for chunk in outputs:
-            output = model(**{BATCH_KEYS[k]: v for k, v in chunk.items()})
-            queries.append(output.query_embeddings)
-            docs.append(output.doc_embeddings)
-            hards.append(output.hard_negative_embeddings)
-            meps.append(output.mep_loss * model.mep_token_count(chunk["labels"]) / tokens)
-        sda = contrastive_loss(
-            torch.cat(queries),
-            torch.cat(docs),
-            torch.cat(hards),
-            doc_keys=batch["doc_keys"],
-            hard_negative_keys=batch["hard_negative_keys"],
-        )
-        (sda + sum(meps)).backward()
-        return gradients(model)
-
     torch.manual_seed(11)
-    expected = chunked_with_graphs()
+    expected = chunked_with_graphs(model, model, batch)
     after_reference = torch.get_rng_state()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(11)
