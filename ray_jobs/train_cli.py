@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from ray_jobs.args import recipe_config, run_parser
@@ -17,7 +16,7 @@ from santa.runtime.preflight import (
     check_writable,
 )
 from santa.runtime.runlock import RunLock
-from santa.train.kept import RESUME_HINT
+from santa.train.kept import RESUME_HINT, final_metrics_lines
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -91,7 +90,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         )
         print(init_ray(args.address, verbose=args.verbose, preload=FIT_IMPORTS), flush=True)
         result = fit(config, spec)
-    print(json.dumps({k: v for k, v in (result.metrics or {}).items()}, indent=2, default=str))
+    # A short table, not every metric: the whole history is in the run's metrics.jsonl.
+    print("\n".join(final_metrics_lines(result.metrics or {}, spec.layout.metrics)))
     if result.checkpoint is not None:
         print(f"checkpoint: {spec.layout.checkpoint_uri(result.checkpoint)}")  # s3:// kept
     if result.error is not None:

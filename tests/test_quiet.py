@@ -57,3 +57,28 @@ def test_a_jobs_first_line_is_santas_and_its_workers_are_quiet(tmp_path) -> None
     assert lines[0].endswith(f"; warnings in {tmp_path / 'job.log'})")
     assert "worker quiet: True" in lines
     assert "WARNING" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_finished_training_job_prints_a_short_table_not_its_metrics_json() -> None:
+    from santa.train.kept import final_metrics_lines
+
+    metrics = {
+        "step": 300.0,
+        "loss": 1.23456,
+        "loss_sda": 0.5,
+        "loss_mep": 0.73456,
+        "pairs_per_s": 480.2,
+        "startup_total_s": 57.0,
+        "max_rss_mb": 2308.0,
+    }
+    lines = final_metrics_lines(metrics, "runs/x/metrics.jsonl")
+    assert lines == [
+        "finished at step 300",
+        "  loss             1.2346",
+        "  loss_sda         0.5000",
+        "  loss_mep         0.7346",
+        "  pairs_per_s      480.2000",
+        "every logged window: runs/x/metrics.jsonl",
+    ]
+    assert not any(line.lstrip().startswith(("{", '"')) for line in lines)
+    assert final_metrics_lines({}) == ["finished"]

@@ -11,7 +11,7 @@ from santa.models.checkpoints import _snapshot_candidates
 from santa.runtime import storage
 from santa.runtime.layout import RUN_SNAPSHOT_FILE, RunLayout
 
-__all__ = ["describe_run", "latest_registered"]
+__all__ = ["describe_run", "final_metrics_lines", "latest_registered"]
 
 RESUME_HINT = "run the same command to resume"
 
@@ -36,3 +36,31 @@ def describe_run(run_uri: str, what: str = "run") -> str:
     uri, step = found
     at = f"step {step}" if step is not None else "its latest step"
     return f"{what} {run_uri} kept its checkpoint at {at} ({uri})"
+
+
+# The figures of a finished run worth a line of their own, in this order (the rest stay in
+# the run's metrics.jsonl).
+_SUMMARY_FIGURES = (
+    "loss",
+    "loss_sda",
+    "loss_mep",
+    "accuracy",
+    "dev_mrr",
+    "dev_ndcg",
+    "pairs_per_s",
+    "run_pairs_per_s",
+)
+
+
+def final_metrics_lines(metrics: dict, metrics_uri: str = "") -> list[str]:
+    """A finished run's last figures as a short two-column table (instead of every metric
+    as JSON), and where the whole history is."""
+    step = metrics.get("step")
+    lines = [f"finished at step {int(step)}" if isinstance(step, int | float) else "finished"]
+    for key in _SUMMARY_FIGURES:
+        value = metrics.get(key)
+        if isinstance(value, int | float):
+            lines.append(f"  {key:<16} {value:.4f}")
+    if metrics_uri:
+        lines.append(f"every logged window: {metrics_uri}")
+    return lines
