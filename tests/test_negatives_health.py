@@ -33,3 +33,57 @@ def test_a_stale_table_is_said_and_a_fresh_one_is_not() -> None:
     assert "a refresh takes 9.0 s, a step 0.20 s (one refresh spans about 45 steps)" in line
     offline = tiny_config(stage="finetune", negatives={"source": "none"})
     assert negatives_warning(offline, stale, None) is None
+
+
+def _agreeing_rank(rank: int, world: int, port: int, out: str) -> None:
+    """One of two gloo ranks: a client whose tables arrive at other steps than its peer's."""
+    import json
+
+    import torch.distributed as dist
+
+    from santa.negatives import miner
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    calls: list[int] = []
+    reduce = miner.all_reduce_min
+
+    client = miner.NegativesClient("async", data_uri="", n=1, seed=0, rank=rank, world_size=world)
+    used = []
+    for step in range(25):
+        # Rank 0 receives the table of step 3 at step 4, rank 1 at step 12.
+        if step == (4 if rank == 0 else 12):
+            client.tables[3] = "table-3"
+
+        def counted(value, device, step=step):
+            calls.append(step)
+            return reduce(value, device)
+
+        miner.all_reduce_min = counted
+        used.append(client.agreed_table("cpu", step))
+    dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.json", "w") as handle:
+        json.dump({"calls": calls, "used": used}, handle)
+
+
+def test_ranks_agree_on_the_miners_table_every_few_steps_not_every_step(tmp_path) -> None:
+    """The agreement is a collective read on the host (a GPU sync): it runs at the first
+    step and every AGREE_EVERY-th, on every rank alike, and a table all ranks hold is used
+    from the first agreement after it."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from santa.negatives.miner import AGREE_EVERY
+    from tests.conftest import free_port
+
+    mp.start_processes(
+        _agreeing_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert AGREE_EVERY == 10
+    for rank in ranks:
+        assert rank["calls"] == [0, 10, 20]
+        # both hold it from step 12: agreed at step 20, used from there
+        assert rank["used"] == [None] * 20 + ["table-3"] * 5

@@ -344,6 +344,10 @@ def start_miner(
     ).remote(data_uri, model_uri, config.to_dict(), encoder_resources or None)
 
 
+AGREE_EVERY = 10
+"""Steps between the ranks' agreements on the asynchronous miner's newest table."""
+
+
 class NegativesClient:
     """A training worker's side: polls tables, keeps the newest few, fills batches.
 
@@ -385,6 +389,7 @@ class NegativesClient:
             "refresh_s": 0.0,
         }
         self._incarnation: str | None = None
+        self._agreed: int | None = None  # the table step the ranks last agreed on
         self._outage = False  # the miner has been unreachable since the last table
         self._miner = None
         self._poll = None
@@ -507,14 +512,24 @@ class NegativesClient:
         self.stats["refresh_s"] = table.build_s
         return True
 
-    def agreed_table(self, device) -> NegativesTable | None:
-        """The table every rank uses this step (collective when distributed)."""
-        step = self.newest_step()
+    def agreed_table(self, device, step: int | None = None) -> NegativesTable | None:
+        """The table every rank uses at training step ``step``.
+
+        With several ranks and the asynchronous miner the ranks agree on the newest table
+        they all hold: a collective whose result is read on the host, so on a GPU it waits
+        for the device. It runs at every :data:`AGREE_EVERY`-th step (every rank counts the
+        same steps, so they meet), at the first call, and whenever ``step`` is not given;
+        between those the last agreement holds, so a new table is taken up to
+        ``AGREE_EVERY - 1`` steps later than it arrived.
+        """
+        newest = self.newest_step()
         if self.is_async and self.world_size > 1:
-            step = all_reduce_min(step, device)
-        if step < 0:
+            if step is None or self._agreed is None or step % AGREE_EVERY == 0:
+                self._agreed = all_reduce_min(newest, device)
+            newest = self._agreed
+        if newest < 0:
             return None
-        usable = [s for s in self.tables if s <= step]
+        usable = [s for s in self.tables if s <= newest]
         return self.tables[max(usable)] if usable else self.tables[min(self.tables)]
 
     # ------------------------------------------------------------ batches

@@ -259,7 +259,7 @@ class SantaObjective(DualEncoderObjective):
         hard_ids: list[str] = []
         if negatives is not None:
             negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
-            self.table = negatives.agreed_table(trainer.device)
+            self.table = negatives.agreed_table(trainer.device, trainer.state["step"])
             if self.table is not None:
                 hard_ids = negatives.negative_ids_for(
                     self.table, batch["query_id"], batch["doc_id"], trainer.state["step"]
