@@ -106,3 +106,21 @@ def test_the_dead_worker_is_the_cause_not_its_peers_collective_errors() -> None:
     line, code = describe(WorkerGroupError("workers failed", {0: gloo, 1: died}))
     assert line == "santa: error: a training worker died (pid 77 on 10.0.0.8): its node died"
     assert code == RUNTIME_FAULT
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("worker died")])
+def test_worker_lines_stop_before_the_jobs_last_line(error, capsys) -> None:
+    """Ray forwards what workers print to the driver seconds late (a progress line after
+    Ctrl-C's line): the job stops that forwarding before its own last line."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    seen: list[str] = []
+    dispatcher.add_handler("ray_print_logs", lambda data: seen.append(data["line"]))
+    try:
+        dispatcher.emit({"line": "[train] step 5/12"})
+        run_job(_raise(error), argv=[])
+        dispatcher.emit({"line": "[train] step 10/12"})  # arrives after the job's line
+    finally:
+        dispatcher.remove_handler("ray_print_logs")
+    assert seen == ["[train] step 5/12"]
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("santa: ")

@@ -25,6 +25,7 @@ __all__ = [
     "exit_with",
     "root_cause",
     "run_job",
+    "stop_worker_lines",
     "with_exit_codes",
 ]
 
@@ -225,6 +226,20 @@ def _shutdown_ray(timeout_s: float) -> None:
     thread.join(timeout_s)
 
 
+def stop_worker_lines() -> None:
+    """Stop printing what Ray workers print (their progress lines reach the driver through
+    Ray's log forwarding, seconds late): the job's own last line must stay the last. A line
+    being printed finishes first (the dispatcher's lock); later ones stay in Ray's log
+    files. Nothing to do in a job that never imported Ray."""
+    if "ray" not in sys.modules:
+        return
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher
+    except ImportError:  # another Ray layout: the lines may follow, as before
+        return
+    global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+
+
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:
     """Run a job's ``main`` and turn any exception into one line and an exit code."""
     from santa.runtime import interrupts
@@ -253,6 +268,7 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
     except KeyboardInterrupt:
         # Ctrl-C, or `ray job stop` (SIGTERM): santa's handlers stay, so that a second
         # signal while the process winds down stops it at once.
+        stop_worker_lines()
         print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
         interrupts.said()
         if not interrupts.interrupted():  # raised by the code itself, not by a signal
@@ -265,6 +281,7 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
         if debug:
             traceback.print_exc()
         line, code = describe(error)
+        stop_worker_lines()
         print(line, file=sys.stderr, flush=True)
         interrupts.restore(previous)
         return code
