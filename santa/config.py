@@ -28,6 +28,7 @@ PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")
 STAGES = ("pretrain", "finetune")
 COMPILE_MODES = ("gpu", "always", "never")
 COMPILE_SCOPES = ("blocks", "model")
+SHUFFLES = ("global", "local")
 DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
 SOFT_LABEL_MODES = ("offline", "online")
 SECTIONS = ("model", "train", "negatives", "scoder")
@@ -255,8 +256,19 @@ class TrainConfig:
     checkpoint_every: int | None = None
     """Checkpoint every this many steps; ``None``: at the end of every epoch only."""
 
+    shuffle: str = "global"
+    """How each epoch's batches are drawn. ``global``: each worker holds its share of the
+    tokenized training set in memory and draws a new seeded permutation of all of it every
+    epoch, as SANTA's released code samples (the Hugging Face Trainer's random sampler over
+    the whole set); with several workers the shares are equal parts of the set in corpus
+    order, so a global batch is a uniform sample of each part. ``local``: batches stream
+    in corpus order (all functions of a file together) through a seeded buffer of
+    ``shuffle_buffer`` rows, for a set larger than the workers' memory. Objectives whose
+    rows are tokenized in the worker (SCodeR's listwise rows) always stream (``local``)."""
+
     shuffle_buffer: int = 2048
-    """Rows each worker shuffles locally (seeded) before batching; 0 keeps corpus order."""
+    """``shuffle="local"``: rows each worker shuffles in a buffer (seeded) before batching;
+    0 keeps corpus order."""
 
     eval_every: int | None = None
     """With a dev set (``RunSpec.eval_data``): report dev MRR/NDCG every this many steps;
@@ -325,6 +337,8 @@ class TrainConfig:
             _fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
         if self.compile not in COMPILE_MODES:
             _fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.shuffle not in SHUFFLES:
+            _fail(f"TrainConfig.shuffle must be one of {SHUFFLES}, got {self.shuffle!r}")
         if self.compile_scope not in COMPILE_SCOPES:
             _fail(
                 f"TrainConfig.compile_scope must be one of {COMPILE_SCOPES}, "

@@ -15,9 +15,63 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from santa.config import TrainConfig
 
 _END = object()
+
+
+class ArrayShard:
+    """Tokenized columns in memory, read in batches as a Ray Data shard reads them
+    (``iter_batches`` with the same arguments; where a shuffle is asked for, it is a seeded
+    permutation of every row, not a buffer)."""
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        lengths = {len(values) for values in columns.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"columns of different lengths: {sorted(lengths)}")
+        self.columns = columns
+        self.rows = lengths.pop()
+
+    @classmethod
+    def read(cls, shard, batch_size: int = 4096) -> ArrayShard:
+        """Every row of a (Ray Data) shard, read once in its order, held in memory."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for batch in shard.iter_batches(
+            batch_size=batch_size, drop_last=False, batch_format="numpy"
+        ):
+            for key, values in batch.items():
+                parts.setdefault(key, []).append(values)
+        if not parts:
+            raise ValueError("a worker's shard of the training set is empty")
+        return cls({key: np.concatenate(values) for key, values in parts.items()})
+
+    def iter_batches(
+        self,
+        *,
+        batch_size: int,
+        drop_last: bool = True,
+        batch_format: str = "numpy",
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Batches of ``batch_size`` rows (numpy), shuffled when a buffer is asked for."""
+        if batch_format != "numpy":
+            raise ValueError(f"ArrayShard reads numpy batches, not {batch_format!r}")
+        order = np.arange(self.rows)
+        if local_shuffle_buffer_size:
+            order = np.random.default_rng(local_shuffle_seed).permutation(self.rows)
+        end = self.rows - self.rows % batch_size if drop_last else self.rows
+        for start in range(0, end, batch_size):
+            rows = order[start : start + batch_size]
+            yield {key: values[rows] for key, values in self.columns.items()}
+
+
+def holds_in_memory(train: TrainConfig, batch_format: str) -> bool:
+    """Whether a worker holds its share in memory and permutes it every epoch
+    (``train.shuffle="global"``, for tokenized numpy batches)."""
+    return train.shuffle == "global" and batch_format == "numpy"
 
 
 def epoch_batches(
@@ -29,17 +83,26 @@ def epoch_batches(
     world_size: int | None = None,
 ) -> Iterator[Any]:
     """One epoch of this worker's shard, in batches of the per-worker batch size (of the
-    ``world_size`` workers present: an elastic run keeps its global batch)."""
+    ``world_size`` workers present: an elastic run keeps its global batch).
+
+    The order is seeded by (seed, rank, epoch), so a resumed run repeats the uninterrupted
+    one. Held in memory (:class:`ArrayShard`, ``train.shuffle="global"``): a permutation of
+    the worker's whole share every epoch. Streamed (``local``): pairs arrive in corpus order
+    (all functions of a file together) and a buffer of ``train.shuffle_buffer`` rows mixes
+    them.
+    """
+    seed = train.seed + 1000 * rank + epoch
+    if isinstance(shard, ArrayShard) and train.shuffle == "global":
+        buffer: int | None = shard.rows
+    else:
+        buffer = train.shuffle_buffer or None
     return iter(
         shard.iter_batches(
             batch_size=train.per_worker_batch_size(world_size),
             drop_last=True,
             batch_format=batch_format,
-            # Pairs arrive in corpus order (all functions of a file together); a seeded
-            # local shuffle makes in-batch negatives come from across the corpus and keeps
-            # the order reproducible (so a resumed run repeats the uninterrupted one).
-            local_shuffle_buffer_size=train.shuffle_buffer or None,
-            local_shuffle_seed=(train.seed + 1000 * rank + epoch if train.shuffle_buffer else None),
+            local_shuffle_buffer_size=buffer,
+            local_shuffle_seed=seed if buffer else None,
         )
     )
 
@@ -155,6 +218,8 @@ class EpochReader:
 
                 self._pin = torch.cuda.is_available()
             shard = self._open_shard()
+            if holds_in_memory(self._train, self._format) and not isinstance(shard, ArrayShard):
+                shard = ArrayShard.read(shard)  # once: every epoch permutes it
             epoch, skip = self._epoch, self._skip
             while not self._stop.is_set():
                 batches = epoch_batches(

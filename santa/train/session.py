@@ -12,12 +12,12 @@ benchmarks and tests call the real step instead of a copy of it.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
+
+from santa.train.epochs import ArrayShard
 
 __all__ = ["ArrayShard", "LocalSession", "RaySession", "Session"]
 
@@ -95,38 +95,6 @@ class RaySession:
             None if checkpoint_dir is None else ray.train.Checkpoint.from_directory(checkpoint_dir)
         )
         ray.train.report(metrics, checkpoint=checkpoint)
-
-
-class ArrayShard:
-    """Tokenized columns in memory, read in batches as a Ray Data shard reads them
-    (``iter_batches`` with the same arguments; the shuffle is a seeded permutation)."""
-
-    def __init__(self, columns: dict[str, np.ndarray]) -> None:
-        lengths = {len(values) for values in columns.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"columns of different lengths: {sorted(lengths)}")
-        self.columns = columns
-        self.rows = lengths.pop()
-
-    def iter_batches(
-        self,
-        *,
-        batch_size: int,
-        drop_last: bool = True,
-        batch_format: str = "numpy",
-        local_shuffle_buffer_size: int | None = None,
-        local_shuffle_seed: int | None = None,
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Batches of ``batch_size`` rows (numpy), shuffled when a buffer is asked for."""
-        if batch_format != "numpy":
-            raise ValueError(f"ArrayShard reads numpy batches, not {batch_format!r}")
-        order = np.arange(self.rows)
-        if local_shuffle_buffer_size:
-            order = np.random.default_rng(local_shuffle_seed).permutation(self.rows)
-        end = self.rows - self.rows % batch_size if drop_last else self.rows
-        for start in range(0, end, batch_size):
-            rows = order[start : start + batch_size]
-            yield {key: values[rows] for key, values in self.columns.items()}
 
 
 class LocalSession:
