@@ -10,7 +10,7 @@ produced the row; every setting it makes is a :class:`Setting` that says its sou
 - ``santa``: the paper and the scripts leave it open; santa's choice, with the reason.
 
 Settings not listed keep :class:`~santa.config.TrainConfig`'s defaults, which do not change
-what is computed (logging, checkpoint cadence, compile, shuffle buffer) or are santa's
+what is computed (logging, checkpoint cadence, compile) or are santa's
 (``seed``). Run a family with ``ray_jobs.pipeline --recipe NAME --stages <its chain>``;
 ``stage_recipe`` refuses a stage outside the chain, so a forgotten ``--stages`` cannot
 silently train another recipe.
@@ -119,6 +119,12 @@ _DECODER0 = paper("decoder0", "SANTA Eq. 1 (first decoder position)")
 _QUERY_LENGTH = code(50, "shell/pretrain-*.sh, finetune-*.sh: --q_max_len 50")
 _DOCUMENT_LENGTH = code(240, "shell/pretrain-*.sh, finetune-*.sh: --p_max_len 240")
 _TARGET_LENGTH = code(35, "shell/pretrain-*.sh: --l_max_len 35")
+# Batches: the scripts train a map-style dataset with Hugging Face's Trainer, whose random
+# sampler draws a new permutation of the whole training set every epoch.
+_SHUFFLE = code(
+    "global",
+    "train_santa.py: Hugging Face Trainer (RandomSampler) over MappingDRTrainDataset",
+)
 
 
 def _pretrain(backbone: Setting, batch: Setting, lr: Setting, epochs: Setting) -> dict:
@@ -149,6 +155,7 @@ def _pretrain(backbone: Setting, batch: Setting, lr: Setting, epochs: Setting) -
         "train.max_query_length": _QUERY_LENGTH,
         "train.max_document_length": _DOCUMENT_LENGTH,
         "train.max_target_length": _TARGET_LENGTH,
+        "train.shuffle": _SHUFFLE,
     }
 
 
