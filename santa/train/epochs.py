@@ -144,7 +144,6 @@ def pin_batch(batch: Any) -> Any:
     """A numpy batch's integer columns as tensors in pinned (page-locked) host memory, so
     the training thread copies them to the GPU without waiting (``non_blocking``); other
     columns (ids, texts) and other batch formats stay as they are."""
-    import numpy as np
     import torch
 
     if not isinstance(batch, dict):
