@@ -153,7 +153,9 @@ def test_offline_mining_then_finetuning_on_the_table(
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    metrics = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    assert "finished at step 6" in out  # a short table, not every metric (the history below)
+    history = (tmp_path / "ft" / "ft" / "metrics.jsonl").read_text().splitlines()
+    metrics = json.loads(history[-1])
     assert metrics["step"] == 6
     assert metrics["negatives_step"] == 0 and metrics["negatives_filled"] == 0
     assert metrics["negatives_swaps"] == 0  # a static table is never swapped
