@@ -296,6 +296,13 @@ def pos_tagger_data() -> None:
     shared = SHARED / "nltk_data"
     if "NLTK_DATA" not in os.environ and shared.is_dir():
         nltk.data.path.insert(0, str(shared))
+    from tests.conftest import pos_tagger_available
+
+    if not pos_tagger_available():  # a fresh clone without ../shared, nothing downloaded
+        pytest.skip(
+            "NLTK tagger missing: set NLTK_DATA or run "
+            "`python -m nltk.downloader averaged_perceptron_tagger_eng`"
+        )
 
 
 def test_product_entities_title_nouns(pos_tagger_data: None) -> None:
