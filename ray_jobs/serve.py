@@ -2,11 +2,14 @@
 
     python -m ray_jobs.serve --index runs/default/index             # http://127.0.0.1:8000
     curl -s localhost:8000/search -d '{"query": "read a file line by line", "k": 5}'
+    open http://127.0.0.1:8000/                                      # the search page
     curl -s localhost:8000/healthz
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m ray_jobs.serve \\
-        --index s3://b/indexes/csn --replicas 2 --gpus-per-replica 1 --host 0.0.0.0 --detach
+        --index s3://b/indexes/csn --replicas 1-4 --gpus-per-replica 1 --host 0.0.0.0 --detach
 
-Without --detach it serves until Ctrl-C, then removes the application. With --detach the
+Requests arriving together are searched as one batch per replica (--max-batch-size,
+--batch-wait-ms); --replicas MIN-MAX lets Serve add replicas under load. Bodies over
+--max-body-kb are answered 413. Without --detach it serves until Ctrl-C, then removes the application. With --detach the
 job ends and the application keeps running on the cluster (remove it with --stop).
 """
 
@@ -19,6 +22,15 @@ import threading
 from santa.runtime.errors import exit_with, run_job
 
 
+def _replicas(text: str) -> tuple[int, int | None]:
+    """``N`` (a fixed count) or ``MIN-MAX`` (autoscaled)."""
+    low, _, high = text.partition("-")
+    try:
+        return int(low), int(high) if high else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or MIN-MAX") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The serve command line."""
     parser = argparse.ArgumentParser(
@@ -28,10 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--index", help="index folder (local or s3://)")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--replicas", type=_replicas, default=(1, None), metavar="N|MIN-MAX", help="default 1"
+    )
+    parser.add_argument("--target-ongoing-requests", type=float, default=4.0, metavar="N")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="1: no batching")
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-body-kb", type=int, default=64, help="larger bodies get a 413")
     parser.add_argument("--cpus-per-replica", type=float, default=1.0)
     parser.add_argument("--gpus-per-replica", type=float, default=0.0)
-    parser.add_argument("--max-ongoing-requests", type=int, default=8)
+    parser.add_argument("--max-ongoing-requests", type=int, default=32)
     parser.add_argument("-k", "--top-k", type=int, default=10, help="k when a request omits it")
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on every interface")
     parser.add_argument("--port", type=int, default=8000)
@@ -63,7 +81,12 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
     options = ServeOptions(
         index=args.index if storage.is_s3(args.index) else storage.absolute(args.index),
         model=args.model,
-        replicas=args.replicas,
+        replicas=args.replicas[0],
+        max_replicas=args.replicas[1],
+        target_ongoing_requests=args.target_ongoing_requests,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+        max_body_bytes=args.max_body_kb * 1024,
         cpus_per_replica=args.cpus_per_replica,
         gpus_per_replica=args.gpus_per_replica,
         max_ongoing_requests=args.max_ongoing_requests,
@@ -74,7 +97,7 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
         name=args.name,
     )
     url = deploy(options)
-    print(f"serving {options.index} at {url}/search (POST) and {url}/healthz", flush=True)
+    print(f"serving {options.index}: the page at {url}/, POST {url}/search", flush=True)
     if args.detach:
         return 0
     stop_event = stop_event or threading.Event()

@@ -265,13 +265,13 @@ def _post(url: str, payload) -> tuple[int, dict]:
     return _request(url, json.dumps(payload).encode(), "POST")
 
 
-def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cluster):
-    """The CLI deploys; real HTTP on loopback: hits equal the searcher's, 4xx for bad
-    requests with the replica still answering, two concurrent clients, clean shutdown."""
+@pytest.fixture(scope="module")
+def served(built, ray_cluster):
+    """``ray_jobs.serve`` deployed on the cluster (batches of up to 8, waiting 50 ms);
+    removed cleanly at the end, which the teardown checks."""
     import threading
     import time
     import urllib.error
-    from concurrent.futures import ThreadPoolExecutor
 
     from ray import serve
 
@@ -281,7 +281,7 @@ def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cl
     port = free_port()
     args = serve_job.parse_args(
         ["--index", built["output"], "--port", str(port), "--cpus-per-replica", "0.25"]
-        + ["--name", "search-test", "-k", "3"]
+        + ["--name", "search-test", "-k", "3", "--max-batch-size", "8", "--batch-wait-ms", "50"]
     )
     stop = threading.Event()
     result: dict = {}
@@ -299,48 +299,9 @@ def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cl
                 pass
             assert time.time() < deadline and server.is_alive(), "Serve did not come up"
             time.sleep(1)
-        assert health["status"] == "ok" and health["count"] == 105
-        assert health["similarity"] == "cosine"
-
         searcher = Searcher.open(built["output"])
-        data = load_beir(built["config"].corpus)
-        queries = [data.queries[q] for q in list(data.queries)[:8]]
-        expected = [[hit.id for hit in hits] for hits in searcher.search(queries, 5)]
-
-        status, body = _post(base + "/search", {"query": queries[0], "k": 5})
-        assert status == 200 and [hit["id"] for hit in body["hits"]] == expected[0]
-        assert body["hits"][0]["rank"] == 1 and body["hits"][0]["text"]
-        status, body = _post(base + "/search", {"query": queries[1]})
-        assert status == 200 and len(body["hits"]) == 3  # the server's -k
-        status, body = _post(base + "/search", {"queries": queries[:2], "k": 5})
-        assert [[h["id"] for h in r["hits"]] for r in body["results"]] == expected[:2]
-
-        bad = [
-            (b"{not json", 400, "not JSON"),
-            (json.dumps({"k": 5}).encode(), 400, "query"),
-            (json.dumps({"query": "x", "k": 0}).encode(), 400, "k must be"),
-            (json.dumps({"query": "   "}).encode(), 400, "non-empty"),
-            (json.dumps({"query": "x", "top": 3}).encode(), 400, "unknown field"),
-            (json.dumps(["x"]).encode(), 400, "JSON object"),
-        ]
-        for payload, code, message in bad:
-            status, body = _request(base + "/search", payload, "POST")
-            assert status == code and message in body["error"], (payload, body)
-        assert _request(base + "/search")[0] == 405
-        assert _request(base + "/nowhere")[0] == 404
-        assert _request(base + "/healthz")[0] == 200  # the replica is still up
-
-        def client(offset: int) -> list[list[str]]:
-            answers = []
-            for query in queries[offset::2]:
-                status, body = _post(base + "/search", {"query": query, "k": 5})
-                assert status == 200
-                answers.append([hit["id"] for hit in body["hits"]])
-            return answers
-
-        with ThreadPoolExecutor(2) as pool:
-            first, second = pool.map(client, (0, 1))
-        assert first == expected[0::2] and second == expected[1::2]
+        queries = list(load_beir(built["config"].corpus).queries.values())
+        yield {"base": base, "health": health, "searcher": searcher, "queries": queries}
     finally:
         stop.set()
         server.join(timeout=120)
@@ -349,6 +310,148 @@ def test_serve_over_http_matches_the_cli_and_survives_bad_requests(built, ray_cl
     serve.shutdown()
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         _request(base + "/healthz")
+
+
+def test_serve_over_http_matches_the_cli_and_survives_bad_requests(served):
+    """Real HTTP on loopback: hits equal the searcher's, 4xx for bad requests with the
+    replica still answering, two concurrent clients."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base, health = served["base"], served["health"]
+    assert health["status"] == "ok" and health["count"] == 105
+    assert health["similarity"] == "cosine"
+    queries = served["queries"][:8]
+    expected = [[hit.id for hit in hits] for hits in served["searcher"].search(queries, 5)]
+
+    status, body = _post(base + "/search", {"query": queries[0], "k": 5})
+    assert status == 200 and [hit["id"] for hit in body["hits"]] == expected[0]
+    assert body["hits"][0]["rank"] == 1 and body["hits"][0]["text"]
+    status, body = _post(base + "/search", {"query": queries[1]})
+    assert status == 200 and len(body["hits"]) == 3  # the server's -k
+    status, body = _post(base + "/search", {"queries": queries[:2], "k": 5})
+    assert [[h["id"] for h in r["hits"]] for r in body["results"]] == expected[:2]
+
+    bad = [
+        (b"{not json", 400, "not JSON"),
+        (json.dumps({"k": 5}).encode(), 400, "query"),
+        (json.dumps({"query": "x", "k": 0}).encode(), 400, "k must be"),
+        (json.dumps({"query": "   "}).encode(), 400, "non-empty"),
+        (json.dumps({"query": "x", "top": 3}).encode(), 400, "unknown field"),
+        (json.dumps(["x"]).encode(), 400, "JSON object"),
+    ]
+    for payload, code, message in bad:
+        status, body = _request(base + "/search", payload, "POST")
+        assert status == code and message in body["error"], (payload, body)
+    assert _request(base + "/search")[0] == 405
+    assert _request(base + "/nowhere")[0] == 404
+    assert _request(base + "/healthz")[0] == 200  # the replica is still up
+
+    def client(offset: int) -> list[list[str]]:
+        answers = []
+        for query in queries[offset::2]:
+            status, body = _post(base + "/search", {"query": query, "k": 5})
+            assert status == 200
+            answers.append([hit["id"] for hit in body["hits"]])
+        return answers
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(client, (0, 1))
+    assert first == expected[0::2] and second == expected[1::2]
+
+
+def test_serve_batches_concurrent_clients_and_refuses_large_bodies(served):
+    """20 concurrent clients: every answer 200 and right, and the replica searched several
+    requests at once; a body over 64 KB is a 413, a long query is not echoed whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base, searcher = served["base"], served["searcher"]
+    queries = served["queries"][:20]
+    expected = {
+        q: [h.id for h in hits]
+        for q, hits in zip(queries, searcher.search(queries, 3), strict=True)
+    }
+
+    def before() -> int:
+        return _request(base + "/healthz")[1]["batches"]["requests"]
+
+    seen = before()
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda q: (q, _post(base + "/search", {"query": q})), queries * 2))
+    assert all(status == 200 for _, (status, _) in answers)
+    assert all([h["id"] for h in body["hits"]] == expected[q] for q, (_, body) in answers)
+    batches = _request(base + "/healthz")[1]["batches"]
+    assert batches["requests"] - seen == 40
+    assert batches["largest"] > 1, batches  # requests were searched together
+
+    status, body = _post(base + "/search", {"query": "x" * (70 * 1024)})
+    assert status == 413 and "over the limit of 65,536" in body["error"]
+    long_query = "parse the file " * 400  # 6,000 characters: under the limit
+    status, body = _post(base + "/search", {"query": long_query, "k": 2})
+    assert status == 200 and len(body["hits"]) == 2
+    assert len(body["query"]) <= 201 and body["query"].endswith("…")
+
+
+def test_search_page_renders_the_same_hits(served):
+    """GET / is a self-contained page (no external assets); GET /?q= lists the searcher's
+    hits with the query's words marked."""
+    import html
+    import re
+    import urllib.parse
+    import urllib.request
+
+    base, searcher = served["base"], served["searcher"]
+    with urllib.request.urlopen(base + "/", timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/html")
+        page = response.read().decode()
+    assert '<form method="get"' in page and 'name="q"' in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing from elsewhere
+    query = served["queries"][3]
+    expected = [h.id for h in searcher.search([query], 5)[0]]
+    url = f"{base}/?" + urllib.parse.urlencode({"q": query, "k": 5})
+    with urllib.request.urlopen(url, timeout=60) as response:
+        page = response.read().decode()
+    assert [html.unescape(i) for i in re.findall(r'data-id="([^"]*)"', page)] == expected
+    assert "<mark>" in page and 'id="took"' in page
+
+
+def test_search_page_in_a_real_browser(served, built, capsys):
+    """Chromium types a query into the page and reads the hits: the top hit is the one
+    ``ray_jobs.search`` prints."""
+    import shutil
+
+    selenium = pytest.importorskip("selenium", reason="selenium is not installed")
+    browser = shutil.which("chromium") or shutil.which("google-chrome")
+    driver_path = shutil.which("chromedriver")
+    if not (browser and driver_path):
+        pytest.skip("no Chromium and chromedriver on PATH (Debian: apt install chromium-driver)")
+    from selenium.webdriver import Chrome, ChromeOptions
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from ray_jobs import search as search_job
+
+    assert selenium
+    options = ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    query = served["queries"][5]
+    driver = Chrome(options=options, service=Service(driver_path))
+    try:
+        driver.get(served["base"] + "/")
+        box = driver.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys(query)
+        driver.find_element(By.ID, "go").click()
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "li.hit"))
+        ids = [e.get_attribute("data-id") for e in driver.find_elements(By.CSS_SELECTOR, "li.hit")]
+        took = driver.find_element(By.ID, "took").text
+    finally:
+        driver.quit()
+    assert search_job.main(["--index", built["output"], "-k", "3", "--json", query]) == 0
+    printed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert ids == [hit["id"] for hit in printed["hits"]] and "ms" in took
 
 
 # ============================================================================ the demo's step
@@ -456,4 +559,4 @@ def test_search_serve_flag_hands_the_other_flags_to_the_serve_job(monkeypatch):
     monkeypatch.setattr(serve, "main", lambda argv: seen.update(argv=argv) or 0)
     assert search.main(["--index", "idx", "--serve", "--replicas", "2", "-k", "4"]) == 0
     args = serve.parse_args(seen["argv"])
-    assert (args.index, args.replicas, args.top_k) == ("idx", 2, 4)
+    assert (args.index, args.replicas, args.top_k) == ("idx", (2, None), 4)

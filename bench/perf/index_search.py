@@ -8,8 +8,10 @@ long as a function), as ``{"id", "text"}`` lines. ``--model tiny`` is a random-i
 (throughput does not depend on the weights), ``minilm`` the shipped all-MiniLM-L6-v2.
 Each actor count indexes the corpus into a fresh output (``ray_jobs.index``'s library
 call; shards of ``--shard-size``), on a local Ray of ``--cpus`` CPUs. Then one Serve
-replica holds the last index, and 1 and 4 concurrent clients send ``--requests`` POST
-/search each; latency is measured at the client. Results: a table and
+replica holds the last index, without batching (``--max-batch-size 1``) and with it
+(``--batch-sizes``' last), and 1, 4 and 20 concurrent clients send ``--requests`` POST
+/search each; latency is measured at the client, batch sizes read from the replica's
+``/healthz``. Results: a table and
 ``bench/results/index_search[-<model>].json``.
 """
 
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=50, help="per client")
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--skip-serve", action="store_true")
+    parser.add_argument("--clients", default="1,4,20")
+    parser.add_argument("--batch-sizes", default="1,16", help="the replica's max batch sizes")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     bench = common.BenchRun(__file__, argv)
@@ -167,10 +171,22 @@ def main(argv: list[str] | None = None) -> None:
     for run in result["index"]:
         run["speedup"] = round(run["documents_per_s"] / base, 2)
     if not args.skip_serve:
-        port = 8123
-        url = deploy(ServeOptions(index=last, port=port, cpus_per_replica=1, name="bench"))
-        result["serve"] = [latency(url, clients, args.requests, args.k) for clients in (1, 4)]
-        serve.delete("bench")
+        result["serve"] = []
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            options = ServeOptions(
+                index=last, port=8123, cpus_per_replica=1, name="bench", max_batch_size=batch
+            )
+            url = deploy(options)
+            for clients in [int(c) for c in args.clients.split(",")]:
+                row = latency(url, clients, args.requests, args.k)
+                result["serve"].append({"max_batch_size": batch, **row})
+                print(f"batch {batch}, {clients} clients: {row}", flush=True)
+            with urllib.request.urlopen(f"{url}/healthz", timeout=60) as response:
+                batches = json.loads(response.read())["batches"]
+            for row in result["serve"]:
+                if row["max_batch_size"] == batch:
+                    row["largest_batch"] = batches["largest"]  # over every client count
+            serve.delete("bench")
         serve.shutdown()
     ray.shutdown()
 
@@ -190,10 +206,18 @@ def main(argv: list[str] | None = None) -> None:
     print(common.format_table(header, rows))
     if result.get("serve"):
         serve_rows = [
-            [row["clients"], row["p50_ms"], row["p99_ms"], row["requests_per_s"]]
+            [
+                row["max_batch_size"],
+                row["clients"],
+                row["p50_ms"],
+                row["p99_ms"],
+                row["requests_per_s"],
+                row.get("largest_batch", "-"),
+            ]
             for row in result["serve"]
         ]
-        print(common.format_table(["clients", "p50 ms", "p99 ms", "requests/s"], serve_rows))
+        header = ["max batch", "clients", "p50 ms", "p99 ms", "requests/s", "largest batch"]
+        print(common.format_table(header, serve_rows))
     suffix = "" if args.model == "tiny" else f"-{args.model}"
     target = args.output or common.RESULTS_DIR / f"index_search{suffix}.json"
     print(f"wrote {bench.write_json(target, result)}")
