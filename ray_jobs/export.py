@@ -13,7 +13,10 @@ written beside ``--to`` first and renamed into place, so it is never left half-w
 ``--format sentence-transformers`` adds sentence-transformers' module files
 (modules.json, pooling, Dense, Normalize where santa scores by cosine), so that
 ``SentenceTransformer(DIR)`` encodes as santa does; T5 models (decoder-position-0 pooling)
-are refused with the reason. S3 credentials come from the standard AWS chain; the endpoint from ``AWS_ENDPOINT_URL``.
+are refused with the reason. Every folder gets a model card (README.md: Hugging Face
+metadata, the training recipe and stages, the run's evaluation table beside BM25 when the
+pipeline evaluated this checkpoint or ``--eval`` names a ``ray_jobs.evaluate`` output, how
+to load it, the papers to cite). S3 credentials come from the standard AWS chain; the endpoint from ``AWS_ENDPOINT_URL``.
 Errors are one line on stderr (``santa: error: ...``): exit status 2 when nothing complete
 is found, the bucket is missing or the credentials are refused, 1 when S3 cannot be reached.
 """
@@ -54,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="hf",
         help="hf: a Hugging Face folder; sentence-transformers: one SentenceTransformer(DIR) loads",
     )
+    parser.add_argument(
+        "--eval",
+        metavar="URI",
+        help="a ray_jobs.evaluate output folder whose table goes into the model card "
+        "(default: the pipeline's evaluation of this checkpoint, if any)",
+    )
     return with_exit_codes(parser)
 
 
@@ -79,6 +88,7 @@ def export(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from santa.models import checkpoints
+    from santa.models.export import export_model
 
     if args.checkpoint:
         resolved = checkpoints.resolve_checkpoint(args.checkpoint)
@@ -86,11 +96,24 @@ def _export(args: argparse.Namespace) -> int:
         resolved = checkpoints.latest_checkpoint(args.latest)
     else:
         resolved = checkpoints.best_checkpoint(args.best)
-    if args.format == "sentence-transformers":
-        target, written = _export_sentence_transformers(resolved, args.to, args.overwrite)
+    evaluation = None
+    if args.eval:
+        from santa.models.card import read_evaluation
+
+        evaluation = read_evaluation(args.eval)
+        if evaluation is None:
+            raise checkpoints.CheckpointError(
+                f"--eval {args.eval}: no evaluation there (metrics.json and info.json)"
+            )
+    target, written = export_model(
+        resolved,
+        args.to,
+        overwrite=args.overwrite,
+        sentence_transformers=args.format == "sentence-transformers",
+        evaluation=evaluation,
+    )
+    if written:
         print(f"sentence-transformers: {written}")
-    else:
-        target = checkpoints.download(resolved, args.to, overwrite=args.overwrite)
     step = "unknown" if resolved.step is None else resolved.step
     print(f"wrote {target} (step {step}) from {resolved.model_uri}")
     if args.best:
@@ -102,32 +125,6 @@ def _export(args: argparse.Namespace) -> int:
         if facts:
             print("best: " + ", ".join(f"{key}={value}" for key, value in sorted(facts.items())))
     return 0
-
-
-def _export_sentence_transformers(resolved, to: str, overwrite: bool):
-    """Download into a hidden folder beside ``to``, add the module files, rename into place."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from santa.models import checkpoints
-    from santa.search.st_export import write_sentence_transformers_files
-
-    target = Path(os.path.abspath(os.path.expanduser(to)))
-    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise checkpoints.CheckpointError(
-            f"{target} already exists and is not empty (pass --overwrite)"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        folder = checkpoints.download(resolved, staging / "model")
-        written = write_sentence_transformers_files(folder)
-        checkpoints._move_into_place(folder, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target, written
 
 
 if __name__ == "__main__":

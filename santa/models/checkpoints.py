@@ -339,14 +339,14 @@ def download(
         if not _is_complete_model(storage.open_location(str(staging))):
             raise CheckpointError(f"incomplete download from {source.uri}")
         staging.chmod(0o755)
-        _move_into_place(staging, target)
+        move_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
 
 
-def _move_into_place(staging: Path, target: Path) -> None:
+def move_into_place(staging: Path, target: Path) -> None:
     """Rename ``staging`` to ``target``; an existing ``target`` is moved aside first."""
     try:
         os.rename(staging, target)  # atomic; also replaces an empty directory
