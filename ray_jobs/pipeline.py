@@ -23,7 +23,7 @@ held-out corpus with the final model and shows three of its queries' top hits, a
 everything under ``./runs/<name>/``: ``data/`` (pairs, BEIR sets), one Ray Train run per
 stage (``<stage>/checkpoint_*``, ``metrics.jsonl``, ``tensorboard/``), ``negatives/`` (the
 mined table, with ANCE), ``eval/`` (TREC runs, metrics), ``index/`` (search it with
-``ray_jobs.search``), ``training.png`` and ``report.md``. Fine-tuning uses the pretraining
+``ray_jobs.search``), ``report.md`` and ``report.html`` with their plots (PNG). Fine-tuning uses the pretraining
 pairs' unmasked documents unless ``--finetune-data`` names other pairs.
 """
 

@@ -162,7 +162,8 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
     for stage in ("pretrain", "finetune"):
         history = storage.read_bytes(storage.join(run, stage, "metrics.jsonl")).decode()
         assert [json.loads(line)["step"] for line in history.splitlines()] == [3, 6, 9, 12]
-    assert storage.exists(storage.join(run, "training.png"))
+    assert storage.exists(storage.join(run, "losses.png"))
+    assert storage.exists(storage.join(run, "report.html"))
     # The run ran on the cluster's nodes, not in this process.
     nodes = json.loads(
         _ray(["list", "nodes", "--address", shell_cluster["address"], "--format=json"], env).stdout

@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import matplotlib.image as plt_image
 import pytest
 
 from santa.models.checkpoints import best_checkpoint, latest_checkpoint, load
@@ -163,6 +164,14 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_p
     start = next(i for i, line in enumerate(lines) if line.startswith("trial "))
     table = [line for line in lines[start:] if "(raylet)" not in line]
     assert table[1].startswith(best["trial_id"])  # best first
+    # The sweep's report: the table (best first) and dev MRR over lr × λ, as a page too.
+    report = (root / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    first = rows[1]  # after the header
+    assert first.startswith(f"| {best['trial_id']} |") and f"{best['value']:.4f}" in first
+    assert "![dev_mrr over learning rate × λ](sweep.png)" in report
+    assert plt_image.imread(root / "sweep.png").shape[2] in (3, 4)
+    assert '<img src="sweep.png"' in (root / "report.html").read_text()
 
     # The same command again: the finished experiment is restored, nothing runs again.
     checkpoints_before = sorted(str(p) for p in (root / "runs").rglob("checkpoint_*"))

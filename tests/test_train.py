@@ -315,4 +315,21 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
     filtered = report["mining"]["filtered"]
     assert filtered["positive"] > 0 and set(filtered) >= {"same_text", "score_ratio"}
     assert "## Hard-negative mining" in markdown and "| positive |" in markdown
-    assert (run / "training.png").stat().st_size > 10_000
+    # The report's plots, drawn from the stages' own metrics.jsonl and the evaluation.
+    for name in ("losses.png", "metrics.png", "throughput.png"):
+        assert (run / name).stat().st_size > 10_000, name
+        assert f"]({name})" in markdown
+    assert '<img src="losses.png"' in (run / "report.html").read_text()
+    from santa.pipeline.plots import pipeline_figures
+    from santa.pipeline.report import read_history
+
+    stages = [{**s, "history": read_history(str(run / s["stage"]))} for s in report["stages"]]
+    figures = pipeline_figures(report, stages)
+    panels = {axis.get_title(): axis for axis in figures["losses.png"].axes}
+    drawn = {line.get_label(): list(line.get_ydata()) for line in panels["loss"].lines}
+    for stage in ("pretrain", "finetune", "ance"):
+        logged = [json.loads(line)["loss"] for line in (run / stage / "metrics.jsonl").open()]
+        assert drawn[stage] == logged, stage
+    (bars,) = figures["metrics.png"].axes
+    heights = {c.get_label(): c.patches[0].get_height() for c in bars.containers}
+    assert heights == {name: values["mrr@100"] for name, values in report["metrics"].items()}

@@ -35,6 +35,7 @@ from typing import Any
 
 from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
+from santa.pipeline.report import write_sweep_report
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.layout import RunLayout
@@ -497,6 +498,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
         result_grid = interrupts.call_in_thread(tuner.fit, name="santa-sweep")
     rows = result_rows(result_grid)
     print(format_table(rows))
+    print(f"wrote {write_sweep_report(rows, sweep_root, METRIC)}")
     try:
         best = best_record(result_grid, sweep_root, storage_root)
     except NoBestTrial as error:

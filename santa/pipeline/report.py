@@ -1,9 +1,8 @@
-"""The pipeline's report: ``report.md`` (metrics after every stage, training, corpus, time)
-and ``training.png`` (every logged step of every stage, from the runs' own histories)."""
+"""The pipeline's report: ``report.md`` and ``report.html`` (metrics after every stage,
+training, corpus, time) with the plots of :mod:`santa.pipeline.plots` beside them."""
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
@@ -26,51 +25,6 @@ def read_history(run_uri: str) -> list[dict[str, Any]]:
         return []
     lines = storage.read_bytes(uri).decode().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
-
-
-def plot_history(stages: list[dict[str, Any]], run_uri: str) -> str | None:
-    """``training.png``: losses and dev MRR over the steps of every stage, end to end."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    offset, plotted = 0, False
-    for stage in stages:
-        points = [
-            h for h in stage["history"] if is_number(h.get("step")) and is_number(h.get("loss"))
-        ]
-        if not points:
-            continue
-        steps = [offset + h["step"] for h in points]
-        for key in ("loss", "loss_sda", "loss_mep"):
-            values = [h.get(key, float("nan")) for h in points]
-            if any(is_number(v) and v for v in values):
-                left.plot(steps, values, label=f"{stage['stage']} {key}")
-        dev = [(offset + h["step"], h["dev_mrr"]) for h in points if is_number(h.get("dev_mrr"))]
-        if dev:
-            right.plot(*zip(*dev, strict=True), marker="o", label=stage["stage"])
-        left.axvline(offset, color="grey", linewidth=0.5)
-        offset = steps[-1]
-        plotted = True
-    if not plotted:
-        plt.close(figure)
-        return None
-    left.set_xlabel("step (stages end to end)")
-    left.set_title("training losses")
-    left.legend(fontsize=7)
-    right.set_xlabel("step (stages end to end)")
-    right.set_title("dev MRR@100")
-    if right.lines:
-        right.legend(fontsize=7)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    target = RunLayout(run_uri).training_plot
-    storage.write_bytes(target, buffer.getvalue())
-    return target
 
 
 # The phases before a stage's first step, in the order they happen (santa.train.trainer's
@@ -118,7 +72,15 @@ def startup_table(stages: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def format_report(report: dict[str, Any], plot: str | None) -> str:
+PLOT_CAPTIONS = {
+    "metrics.png": "held-out retrieval after every stage, BM25 beside",
+    "losses.png": "training losses (SDA and MEP apart)",
+    "dev_mrr.png": "dev MRR@100 over the steps",
+    "throughput.png": "training throughput per stage",
+}
+
+
+def format_report(report: dict[str, Any], plots: list[str] | None = None) -> str:
     """``report.md``: retrieval after every stage, training per stage, corpus and time."""
     evaluated = report.get("evaluated_with", {})
     lines = [
@@ -158,8 +120,11 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
             )
         )
     lines.append("")
-    if plot:
-        lines += [f"![training curves]({plot.rsplit('/', 1)[-1]})", ""]
+    names = [uri.rsplit("/", 1)[-1] for uri in plots or []]
+    if names:
+        lines += ["## Plots", ""]
+        lines += [f"![{PLOT_CAPTIONS.get(name, name)}]({name})" for name in names]
+        lines.append("")
     if report["corpus"]:
         lines += [
             "## Corpus",
@@ -202,3 +167,34 @@ def format_report(report: dict[str, Any], plot: str | None) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def write_sweep_report(rows: list[dict[str, Any]], root: str, metric: str) -> str:
+    """A sweep's ``report.md`` and ``report.html`` at its root, with ``sweep.png`` (the
+    metric of each trial over learning rate × λ); returns the Markdown's URI."""
+    from santa.pipeline.plots import markdown_page, sweep_figure, write_figures
+
+    def cell(value: Any, digits: str) -> str:
+        return "-" if value is None else format(value, digits) if is_number(value) else str(value)
+
+    lines = [
+        f"# santa sweep: {root.rstrip('/').rsplit('/', 1)[-1]}",
+        "",
+        f"| trial | lr | λ | {metric} | step | status |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['trial']} | {cell(row.get('lr'), '.3g')} | {cell(row.get('lambda'), '.3f')} "
+            f"| {cell(row.get(metric), '.4f')} | {cell(row.get('step'), '')} | {row['status']} |"
+        )
+    figure = sweep_figure(rows, metric)
+    if figure is not None:
+        write_figures({"sweep.png": figure}, root)
+        lines += ["", f"![{metric} over learning rate × λ](sweep.png)"]
+    markdown = "\n".join([*lines, ""])
+    target = storage.join(root, "report.md")
+    storage.write_bytes(target, markdown.encode())
+    page = markdown_page(markdown, lines[0].removeprefix("# "))
+    storage.write_bytes(storage.join(root, "report.html"), page.encode())
+    return target

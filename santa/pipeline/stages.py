@@ -28,7 +28,7 @@ from typing import Any
 from santa.config import SantaConfig
 from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
-from santa.pipeline.report import format_report, is_number, plot_history, read_history
+from santa.pipeline.report import format_report, is_number, read_history
 from santa.recipes import PIPELINE_STAGES, stage_recipe
 from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
@@ -265,9 +265,13 @@ def _run(
         "mining": mining,
     }
     storage.write_json(layout.report, report)
-    plot = plot_history(stages, layout.root)
-    markdown = format_report(report, plot)
+    from santa.pipeline.plots import markdown_page, pipeline_figures, write_figures
+
+    plots = write_figures(pipeline_figures(report, stages), layout.root)
+    markdown = format_report(report, plots)
     storage.write_bytes(layout.report_markdown, markdown.encode())
+    page = markdown_page(markdown, f"santa pipeline: {spec.name}")
+    storage.write_bytes(layout.report_html, page.encode())
     print(markdown)
     if spec.index:
         from santa.search.demo import index_and_show
@@ -278,7 +282,10 @@ def _run(
         phases["index_s"] = time.time() - indexed_at
         phases["total_s"] = time.time() - started
         storage.write_json(layout.report, report)
-    print(f"outputs: {layout.root} (report.md, checkpoint {report['checkpoint']})", flush=True)
+    print(
+        f"outputs: {layout.root} (report.md, report.html, checkpoint {report['checkpoint']})",
+        flush=True,
+    )
     print(f"wall time: {phases['total_s']:.0f} s", flush=True)
     return report
 

@@ -17,7 +17,7 @@ stages, a sweep's trials) are run folders inside it::
         negatives/negatives.parquet    the pipeline's mined table
         eval/<system>/                 evaluation outputs
         index/                         the held-out corpus indexed with the final model
-        report.json report.md training.png
+        report.json report.md report.html *.png (losses, dev_mrr, metrics, throughput)
         warmup/ discriminators-init/ iter-<i>/   SCodeR (see ScoderIteration)
         best.json runs/<NAME>-<trial>/           a sweep
         .santa-cache/                  caches the runs nested in this one share (CacheLayout)
@@ -222,9 +222,9 @@ class RunLayout:
         return self.path("report.md")
 
     @property
-    def training_plot(self) -> str:
-        """The training curves of every stage."""
-        return self.path("training.png")
+    def report_html(self) -> str:
+        """The run's report as a page (the Markdown's HTML, its plots beside it)."""
+        return self.path("report.html")
 
     # ------------------------------------------------------------------ SCodeR
 
