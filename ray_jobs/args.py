@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from santa.config import SantaConfig
 from santa.recipes import RECIPES, get_recipe
+from santa.runtime.tracking import add_tracking_flags
 
 
 class WorkerCount(int):
@@ -41,7 +42,8 @@ def run_parser(
     cpus_per_worker_help: str | None = None,
     max_steps_help: str | None = None,
 ) -> argparse.ArgumentParser:
-    """A parent parser: recipe, workers, GPU, CPUs per worker, max steps, Ray address, --set."""
+    """A parent parser: recipe, workers, GPU, CPUs per worker, max steps, Ray address,
+    MLflow / W&B, --set."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument(
@@ -72,6 +74,7 @@ def run_parser(
         "for the rest",
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    add_tracking_flags(parser)
     parser.add_argument(
         "--set",
         dest="overrides",

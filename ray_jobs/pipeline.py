@@ -37,6 +37,7 @@ from ray_jobs.args import cluster_overrides, run_parser
 from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
 from santa.recipes import PIPELINE_STAGES
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
+from santa.runtime.tracking import Tracking
 
 logger = logging.getLogger("santa.pipeline")
 
@@ -129,6 +130,7 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         cluster_overrides=tuple(cluster_overrides(args)),
         overrides=tuple(args.overrides),
         index=not args.no_index,
+        tracking=Tracking.from_args(args).to_dict(),
     )
 
 

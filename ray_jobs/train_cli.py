@@ -16,6 +16,7 @@ from santa.runtime.preflight import (
     check_writable,
 )
 from santa.runtime.runlock import RunLock
+from santa.runtime.tracking import Tracking
 from santa.train.kept import RESUME_HINT, final_metrics_lines
 
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     if args.hard_negatives.startswith("table:"):
         check_negatives_table(args.hard_negatives.removeprefix("table:"))
 
+    tracking = Tracking.from_args(args)  # a missing package: one line before Ray starts
     run_uri = storage.join(storage.absolute(args.storage), args.name)
     kept = interrupts.keeping(lambda: "", hint=RESUME_HINT)  # fit() says what was kept
     with kept, RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             warm_start=warm_start,
             eval_data=args.eval_data,
             eval_split=args.eval_split,
+            tracking=tracking.to_dict(),
         )
         print(init_ray(args.address, verbose=args.verbose, preload=FIT_IMPORTS), flush=True)
         result = fit(config, spec)

@@ -127,11 +127,15 @@ def test_results_table_is_sorted_by_the_metric():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_path, capsys):
+def test_sweep_writes_best_json_tensorboard_and_resumes(
+    ray_cluster, data, tmp_path, capsys, monkeypatch
+):
     args = sweep_args(
         data, tmp_path, "tiny-sweep", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2"
     )
-    args += ["--address", ray_cluster.address]
+    store = f"file://{tmp_path / 'mlruns'}"
+    args += ["--address", ray_cluster.address, "--mlflow", store]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
     assert "max_concurrent_trials=1" in out
@@ -172,6 +176,14 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(ray_cluster, data, tmp_p
     assert "![dev_mrr over learning rate × λ](sweep.png)" in report
     assert plt_image.imread(root / "sweep.png").shape[2] in (3, 4)
     assert '<img src="sweep.png"' in (root / "report.html").read_text()
+    # MLflow through Tune's own logger: one run per trial, with its dev MRR.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("santa")
+    tracked = client.search_runs([experiment.experiment_id])
+    assert len(tracked) == 2
+    assert max(run.data.metrics["dev_mrr"] for run in tracked) == pytest.approx(best["value"])
 
     # The same command again: the finished experiment is restored, nothing runs again.
     checkpoints_before = sorted(str(p) for p in (root / "runs").rglob("checkpoint_*"))

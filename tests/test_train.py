@@ -278,7 +278,7 @@ def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path
 
 
 @pytest.mark.slow
-def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluster):
+def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluster, monkeypatch):
     """--stages pretrain,finetune,ance: each stage warm-starts from the last, ANCE mines with
     the fine-tuned model, and the report shows every stage's metrics and whole history."""
     from ray_jobs import pipeline
@@ -290,7 +290,9 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
         + ["--recipe", "tiny"]
         + ["--eval-data", test_set, "--max-steps", "4", "--cpus-per-worker", "0.5"]
         + ["--address", ray_cluster.address, "--set", "train.log_every=1"]
+        + ["--mlflow", f"file://{tmp_path / 'mlruns'}"]
     )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
     report = pipeline.run(args)
     assert [s["stage"] for s in report["stages"]] == ["pretrain", "finetune", "ance"]
     assert [s["hard_negatives"] for s in report["stages"]] == ["none", "none", "table"]
@@ -333,3 +335,18 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
     (bars,) = figures["metrics.png"].axes
     heights = {c.get_label(): c.patches[0].get_height() for c in bars.containers}
     assert heights == {name: values["mrr@100"] for name, values in report["metrics"].items()}
+    # MLflow: a run per stage, with its steps and its model's held-out metrics beside BM25.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file://{tmp_path / 'mlruns'}")
+    experiment = client.get_experiment_by_name("santa")
+    tracked = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(tracked) == {"pretrain", "finetune", "ance"}
+    for stage, run in tracked.items():
+        assert run.info.status == "FINISHED"
+        ours = report["metrics"][f"santa ({stage})"]["mrr@100"]
+        assert run.data.metrics["test/model/mrr_at_100"] == pytest.approx(ours)
+        assert run.data.metrics["test/bm25/mrr_at_100"] == pytest.approx(
+            report["metrics"]["bm25"]["mrr@100"]
+        )
+        assert len(client.get_metric_history(run.info.run_id, "loss")) == 4

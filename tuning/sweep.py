@@ -43,6 +43,7 @@ from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
 from santa.runtime.runlock import RunLock
+from santa.runtime.tracking import Tracking, tune_callbacks
 from tuning.progress import SweepProgress, status_word
 from tuning.trials import (
     DEFAULT_LAMBDA_RANGES,
@@ -396,6 +397,8 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
     progress: dict[str, str] = {}  # trial id → status, for an interruption's line
     max_t = config.scoder.iterations if args.objective == "scoder" else config.train.max_steps
     tracker = _StatusTracker(progress, metric=METRIC, time_attr=TIME_ATTR, max_t=max_t)
+    # MLflow / W&B: Tune's own loggers, one tracked run per trial.
+    callbacks = [tracker, *tune_callbacks(Tracking.from_args(args))]
     # On S3 with santa's filesystem: Tune's experiment syncs get santa's timeouts.
     ray_root, filesystem = storage.for_ray(sweep_root)
     ray_storage, _ = storage.for_ray(storage_root)
@@ -414,7 +417,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
         # live progress callback again (Tuner.restore takes no run_config).
         restored = tuner._local_tuner.get_run_config()
         restored.verbose = 0
-        restored.callbacks = [tracker]
+        restored.callbacks = callbacks
     else:
         field = lambda_field(config, args.objective)
         if field is None:
@@ -483,7 +486,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
                 storage_path=ray_storage,
                 storage_filesystem=filesystem,
                 verbose=0,
-                callbacks=[tracker],
+                callbacks=callbacks,
             ),
         )
     # Tune's newer output engine prints its experiment box even at verbose=0; the classic

@@ -95,6 +95,9 @@ class PipelineSpec:
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """The user's ``section.field=value`` overrides: after everything else."""
     index: bool = True
+    tracking: dict[str, Any] = field(default_factory=dict)
+    """MLflow / W&B (``santa.runtime.tracking.Tracking.to_dict``): each stage is a tracked
+    run, closed with its model's evaluation."""
     """Last step: index the held-out corpus with the final model, show example searches."""
 
     def __post_init__(self) -> None:
@@ -249,6 +252,7 @@ def _run(
     )
     phases["evaluate_s"] = time.time() - evaluated_at
     phases["total_s"] = time.time() - started
+    _track_evaluation(spec, stages, metrics)
 
     report = {
         "name": spec.name,
@@ -288,6 +292,23 @@ def _run(
     )
     print(f"wall time: {phases['total_s']:.0f} s", flush=True)
     return report
+
+
+def _track_evaluation(
+    spec: PipelineSpec, stages: list[dict[str, Any]], metrics: dict[str, Any]
+) -> None:
+    """Each stage's tracked run gets its model's held-out metrics, the baseline beside."""
+    from santa.runtime.tracking import Tracking
+
+    tracking = Tracking.from_dict(spec.tracking)
+    if not tracking.active:
+        return
+    baselines = {k: v for k, v in metrics.items() if not k.startswith(("santa (", "untrained"))}
+    for stage in stages:
+        layout = spec.layout.stage(stage["stage"])
+        tracked = tracking.begin(run_uri=layout.root, name=layout.name, params={})
+        ours = metrics.get(f"santa ({stage['stage']})") or {}
+        tracked.finish(evaluation={"model": ours, **baselines})
 
 
 def _mining_summary(table: str, config: SantaConfig) -> dict[str, Any]:
@@ -380,6 +401,7 @@ def train_stage(
         eval_data=dev_uri,
         eval_split="valid",
         warm_start=warm_start,
+        tracking=spec.tracking,
     )
     started = time.time()
     result = fit(config, run)

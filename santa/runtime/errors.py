@@ -176,7 +176,11 @@ def describe(error: BaseException) -> tuple[str, int]:
     death = _describe_process_death(error) or _describe_placement_timeout(error)
     if death is not None:
         return f"santa: error: {death}", RUNTIME_FAULT
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    if message.startswith("Traceback (most recent call last)"):
+        # A traceback carried as text (Tune's TuneError): its last line is the cause.
+        message = lines[-1].strip()
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
     from santa.runtime.storage import StorageError

@@ -322,6 +322,7 @@ class WorkerTrainer:
                 pin_memory=self.use_gpu,
             )
         self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
+        self.tracker = _worker_tracker(loop, config) if self.rank == 0 else None
         self.history: list[dict[str, Any]] = []
         if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
             text = storage.read_bytes(loop.metrics_uri).decode()
@@ -542,6 +543,8 @@ class WorkerTrainer:
                 # TensorBoard names allow no "@" (recall@10 → recall_10).
                 self.writer.add_scalar(f"train/{key.replace('@', '_')}", value, step)
             self.writer.flush()
+        if self.tracker is not None:
+            self.tracker.log(metrics, step)
         if self.loop.metrics_uri:
             # A resumed run drops the lines of steps it repeats.
             self.history = [h for h in self.history if h["step"] < step] + [dict(metrics)]
@@ -554,6 +557,8 @@ class WorkerTrainer:
         """Close the TensorBoard writer (and publish its last events), then the objective."""
         self.reader.close()
         try:
+            if self.tracker is not None:
+                self.tracker.close()
             if self.writer is not None:
                 self.writer.close()
                 if self.loop.tensorboard_uri and self.loop.tensorboard_dir:
@@ -587,6 +592,25 @@ def _tensorboard_writer(directory: str):
 
     os.makedirs(directory, exist_ok=True)
     return SummaryWriter(directory)
+
+
+def _worker_tracker(loop, config):
+    """Rank 0's MLflow / W&B logger when the job tracks its runs (else None)."""
+    from santa.runtime.tracking import Tracking, WorkerTracker
+
+    tracking = Tracking.from_dict(loop.tracking)
+    if not (tracking.mlflow_run_id or tracking.wandb_run_id):
+        return None
+    try:
+        return WorkerTracker(tracking, config=config.to_dict())
+    except Exception as error:  # noqa: BLE001 - tracking must never stop training
+        print(
+            f"santa: warning: experiment tracking is off for this run: "
+            f"{type(error).__name__}: {error}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
 
 
 def _quiet_train_reports() -> None:

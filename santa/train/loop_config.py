@@ -73,6 +73,9 @@ class LoopConfig:
     printed by this job, so a worker restarted by Ray Train repeats them without printing
     them again (a rerun of the command prints its steps anew)."""
 
+    tracking: dict[str, Any] = field(default_factory=dict)
+    """MLflow / W&B (``santa.runtime.tracking.Tracking``): rank 0 logs every logged step."""
+
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(

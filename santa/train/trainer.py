@@ -9,7 +9,8 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -27,6 +28,7 @@ from santa.runtime.resources import (
     trainer_gpus,
     training_plan,
 )
+from santa.runtime.tracking import Tracking, finish_tracking
 from santa.train.data import build_train_dataset, tokenization_settings
 from santa.train.entry import train_loop_per_worker
 from santa.train.ingest import PreparedSplits
@@ -89,6 +91,8 @@ class RunSpec:
     cache: str = ""
     """The cache folder runs share (trained tokenizers, torch.compile's work); empty: the
     one beside the run (``RunLayout.cache``). Nested runs pass their parent's."""
+    tracking: dict[str, Any] = field(default_factory=dict)
+    """MLflow / W&B settings (``santa.runtime.tracking.Tracking.to_dict``); empty: none."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
@@ -330,6 +334,10 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             resources=miner_resources,
         )
         startup["startup_miner_s"] = time.time() - started
+    # MLflow / W&B: the run is opened (or found again) here, rank 0 logs into it.
+    tracked = Tracking.from_dict(spec.tracking).begin(
+        run_uri=layout.root, name=layout.name, params=config.to_dict()
+    )
     # On S3, Ray Train's checkpoint uploads and downloads get santa's timeouts.
     storage_path, storage_filesystem = storage.for_ray(layout.storage_path)
     trainer = TorchTrainer(
@@ -356,6 +364,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             startup=startup,
             submitted_at=time.time(),
             logged_before=last_logged_step(layout.metrics),
+            tracking=tracked.to_dict(),
         ).to_dict(),
         scaling_config=ScalingConfig(
             # Elastic (--num-workers MIN-MAX): Ray Train goes on with the workers that fit.
@@ -402,6 +411,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
         # the process with status 1 and no message); santa's handler answers instead.
         with interrupts.keeping(lambda: describe_run(layout.root)):
             result = call_in_thread(trainer.fit, name="santa-fit")
+        finish_tracking(tracked, result, config, layout)
         # A checkpoint upload cut short and retried leaves its folder behind: a finished
         # run holds registered checkpoints only.
         remove_unregistered_checkpoints(layout.root)

@@ -1,0 +1,398 @@
+"""Experiment tracking: MLflow and Weights & Biases, beside santa's own metrics.jsonl and
+TensorBoard.
+
+One tracked run per training run (a pretrain or finetune job, each pipeline stage, each
+SCodeR phase): the driver opens it before Ray Train starts (the config as parameters), rank
+0 logs every logged step's metrics into it, and the driver closes it with the final
+metrics, the evaluation table where the job evaluated, and the model folder as an artifact.
+A run resumed under the same name continues the same tracked run (MLflow: the run tagged
+with the santa run's URI; W&B: an id derived from it). A Tune sweep logs one run per trial
+through Tune's own ``MLflowLoggerCallback`` / ``WandbLoggerCallback``
+(:func:`tune_callbacks`).
+
+Neither package is a dependency of santa: ``pip install 'santa[tracking]'`` (or ``mlflow``
+/ ``wandb`` alone). Settings come from the flags (``--mlflow [URI]``, ``--wandb
+[PROJECT]``) and the packages' own environment variables (``MLFLOW_TRACKING_URI``,
+``MLFLOW_EXPERIMENT_NAME``, ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``WANDB_DIR``, ...),
+which are handed to the workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "Tracking",
+    "TrackingError",
+    "WorkerTracker",
+    "add_tracking_flags",
+    "finish_tracking",
+    "tune_callbacks",
+]
+
+RUN_TAG = "santa.run"
+DEFAULT_EXPERIMENT = "santa"
+ENV_PREFIXES = ("MLFLOW_", "WANDB_")
+
+
+class TrackingError(ValueError):
+    """A tracking backend cannot be used (not installed, bad URI); the message says what to do."""
+
+
+def add_tracking_flags(parser) -> None:
+    """``--mlflow [URI]`` and ``--wandb [PROJECT]`` (values default to the packages' env)."""
+    parser.add_argument(
+        "--mlflow",
+        nargs="?",
+        const="env",
+        default=None,
+        metavar="URI",
+        help="log to MLflow (URI: a tracking server or file store; default "
+        "MLFLOW_TRACKING_URI); experiment: MLFLOW_EXPERIMENT_NAME or 'santa'",
+    )
+    parser.add_argument(
+        "--wandb",
+        nargs="?",
+        const="env",
+        default=None,
+        metavar="PROJECT",
+        help="log to Weights & Biases (default project WANDB_PROJECT or 'santa'; "
+        "WANDB_MODE=offline works without an account)",
+    )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, into)
+    else:
+        into[prefix] = value
+    return into
+
+
+def _run_id(run_uri: str) -> str:
+    """A W&B run id for a santa run: the same name (and storage) resumes the same run."""
+    return "santa-" + hashlib.sha1(run_uri.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where a job's runs are tracked; travels to the workers as a plain dict."""
+
+    mlflow_uri: str = ""
+    experiment: str = DEFAULT_EXPERIMENT
+    wandb_project: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    """The driver's ``MLFLOW_*`` / ``WANDB_*`` variables, set in the workers too."""
+    mlflow_run_id: str = ""
+    wandb_run_id: str = ""
+    run_name: str = ""
+
+    @classmethod
+    def from_args(cls, args) -> Tracking:
+        """From ``--mlflow`` / ``--wandb`` and the environment; checks the packages now."""
+        mlflow_flag, wandb_flag = getattr(args, "mlflow", None), getattr(args, "wandb", None)
+        env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+        mlflow_uri = ""
+        if mlflow_flag is not None:
+            mlflow_uri = env.get("MLFLOW_TRACKING_URI", "") if mlflow_flag == "env" else mlflow_flag
+            if not mlflow_uri:
+                raise TrackingError("--mlflow needs a URI (or MLFLOW_TRACKING_URI)")
+            _require("mlflow")
+        project = ""
+        if wandb_flag is not None:
+            project = env.get("WANDB_PROJECT", "santa") if wandb_flag == "env" else wandb_flag
+            _require("wandb")
+        experiment = env.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
+        return cls(mlflow_uri=mlflow_uri, experiment=experiment, wandb_project=project, env=env)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.mlflow_uri or self.wandb_project)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any] | None) -> Tracking:
+        return cls(**(payload or {}))
+
+    # ------------------------------------------------------------------ the driver
+
+    def begin(self, *, run_uri: str, name: str, params: dict[str, Any]) -> Tracking:
+        """Open (or find again) the tracked run of the santa run at ``run_uri``; returns
+        the settings with its ids, for the workers and :meth:`finish`."""
+        if not self.active:
+            return self
+        mlflow_run_id = ""
+        flat = {k: v for k, v in _flatten("", params, {}).items() if v not in (None, "")}
+        if self.mlflow_uri:
+            client = self._mlflow_client()
+            experiment = client.get_experiment_by_name(self.experiment)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(self.experiment)
+            )
+            found = client.search_runs(
+                [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_uri}'", max_results=1
+            )
+            if found:
+                mlflow_run_id = found[0].info.run_id
+                client.update_run(mlflow_run_id, status="RUNNING")
+            else:
+                run = client.create_run(experiment_id, tags={RUN_TAG: run_uri}, run_name=name)
+                mlflow_run_id = run.info.run_id
+                from mlflow.entities import Param
+
+                params_list = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+                for start in range(0, len(params_list), 100):
+                    client.log_batch(mlflow_run_id, params=params_list[start : start + 100])
+        return Tracking(
+            **{
+                **self.to_dict(),
+                "mlflow_run_id": mlflow_run_id,
+                "wandb_run_id": _run_id(run_uri) if self.wandb_project else "",
+                "run_name": name,
+            }
+        )
+
+    def finish(
+        self,
+        *,
+        metrics: dict[str, Any] | None = None,
+        evaluation: dict[str, dict[str, Any]] | None = None,
+        model_dir: str | None = None,
+        failed: bool = False,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        """Close the tracked run: final metrics, the evaluation table (``{system:
+        metrics}``), the model folder (local) as an artifact."""
+        if not self.active:
+            return
+        final = {f"final/{k}": v for k, v in (metrics or {}).items() if _number(v)}
+        for system, values in (evaluation or {}).items():
+            for key, value in values.items():
+                if _number(value) and key != "num_queries":
+                    final[f"test/{system}/{key}"] = value
+        if self.mlflow_uri and self.mlflow_run_id:
+            self._mlflow_finish(final, evaluation, model_dir, failed)
+        if self.wandb_project and self.wandb_run_id:
+            self._wandb_finish(final, evaluation, model_dir, config)
+
+    def _mlflow_client(self):
+        _require("mlflow")
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.mlflow_uri)
+
+    def _mlflow_finish(self, final, evaluation, model_dir, failed) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        client = self._mlflow_client()
+        now = int(time.time() * 1000)
+        batch = [Metric(_mlflow_key(k), float(v), now, 0) for k, v in sorted(final.items())]
+        for start in range(0, len(batch), 500):
+            client.log_batch(self.mlflow_run_id, metrics=batch[start : start + 500])
+        if evaluation:
+            client.log_text(self.mlflow_run_id, json.dumps(evaluation, indent=2), "evaluation.json")
+        if model_dir:
+            client.log_artifacts(self.mlflow_run_id, model_dir, "model")
+        client.set_terminated(self.mlflow_run_id, status="FAILED" if failed else "FINISHED")
+
+    def _wandb_finish(self, final, evaluation, model_dir, config) -> None:
+        run = self._wandb_init(config=config)
+        try:
+            if final:
+                run.summary.update(final)
+            if evaluation:
+                import wandb
+
+                columns = sorted({k for v in evaluation.values() for k in v if k != "by_language"})
+
+                table = wandb.Table(columns=["system", *columns])
+                for system, values in evaluation.items():
+                    table.add_data(system, *[values.get(c) for c in columns])
+                run.log({"evaluation": table})
+            if model_dir:
+                import wandb
+
+                artifact = wandb.Artifact(f"model-{self.wandb_run_id}", type="model")
+                artifact.add_dir(model_dir)
+                run.log_artifact(artifact)
+        finally:
+            run.finish()
+
+    def _wandb_init(self, config: dict[str, Any] | None = None, worker: bool = False):
+        """This run's W&B run (resumed where it exists), in this process."""
+        import wandb
+
+        with _environment(self.env):
+            kwargs = {
+                "project": self.wandb_project,
+                "id": self.wandb_run_id,
+                "name": self.run_name or None,
+                "resume": "allow",
+                "config": config or None,
+            }
+            if worker:  # Ray's integration: API key handling, fork start method
+                from ray.air.integrations.wandb import setup_wandb
+
+                kwargs.pop("config")
+                return setup_wandb(config=config, rank_zero_only=False, **kwargs)
+            return wandb.init(**kwargs)
+
+
+class WorkerTracker:
+    """Rank 0's side: every logged step's metrics into the tracked run."""
+
+    def __init__(self, tracking: Tracking, config: dict[str, Any] | None = None) -> None:
+        self.tracking = tracking
+        with _environment(tracking.env):  # the driver's MLFLOW_* / WANDB_*, here too
+            pass
+        self._mlflow = tracking._mlflow_client() if tracking.mlflow_run_id else None
+        self._wandb = (
+            tracking._wandb_init(config=config, worker=True) if tracking.wandb_run_id else None
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Log one step's metrics; a tracking server that fails turns logging off for the
+        rest of the run with one warning (training goes on)."""
+        try:
+            self._log(metrics, step)
+        except Exception as error:  # noqa: BLE001 - tracking must never stop training
+            print(
+                f"santa: warning: experiment tracking is off for the rest of this run: "
+                f"{type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._mlflow = None
+            self.close()
+
+    def _log(self, metrics: dict[str, Any], step: int) -> None:
+        values = {k: float(v) for k, v in metrics.items() if _number(v) and k != "step"}
+        if self._mlflow is not None:
+            import time
+
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            batch = [Metric(_mlflow_key(k), v, now, int(step)) for k, v in sorted(values.items())]
+            self._mlflow.log_batch(self.tracking.mlflow_run_id, metrics=batch)
+        if self._wandb is not None:
+            self._wandb.log(values, step=int(step))
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _mlflow_key(key: str) -> str:
+    """MLflow keys allow letters, digits, ``_ - . / space``: ``mrr@100`` → ``mrr_at_100``."""
+    return key.replace("@", "_at_").replace("(", "").replace(")", "")
+
+
+class _environment:
+    """Set the driver's ``MLFLOW_*`` / ``WANDB_*`` in this process where they are not set
+    (a worker); they stay set after the block."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __enter__(self) -> None:
+        for key, value in self.env.items():
+            os.environ.setdefault(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _require(package: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise TrackingError(
+            f"--{package} needs the {package} package: pip install 'santa[tracking]' "
+            f"(or pip install {package})"
+        )
+
+
+def tune_callbacks(tracking: Tracking) -> list:
+    """Tune's own loggers for a sweep: one MLflow / W&B run per trial."""
+    callbacks = []
+    if tracking.mlflow_uri:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        class SantaMLflowLogger(MLflowLoggerCallback):
+            """Tune's MLflow logger with santa's metric names made MLflow names."""
+
+            def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+                renamed = {_mlflow_key(str(k)): v for k, v in result.items()}
+                super().log_trial_result(iteration, trial, renamed)
+
+        for key, value in tracking.env.items():
+            os.environ.setdefault(key, value)
+        callbacks.append(
+            SantaMLflowLogger(
+                tracking_uri=tracking.mlflow_uri,
+                experiment_name=tracking.experiment,
+                save_artifact=False,
+            )
+        )
+    if tracking.wandb_project:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        for key, value in tracking.env.items():
+            os.environ.setdefault(key, value)
+        callbacks.append(WandbLoggerCallback(project=tracking.wandb_project, log_config=True))
+    return callbacks
+
+
+def finish_tracking(
+    tracked: Tracking,
+    result,
+    config=None,
+    layout=None,
+    *,
+    evaluation: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """Close a training run's tracked run: its final metrics and its final checkpoint's
+    model folder (downloaded first when on S3); a failed run is marked failed."""
+    if not tracked.active:
+        return
+    from santa.runtime import storage
+    from santa.runtime.layout import checkpoint_model
+
+    metrics = dict(getattr(result, "metrics", None) or {})
+    checkpoint = getattr(result, "checkpoint", None)
+    finish = {
+        "metrics": metrics,
+        "evaluation": evaluation,
+        "failed": getattr(result, "error", None) is not None,
+        "config": config.to_dict() if config is not None else None,
+    }
+    if checkpoint is None or layout is None:
+        tracked.finish(**finish)
+        return
+    model_uri = checkpoint_model(layout.checkpoint_uri(checkpoint))
+    if not storage.is_s3(model_uri):
+        tracked.finish(**finish, model_dir=model_uri)
+        return
+    with tempfile.TemporaryDirectory(prefix="santa-artifact-") as local:
+        storage.download_dir(model_uri, local, what="model")
+        tracked.finish(**finish, model_dir=local)

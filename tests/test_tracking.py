@@ -1,0 +1,145 @@
+"""MLflow and Weights & Biases: a real local MLflow file store and W&B in offline mode, what
+santa logged read back and compared with the run's own metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from santa.runtime.tracking import Tracking, TrackingError
+from tests.training import stdlib_pair_rows, write_pairs
+
+mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow)")
+wandb = pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb)")
+
+BLOCK = 32 * 1024
+HEADER = 7  # ":W&B" + magic (2 bytes) + version
+
+
+def wandb_records(path: Path) -> list:
+    """The records of an offline W&B run file (its LevelDB-log framing: 32 KiB blocks of
+    [crc32, length, type] + payload, FULL/FIRST/MIDDLE/LAST), as protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    records, pending, offset = [], b"", HEADER
+    while offset + 7 <= len(data):
+        left = BLOCK - offset % BLOCK
+        if left < 7:  # the block's tail is padding
+            offset += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        if kind == 0 and length == 0:  # zero padding
+            offset += left
+            continue
+        payload = data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        pending += payload
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_history(root: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every key's ``(step, value)`` across the offline runs under ``root``."""
+    history: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(root.rglob("run-*.wandb")):
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") != "history":
+                continue
+            items = {
+                item.key or "/".join(item.nested_key): item.value_json
+                for item in record.history.item
+            }
+            step = int(json.loads(items.get("_step", "0")))
+            for key, value in items.items():
+                if not key.startswith("_"):
+                    history.setdefault(key, []).append((step, json.loads(value)))
+    return history
+
+
+def wandb_kinds(root: Path) -> set[str]:
+    return {
+        record.WhichOneof("record_type")
+        for path in root.rglob("run-*.wandb")
+        for record in wandb_records(path)
+    }
+
+
+def wandb_config(root: Path) -> dict:
+    """The config of the offline runs under ``root`` (their run and config records)."""
+    config: dict = {}
+    for path in sorted(root.rglob("run-*.wandb")):
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            items = record.run.config.update if kind == "run" else record.config.update
+            if kind in ("run", "config"):
+                config.update({item.key: json.loads(item.value_json) for item in items})
+    return config
+
+
+def test_missing_package_is_one_line(monkeypatch):
+    import argparse
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(TrackingError, match=r"pip install 'santa\[tracking\]'"):
+        Tracking.from_args(argparse.Namespace(mlflow=None, wandb="p"))
+    with pytest.raises(TrackingError, match="needs a URI"):
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        Tracking.from_args(argparse.Namespace(mlflow="env", wandb=None))
+
+
+def test_pretrain_logs_to_mlflow_and_wandb(ray_cluster, tmp_path, monkeypatch, capsys):
+    """A tiny pretrain with --mlflow FILE-STORE --wandb PROJECT (offline): the config as
+    parameters, every logged step, the final metrics and the model folder, as santa's own
+    metrics.jsonl has them."""
+    from mlflow.tracking import MlflowClient
+
+    from ray_jobs import pretrain
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    (tmp_path / "wandb").mkdir()
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:48])
+    store = f"file://{tmp_path / 'mlruns'}"
+    argv = ["--data", data, "--storage", str(tmp_path / "runs"), "--name", "tracked"]
+    argv += ["--recipe", "tiny", "--num-workers", "1", "--max-steps", "4"]
+    argv += ["--address", ray_cluster.address, "--set", "train.log_every=2"]
+    argv += ["--set", "train.global_batch_size=8", "--mlflow", store, "--wandb", "santa-test"]
+    assert pretrain.main(argv) == 0
+    logged = [
+        json.loads(line)
+        for line in (tmp_path / "runs" / "tracked" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [h["step"] for h in logged] == [2, 4]
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("santa")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
+    assert run.data.tags["santa.run"] == str(tmp_path / "runs" / "tracked")
+    assert run.data.params["train.global_batch_size"] == "8"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(h["step"], h["loss"]) for h in logged]
+    assert run.data.metrics["final/loss"] == pytest.approx(logged[-1]["loss"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors"} <= artifacts
+
+    offline = tmp_path / "wandb"
+    history = wandb_history(offline)
+    assert history["loss"] == [(h["step"], pytest.approx(h["loss"])) for h in logged]
+    assert "artifact" in wandb_kinds(offline)  # the model folder
+    assert wandb_config(offline)["train"]["global_batch_size"] == 8
