@@ -34,6 +34,7 @@ from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.layout import RunLayout
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.runlock import RunLock
+from santa.runtime.tracking import Tracking
 
 logger = logging.getLogger("santa.scoder")
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.eval_data:
         check_beir(args.eval_data, args.eval_split)
     check_writable(args.storage, "--storage")
+    tracking = Tracking.from_args(args).to_dict()  # --mlflow / --wandb: each run tracked
     run_uri = RunLayout.of(args.storage, args.name).root
     with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
         print(init_ray(args.address, verbose=args.verbose), flush=True)
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             eval_data=args.eval_data,
             eval_split=args.eval_split,
             cpus_per_worker=args.cpus_per_worker,
+            tracking=tracking,
         )
 
 

@@ -45,6 +45,7 @@ def run_algorithm(
     eval_split: str = "test",
     cpus_per_worker: float = 0.0,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,  # gets the manifest
+    tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Algorithm 2 on the current Ray cluster, resuming what ``run_uri`` holds already."""
     started = time.time()
@@ -74,6 +75,7 @@ def run_algorithm(
             eval_split=eval_split,
             cpus_per_worker=cpus_per_worker,
             on_iteration=on_iteration,
+            tracking=tracking or {},
         )
 
 
@@ -89,8 +91,9 @@ def _run_algorithm(
     eval_split: str,
     cpus_per_worker: float,
     on_iteration: Callable[[dict[str, Any]], None] | None,
+    tracking: dict[str, Any],
 ) -> dict[str, Any]:
-    warmup = _warmup(config, data, layout, eval_data, eval_split, cpus_per_worker)
+    warmup = _warmup(config, data, layout, eval_data, eval_split, cpus_per_worker, tracking)
     finished.append("the warm-up")
     dual_encoder = warmup["model"]
     discriminators = _initial_discriminators(config, data, layout)
@@ -111,6 +114,7 @@ def _run_algorithm(
                 eval_data=eval_data,
                 eval_split=eval_split,
                 cpus_per_worker=cpus_per_worker,
+                tracking=tracking,
             )
             storage.write_json(manifest_uri, manifest)  # last: the iteration is done
         dual_encoder, discriminators = manifest["dual_encoder"], manifest["discriminators"]
@@ -137,7 +141,7 @@ def _run_algorithm(
 
 
 def _warmup(
-    config, data, layout: RunLayout, eval_data, eval_split, cpus_per_worker
+    config, data, layout: RunLayout, eval_data, eval_split, cpus_per_worker, tracking=None
 ) -> dict[str, Any]:
     """Line 2 of Algorithm 2: the in-batch-negative warm-up (done once, then recorded)."""
     record_uri = layout.warmup_record
@@ -159,6 +163,7 @@ def _warmup(
         cpus_per_worker=cpus_per_worker,
         eval_data=eval_data,
         eval_split=eval_split,
+        tracking=tracking or {},
     )
     result = fit(warm_config, spec)
     final = _checked(result, "the warm-up")
@@ -214,6 +219,7 @@ def run_iteration(
     eval_data: str,
     eval_split: str,
     cpus_per_worker: float,
+    tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One iteration (lines 5-13): mine, discriminators, soft labels, dual encoder."""
     from santa.negatives.mining import load_mining_corpus, read_negatives_table
@@ -267,6 +273,7 @@ def run_iteration(
         init=discriminators,
         cpus_per_worker=cpus_per_worker,
         cache=layout.shared_cache.root,
+        tracking=tracking,
     )
     trained = _checked(result, "discriminator training")
     new_discriminators = storage.join(stage.checkpoint_uri(result.checkpoint), DISCRIMINATORS_DIR)
@@ -299,6 +306,7 @@ def run_iteration(
         init=dual_encoder,
         cpus_per_worker=cpus_per_worker,
         cache=layout.shared_cache.root,
+        tracking=tracking,
         discriminators=new_discriminators if scoder.soft_labels == "online" else "",
         eval_data=eval_data,
         eval_split=eval_split,
@@ -344,6 +352,7 @@ def _fit_stage(
     eval_data: str = "",
     eval_split: str = "test",
     cache: str = "",
+    tracking: dict[str, Any] | None = None,
 ):
     """One stage of an iteration as a run of santa's one worker loop (resumed when its run
     folder holds checkpoints); dev metrics, when asked for, at the end only."""
@@ -364,6 +373,7 @@ def _fit_stage(
         eval_data=eval_data,
         eval_split=eval_split,
         cache=cache,  # the run's: Algorithm 2's stages share compiled graphs
+        tracking=tracking or {},
     )
     return fit(stage_config, spec)
 
