@@ -129,6 +129,23 @@ def refresh(results: Path) -> str:
     return common.format_table(["corpus", "1 actor", "2 actors", "speed-up"], rows)
 
 
+def serve_batching(results: Path) -> str:
+    """Serve latency and throughput without and with @serve.batch, by client count."""
+    rows = [
+        [
+            "off" if row["max_batch_size"] == 1 else f"up to {row['max_batch_size']}",
+            row["clients"],
+            f"{row['p50_ms']:.1f} ms",
+            f"{row['p99_ms']:.1f} ms",
+            f"{row['requests_per_s']:.1f}",
+            row.get("largest_batch", "-"),
+        ]
+        for row in load(results, "index_search_batching.json")["serve"]
+    ]
+    header = ["batching", "clients", "p50", "p99", "requests/s", "largest batch"]
+    return common.format_table(header, rows, align="lrrrrr")
+
+
 def scoder(results: Path) -> str:
     """The three systems of bench/quality/scoder.py."""
     result = load(results, "scoder.json")
@@ -373,6 +390,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipeline": pipeline,
     "minilm_similarity": minilm_similarity,
     "refresh": refresh,
+    "serve_batching": serve_batching,
     "scoder": scoder,
     "scoder_iterations": scoder_iterations,
     "versus_st": _versus_st("versus_st.json", speed=True),

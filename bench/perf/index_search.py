@@ -115,6 +115,12 @@ def latency(url: str, clients: int, requests: int, k: int) -> dict:
     }
 
 
+def batch_sizes(url: str) -> dict[str, int]:
+    """The replica's count of searches by batch size so far (its ``/healthz``)."""
+    with urllib.request.urlopen(f"{url}/healthz", timeout=60) as response:
+        return json.loads(response.read())["batches"]["sizes"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=50_000)
@@ -178,14 +184,13 @@ def main(argv: list[str] | None = None) -> None:
             )
             url = deploy(options)
             for clients in [int(c) for c in args.clients.split(",")]:
+                before = batch_sizes(url)
                 row = latency(url, clients, args.requests, args.k)
+                after = batch_sizes(url)  # the replica's batches during this client count
+                grown = [int(size) for size, n in after.items() if n > before.get(size, 0)]
+                row["largest_batch"] = max(grown, default=0)
                 result["serve"].append({"max_batch_size": batch, **row})
                 print(f"batch {batch}, {clients} clients: {row}", flush=True)
-            with urllib.request.urlopen(f"{url}/healthz", timeout=60) as response:
-                batches = json.loads(response.read())["batches"]
-            for row in result["serve"]:
-                if row["max_batch_size"] == batch:
-                    row["largest_batch"] = batches["largest"]  # over every client count
             serve.delete("bench")
         serve.shutdown()
     ray.shutdown()
