@@ -186,10 +186,20 @@ class Tracking:
             for key, value in values.items():
                 if _number(value) and key != "num_queries":
                     final[f"test/{system}/{key}"] = value
-        if self.mlflow_uri and self.mlflow_run_id:
-            self._mlflow_finish(final, evaluation, model_dir, failed)
-        if self.wandb_project and self.wandb_run_id:
-            self._wandb_finish(final, evaluation, model_dir, config)
+        # The training is done by now: a tracking server that fails here costs a warning,
+        # not the job.
+        try:
+            if self.mlflow_uri and self.mlflow_run_id:
+                self._mlflow_finish(final, evaluation, model_dir, failed)
+            if self.wandb_project and self.wandb_run_id:
+                self._wandb_finish(final, evaluation, model_dir, config)
+        except Exception as error:  # noqa: BLE001 - see above
+            print(
+                f"santa: warning: could not close the tracked run {self.run_name!r}: "
+                f"{type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _mlflow_client(self):
         _require("mlflow")
