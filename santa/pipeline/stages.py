@@ -306,7 +306,16 @@ def _track_evaluation(
     baselines = {k: v for k, v in metrics.items() if not k.startswith(("santa (", "untrained"))}
     for stage in stages:
         layout = spec.layout.stage(stage["stage"])
-        tracked = tracking.begin(run_uri=layout.root, name=layout.name, params={})
+        try:
+            tracked = tracking.begin(run_uri=layout.root, name=layout.name, params={})
+        except Exception as error:  # noqa: BLE001 - the report still gets written
+            print(
+                f"santa: warning: the {stage['stage']} stage's evaluation was not tracked: "
+                f"{type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
         ours = metrics.get(f"santa ({stage['stage']})") or {}
         tracked.finish(evaluation={"model": ours, **baselines})
 
