@@ -298,7 +298,7 @@ def _track_evaluation(
     spec: PipelineSpec, stages: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> None:
     """Each stage's tracked run gets its model's held-out metrics, the baseline beside."""
-    from santa.runtime.tracking import Tracking
+    from santa.runtime.tracking import Tracking, tracking_warning
 
     tracking = Tracking.from_dict(spec.tracking)
     if not tracking.active:
@@ -309,12 +309,7 @@ def _track_evaluation(
         try:
             tracked = tracking.begin(run_uri=layout.root, name=layout.name, params={})
         except Exception as error:  # noqa: BLE001 - the report still gets written
-            print(
-                f"santa: warning: the {stage['stage']} stage's evaluation was not tracked: "
-                f"{type(error).__name__}: {error}",
-                file=sys.stderr,
-                flush=True,
-            )
+            tracking_warning(f"the {stage['stage']} stage's evaluation was not tracked", error)
             continue
         ours = metrics.get(f"santa ({stage['stage']})") or {}
         tracked.finish(evaluation={"model": ours, **baselines})

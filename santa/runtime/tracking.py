@@ -34,6 +34,7 @@ __all__ = [
     "WorkerTracker",
     "add_tracking_flags",
     "finish_tracking",
+    "tracking_warning",
     "tune_callbacks",
 ]
 
@@ -194,12 +195,7 @@ class Tracking:
             if self.wandb_project and self.wandb_run_id:
                 self._wandb_finish(final, evaluation, model_dir, config)
         except Exception as error:  # noqa: BLE001 - see above
-            print(
-                f"santa: warning: could not close the tracked run {self.run_name!r}: "
-                f"{type(error).__name__}: {error}",
-                file=sys.stderr,
-                flush=True,
-            )
+            tracking_warning(f"could not close the tracked run {self.run_name!r}", error)
 
     def _mlflow_client(self):
         _require("mlflow")
@@ -284,12 +280,7 @@ class WorkerTracker:
         try:
             self._log(metrics, step)
         except Exception as error:  # noqa: BLE001 - tracking must never stop training
-            print(
-                f"santa: warning: experiment tracking is off for the rest of this run: "
-                f"{type(error).__name__}: {error}",
-                file=sys.stderr,
-                flush=True,
-            )
+            tracking_warning("experiment tracking is off for the rest of this run", error)
             self._mlflow = None
             self.close()
 
@@ -310,6 +301,11 @@ class WorkerTracker:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def tracking_warning(what: str, error: BaseException) -> None:
+    """One ``santa: warning:`` line for a tracking failure that does not stop the job."""
+    print(f"santa: warning: {what}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
 
 def _mlflow_key(key: str) -> str:

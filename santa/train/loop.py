@@ -596,7 +596,7 @@ def _tensorboard_writer(directory: str):
 
 def _worker_tracker(loop, config):
     """Rank 0's MLflow / W&B logger when the job tracks its runs (else None)."""
-    from santa.runtime.tracking import Tracking, WorkerTracker
+    from santa.runtime.tracking import Tracking, WorkerTracker, tracking_warning
 
     tracking = Tracking.from_dict(loop.tracking)
     if not (tracking.mlflow_run_id or tracking.wandb_run_id):
@@ -604,12 +604,7 @@ def _worker_tracker(loop, config):
     try:
         return WorkerTracker(tracking, config=config.to_dict())
     except Exception as error:  # noqa: BLE001 - tracking must never stop training
-        print(
-            f"santa: warning: experiment tracking is off for this run: "
-            f"{type(error).__name__}: {error}",
-            file=sys.stderr,
-            flush=True,
-        )
+        tracking_warning("experiment tracking is off for this run", error)
         return None
 
 
