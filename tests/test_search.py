@@ -423,6 +423,8 @@ def test_search_page_in_a_real_browser(served, built, capsys):
     browser = shutil.which("chromium") or shutil.which("google-chrome")
     driver_path = shutil.which("chromedriver")
     if not (browser and driver_path):
+        # A real browser is a system package, not a Python one: .ci/run installs it where
+        # it can (root and apt); elsewhere the page is still checked over HTTP above.
         pytest.skip("no Chromium and chromedriver on PATH (Debian: apt install chromium-driver)")
     from selenium.webdriver import Chrome, ChromeOptions
     from selenium.webdriver.chrome.service import Service

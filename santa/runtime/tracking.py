@@ -246,20 +246,20 @@ class Tracking:
         """This run's W&B run (resumed where it exists), in this process."""
         import wandb
 
-        with _environment(self.env):
-            kwargs = {
-                "project": self.wandb_project,
-                "id": self.wandb_run_id,
-                "name": self.run_name or None,
-                "resume": "allow",
-                "config": config or None,
-            }
-            if worker:  # Ray's integration: API key handling, fork start method
-                from ray.air.integrations.wandb import setup_wandb
+        _set_env(self.env)
+        kwargs = {
+            "project": self.wandb_project,
+            "id": self.wandb_run_id,
+            "name": self.run_name or None,
+            "resume": "allow",
+            "config": config or None,
+        }
+        if worker:  # Ray's integration: API key handling, fork start method
+            from ray.air.integrations.wandb import setup_wandb
 
-                kwargs.pop("config")
-                return setup_wandb(config=config, rank_zero_only=False, **kwargs)
-            return wandb.init(**kwargs)
+            kwargs.pop("config")
+            return setup_wandb(config=config, rank_zero_only=False, **kwargs)
+        return wandb.init(**kwargs)
 
 
 class WorkerTracker:
@@ -267,8 +267,7 @@ class WorkerTracker:
 
     def __init__(self, tracking: Tracking, config: dict[str, Any] | None = None) -> None:
         self.tracking = tracking
-        with _environment(tracking.env):  # the driver's MLFLOW_* / WANDB_*, here too
-            pass
+        _set_env(tracking.env)  # the driver's MLFLOW_* / WANDB_*, here too
         self._mlflow = tracking._mlflow_client() if tracking.mlflow_run_id else None
         self._wandb = (
             tracking._wandb_init(config=config, worker=True) if tracking.wandb_run_id else None
@@ -313,19 +312,11 @@ def _mlflow_key(key: str) -> str:
     return key.replace("@", "_at_").replace("(", "").replace(")", "")
 
 
-class _environment:
+def _set_env(env: dict[str, str]) -> None:
     """Set the driver's ``MLFLOW_*`` / ``WANDB_*`` in this process where they are not set
-    (a worker); they stay set after the block."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-
-    def __enter__(self) -> None:
-        for key, value in self.env.items():
-            os.environ.setdefault(key, value)
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    (a worker)."""
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
 
 
 def _require(package: str) -> None:
@@ -351,8 +342,7 @@ def tune_callbacks(tracking: Tracking) -> list:
                 renamed = {_mlflow_key(str(k)): v for k, v in result.items()}
                 super().log_trial_result(iteration, trial, renamed)
 
-        for key, value in tracking.env.items():
-            os.environ.setdefault(key, value)
+        _set_env(tracking.env)
         callbacks.append(
             SantaMLflowLogger(
                 tracking_uri=tracking.mlflow_uri,
@@ -363,8 +353,7 @@ def tune_callbacks(tracking: Tracking) -> list:
     if tracking.wandb_project:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        for key, value in tracking.env.items():
-            os.environ.setdefault(key, value)
+        _set_env(tracking.env)
         callbacks.append(WandbLoggerCallback(project=tracking.wandb_project, log_config=True))
     return callbacks
 
