@@ -80,17 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
     parser.add_argument("--batch-size", type=int, default=64, help="texts per encoder batch")
+    lengths = (
+        "(default: the length the checkpoint was trained with, else a sentence-transformers "
+        "folder's max_seq_length, else {}; printed below the table)"
+    )
+    parser.add_argument("--max-query-length", type=int, help="query tokens " + lengths.format(50))
     parser.add_argument(
-        "--max-query-length",
-        type=int,
-        default=None,
-        help="tokens per query (default: the checkpoint's config, else 50)",
+        "--max-document-length", type=int, help="document tokens " + lengths.format(240)
     )
     parser.add_argument(
-        "--max-document-length",
-        type=int,
-        default=None,
-        help="tokens per document (default: the checkpoint's config, else 240)",
+        "--esci-gains",
+        choices=("released", "paper"),
+        default="released",
+        help="esci four-class gains: SANTA's script (S 0.01, C 0.1) or Table 2's caption "
+        "(S 0.1, C 0.01)",
+    )
+    parser.add_argument(
+        "--code-text",
+        choices=("released", "graphcodebert", "training"),
+        default="released",
+        help="codesearch/advtest candidates: code tokens joined (SANTA's script), source "
+        "without comments (GraphCodeBERT) or without its docstring (as santa trains)",
     )
     parser.add_argument("--index", choices=("flat", "ivf", "hnsw"), default="flat")
     parser.add_argument(
@@ -128,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         protocol=LEGACY_PROTOCOLS.get(args.protocol, "full"),
         max_query_length=args.max_query_length,
         max_document_length=args.max_document_length,
+        esci_gains=args.esci_gains,
+        code_text=args.code_text,
         top_k=args.top_k,
         batch_size=args.batch_size,
         use_ray=True if args.ray else None,

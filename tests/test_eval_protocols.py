@@ -212,9 +212,13 @@ def test_esci_ranks_only_each_querys_judged_products(tiny, esci_beir, tmp_path) 
     assert len(lines) == 6
 
 
-def test_esci_gains_and_averaging_as_the_paper() -> None:
-    """Four-class gains E 1, S 0.1, C 0.01, I 0; two-class E 1; every query averaged, a
-    query with nothing relevant at 0 (trec_eval -c), against a hand computation."""
+@pytest.mark.parametrize(
+    ("esci_gains", "substitute", "complement"), [("released", 0.01, 0.1), ("paper", 0.1, 0.01)]
+)
+def test_esci_gains_and_averaging_as_the_paper(esci_gains, substitute, complement) -> None:
+    """Four-class gains (SANTA's script: S 0.01, C 0.1; Table 2's caption: S 0.1, C 0.01);
+    two-class E 1; every query averaged, a query with nothing relevant at 0 (trec_eval
+    -c), against a hand computation."""
     qrels = {
         "q1": {"P0": 3, "P1": 2, "P2": 0},
         "q2": {"P3": 1, "P4": 3},
@@ -229,15 +233,44 @@ def test_esci_gains_and_averaging_as_the_paper() -> None:
     def dcg(gains):
         return sum(g / math.log2(rank + 1) for rank, g in enumerate(gains, start=1))
 
-    q1_four = dcg([0.1, 0, 1]) / dcg([1, 0.1, 0])
-    q2_four = dcg([1, 0.01]) / dcg([1, 0.01])
+    q1_four = dcg([substitute, 0, 1]) / dcg([1, substitute, 0])
+    q2_four = dcg([1, complement]) / dcg([1, complement])
     q1_two = dcg([0, 0, 1]) / dcg([1])
-    metrics = esci_metrics(qrels, ranking)
+    metrics = esci_metrics(qrels, ranking, esci_gains)
     assert metrics["ndcg@100_4class"] == pytest.approx((q1_four + q2_four + 0) / 3)
     assert metrics["ndcg@100"] == pytest.approx((q1_two + 1 + 0) / 3)
     assert metrics["mrr@100"] == pytest.approx((1 / 3 + 1 + 0) / 3)
     assert metrics["num_queries"] == 3 and metrics["num_queries_with_exact"] == 2
     assert metrics["num_queries_with_gain"] == 2
+    assert metrics["esci_gains"] == esci_gains
+
+
+def test_esci_released_gains_equal_trec_eval_with_the_scripts_gain_map() -> None:
+    """SANTA's evaluate_product.py maps E/S/C/I to 4/2/3/1 and runs trec_eval with
+    ``-c -m ndcg.1=0,2=0.01,3=0.1,4=1``. pytrec_eval (trec_eval's own code) cannot parse that
+    gain parameter, so its qrels carry the script's gains as relevance values, scaled by 100
+    (trec_eval's ndcg takes the relevance as the gain; NDCG is scale-invariant)."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rng = np.random.default_rng(7)
+    script_gain = {"E": 100, "S": 1, "C": 10, "I": 0}  # 4=1, 2=0.01, 3=0.1, 1=0 (x 100)
+    grade = {"E": 3, "S": 2, "C": 1, "I": 0}
+    qrels, trec_qrels, ranking, trec_run = {}, {}, {}, {}
+    for q in range(40):
+        labels = rng.choice(list("ESCI"), size=int(rng.integers(1, 12)), p=[0.4, 0.2, 0.1, 0.3])
+        docs = [f"q{q}d{i}" for i in range(len(labels))]
+        qrels[f"q{q}"] = {d: grade[label] for d, label in zip(docs, labels, strict=True)}
+        trec_qrels[f"q{q}"] = {d: script_gain[label] for d, label in zip(docs, labels, strict=True)}
+        scores = rng.permutation(len(docs)).astype(float) + 1.0
+        ranked = sorted(zip(docs, scores, strict=True), key=lambda hit: -hit[1])
+        ranking[f"q{q}"] = ranked
+        trec_run[f"q{q}"] = dict(ranked)
+    per_query = pytrec_eval.RelevanceEvaluator(trec_qrels, {"ndcg"}).evaluate(trec_run)
+    # trec_eval -c: every query in the mean, a query without any gain at 0.
+    expected = sum(per_query.get(q, {"ndcg": 0.0})["ndcg"] for q in qrels) / len(qrels)
+    released = esci_metrics(qrels, ranking, "released")["ndcg@100_4class"]
+    paper = esci_metrics(qrels, ranking, "paper")["ndcg@100_4class"]
+    assert released == pytest.approx(expected, abs=1e-9)
+    assert abs(paper - expected) > 1e-3  # the caption's gains give another number
 
 
 def test_esci_refuses_ungraded_data(tiny, tmp_path) -> None:

@@ -128,18 +128,21 @@ def test_recall_counts_relevant_documents_missing_from_the_ranking() -> None:
     assert metrics["recall@1"] == pytest.approx(1 / 4)
 
 
-def test_four_class_ndcg_uses_gains_one_tenth_hundredth_zero_by_label() -> None:
+@pytest.mark.parametrize(
+    ("esci_gains", "substitute", "complement"), [("released", 0.01, 0.1), ("paper", 0.1, 0.01)]
+)
+def test_four_class_ndcg_gains_by_label_both_ways(esci_gains, substitute, complement) -> None:
     # Ranked: Complement, Substitute, Exact, Irrelevant.
     qrels = {"q": {"e": 3, "s": 2, "c": 1, "i": 0}}
     ranking = {"q": ["c", "s", "e", "i"]}
-    metrics = ev.compute_metrics(qrels, ranking)
+    metrics = ev.compute_metrics(qrels, ranking, esci_gains=esci_gains)
 
     def ndcg(gains_in_rank_order, ideal_gains):
         dcg = sum(g / log2(r + 2) for r, g in enumerate(gains_in_rank_order))
         return dcg / sum(g / log2(r + 2) for r, g in enumerate(ideal_gains))
 
-    expected = ndcg([0.01, 0.1, 1.0, 0.0], [1.0, 0.1, 0.01])
-    swapped = ndcg([0.1, 0.01, 1.0, 0.0], [1.0, 0.1, 0.01])  # Substitute ↔ Complement gains
+    expected = ndcg([complement, substitute, 1.0, 0.0], [1.0, 0.1, 0.01])
+    swapped = ndcg([substitute, complement, 1.0, 0.0], [1.0, 0.1, 0.01])  # the other way
     # Burges' 2^gain - 1 on the integer gains ranx is given (100/10/1) would differ too.
     burges = ndcg([2**1 - 1, 2**10 - 1, 2**100 - 1, 0], [2**100 - 1, 2**10 - 1, 2**1 - 1])
     assert metrics["ndcg@100_4class"] == pytest.approx(expected, abs=1e-9)
@@ -149,6 +152,8 @@ def test_four_class_ndcg_uses_gains_one_tenth_hundredth_zero_by_label() -> None:
     assert metrics["mrr@100"] == pytest.approx(1 / 3)
     assert metrics["recall@1"] == 0.0 and metrics["recall@10"] == 1.0
     assert metrics["num_queries"] == metrics["num_queries_4class"] == 1
+    with pytest.raises(ValueError, match="esci_gains must be one of"):
+        ev.compute_metrics(qrels, ranking, esci_gains="text")
 
 
 def test_graded_queries_without_a_relevant_document_leave_that_schemes_mean() -> None:

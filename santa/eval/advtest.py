@@ -4,13 +4,18 @@ CodeXGLUE's NL-code-search-Adv evaluator pairs the ``i``-th query of the test fi
 ``i``-th function (its answer) and ranks every query against every function of the file.
 The rank of the answer counts every *other* function scoring at least as high
 (``1 + #{j != i: s_ij >= s_ii}``: ties go against the answer) and MRR is the mean of
-``1 / rank`` over the whole ranking, without a cut-off. santa builds that ranking (the
-answer after the functions it ties with) in chunks of queries and lets ranx compute the
-reciprocal ranks and recalls from it, so the numbers are CodeXGLUE's exactly.
+``1 / rank`` over the whole ranking, without a cut-off (``mrr``). The numbers the papers
+print are cut at 100: CodeXGLUE's ``run.py`` writes each query's top 100 for its official
+``evaluator.py``, and SANTA's released ``evaluate_code/evaluate_code.py`` (``calculate_mrr``)
+looks for the answer in the top 100; an answer below them scores 0 (``mrr@100``, reported
+beside ``mrr``). santa builds that ranking (the answer after the functions it ties with)
+in chunks of queries and lets ranx compute the reciprocal ranks and recalls from it, so
+the numbers are CodeXGLUE's exactly.
 
-A query is the space-joined docstring tokens. A function is the (name-obfuscated) source
-without its docstring, as santa trains on code; CodeXGLUE's fine-tuning script embeds its
-space-joined ``function_tokens`` instead.
+A query is the space-joined docstring tokens. A function's text is ``EvalConfig.code_text``
+(:func:`santa.eval.codesearch.candidate_text`): by default its space-joined
+``function_tokens`` (the name-obfuscated tokens), as CodeXGLUE's fine-tuning script and
+SANTA's ``build_test_code.py`` embed it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from santa.runtime import storage
 
 __all__ = ["ADVTEST_METRICS", "AdvTestSet", "codexglue_scores", "read_advtest", "run_advtest"]
 
-ADVTEST_METRICS = ("mrr", "recall@1", "recall@10", "recall@100")
+ADVTEST_METRICS = ("mrr", "mrr@100", "recall@1", "recall@10", "recall@100")
 LANGUAGE = "python"
 QUERY_CHUNK = 128
 
@@ -60,14 +65,15 @@ def advtest_file(data: str, split: str) -> str:
     raise FileNotFoundError(f"no AdvTest {split}.jsonl under {data} (give the folder or the file)")
 
 
-def read_advtest(data: str, split: str = "test") -> AdvTestSet:
-    """Read an AdvTest file (``function``, ``docstring_tokens``; CodeSearchNet rows too)."""
+def read_advtest(data: str, split: str = "test", code_text: str = "released") -> AdvTestSet:
+    """Read an AdvTest file (``function``, ``docstring_tokens``; CodeSearchNet rows too),
+    each function's text as ``code_text`` asks."""
     uri = advtest_file(data, split)
     skipped: Counter = Counter()
     ids: list = []
     queries, functions = [], []
     for line_no, row in _rows(uri, skipped):
-        query, function = query_text(row), candidate_text(row, LANGUAGE)
+        query, function = query_text(row), candidate_text(row, LANGUAGE, code_text)
         if not query or not function.strip():
             skipped["missing_field"] += 1
             continue
@@ -116,10 +122,10 @@ def codexglue_scores(
         qrels[:, 0, 1] = 1
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*unsafe cast.*")
-            per_query["mrr"][start:end] = ranx_metrics.reciprocal_rank(qrels, run, k=0)
-            for name in ADVTEST_METRICS[1:]:
-                cutoff = int(name.split("@")[1])
-                per_query[name][start:end] = ranx_metrics.recall(qrels, run, k=cutoff)
+            for name in ADVTEST_METRICS:
+                metric, _, cutoff = name.partition("@")
+                score = ranx_metrics.reciprocal_rank if metric == "mrr" else ranx_metrics.recall
+                per_query[name][start:end] = score(qrels, run, k=int(cutoff or 0))
         rows[start:end] = order[:, :top_k]
         kept_scores[start:end] = np.take_along_axis(scores, order[:, :top_k], axis=1)
     means = {name: float(values.mean()) for name, values in per_query.items()}
@@ -128,7 +134,7 @@ def codexglue_scores(
 
 def run_advtest(encoder: Encoder, data: str, config: EvalConfig) -> ProtocolResult:
     """Every query against every function of the file; CodeXGLUE's MRR (ties against)."""
-    adv = read_advtest(data, config.split)
+    adv = read_advtest(data, config.split, config.code_text)
     count = len(adv.ids)
     function_embeddings = _prepare(encoder.documents(adv.functions), encoder.similarity)
     query_embeddings = _prepare(encoder.queries(adv.queries), encoder.similarity)
@@ -155,12 +161,18 @@ def run_advtest(encoder: Encoder, data: str, config: EvalConfig) -> ProtocolResu
         }
         rankings[system] = RankedLists(adv.ids, adv.ids, rows, scores)
     markdown = (
-        "AdvTest: each query against every function of the file, MRR without cut-off "
-        "(CodeXGLUE)\n\n"
+        "AdvTest: each query against every function of the file, MRR without cut-off and "
+        "at 100 (CodeXGLUE's evaluator and SANTA's script score the top 100)\n\n"
         + markdown_table(
             ["system", *ADVTEST_METRICS, "queries"],
             [[s, *(results[s][m] for m in ADVTEST_METRICS), count] for s in results],
         )
     )
-    info = {"file": adv.uri, "num_queries": count, "skipped": adv.skipped, "timings_s": timings}
+    info = {
+        "file": adv.uri,
+        "num_queries": count,
+        "skipped": adv.skipped,
+        "code_text": config.code_text,
+        "timings_s": timings,
+    }
     return ProtocolResult(results, rankings, markdown, info)

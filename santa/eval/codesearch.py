@@ -13,9 +13,17 @@ GraphCodeBERT's ``run.py`` scores them: the reciprocal rank of the answer within
 1000, else 0 (``mrr@1000``, by ranx). The table row is the MRR per language and their
 unweighted mean (``Overall``).
 
-A query is the space-joined docstring tokens; a candidate is the function's code without
-its docstring, as santa trains (GraphCodeBERT's encoders read the tokens or the source
-without comments, which the same rule gives).
+A query is the space-joined docstring tokens. A candidate's text is
+``EvalConfig.code_text`` (:func:`candidate_text`), each named after the code it follows:
+
+- ``released`` (the default): the space-joined ``code_tokens`` (else ``function_tokens``),
+  as SANTA's released ``evaluate_code/build_test_code.py`` embeds the codebase (CodeSearchNet's
+  tokens hold no docstring and no comments);
+- ``graphcodebert``: the source with its comments and docstrings removed, as GraphCodeBERT's
+  ``run.py`` (``remove_comments_and_docstrings``) reads it (Python by its tokenizer, the other
+  languages' comment nodes by their tree-sitter grammars);
+- ``training``: the source without its docstring, comments kept, as santa's preprocessing
+  gives training documents.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Any
 from santa.data.cleaning import remove_docstring
 from santa.data.schema import CODE_LANGUAGES
 from santa.eval.bm25 import bm25_retrieve
-from santa.eval.evaluation import EvalConfig
+from santa.eval.evaluation import CODE_TEXTS, EvalConfig
 from santa.eval.metrics import compute_metrics
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import dense_retrieve
@@ -42,6 +50,7 @@ from santa.runtime import storage
 
 __all__ = [
     "CODESEARCH_METRICS",
+    "CODE_TEXTS",
     "MRR_CUTOFF",
     "CodeSearchLanguage",
     "find_languages",
@@ -150,19 +159,113 @@ def _rows(uri: str, skipped: Counter, prefix: str = "") -> Iterable[tuple[int, d
         yield line_no, row
 
 
-def candidate_text(row: dict[str, Any], language: str) -> str:
-    """A codebase row's function without its docstring (santa's document text for code)."""
+def candidate_text(row: dict[str, Any], language: str, code_text: str = "training") -> str:
+    """A codebase row's text as ``code_text`` asks (the module doc; :data:`CODE_TEXTS`).
+
+    ``released`` joins the row's ``code_tokens`` (else ``function_tokens``); a row without
+    tokens falls back to ``graphcodebert``'s text. A source that cannot be parsed keeps its
+    comments (``graphcodebert``) or its docstring (``training``): a candidate stays
+    rankable rather than being dropped.
+    """
+    if code_text not in CODE_TEXTS:
+        raise ValueError(f"code_text must be one of {CODE_TEXTS}, got {code_text!r}")
+    if code_text == "released":
+        tokens = row.get("code_tokens") or row.get("function_tokens")
+        if isinstance(tokens, list) and tokens:
+            return " ".join(str(token) for token in tokens)
+        code_text = "graphcodebert"
     code = row.get("code") or row.get("original_string") or row.get("function")
     if not code and row.get("code_tokens"):
         code = " ".join(str(token) for token in row["code_tokens"])
     code = str(code or "")
+    if code_text == "graphcodebert":
+        return strip_comments_and_docstrings(code, language)
     docstring = row.get("docstring")
     if docstring and code:
         try:
             return remove_docstring(code, str(docstring), language) or code
         except (ValueError, SyntaxError):
-            return code  # kept whole rather than dropped: a candidate must stay rankable
+            return code
     return code
+
+
+def strip_comments_and_docstrings(code: str, language: str) -> str:
+    """``code`` without comments (and, for Python, docstrings), blank lines dropped.
+
+    Python goes through its tokenizer as GraphCodeBERT's ``remove_comments_and_docstrings``
+    does (a string token that is a statement of its own is a docstring); the other
+    languages drop their grammar's comment nodes. Unparsable code comes back as it is.
+    """
+    if language == "python":
+        kept = _python_without_comments(code)
+    else:
+        kept = _without_comment_nodes(code, language)
+    if kept is None:
+        return code
+    return "\n".join(line for line in kept.split("\n") if line.strip())
+
+
+def _python_without_comments(code: str) -> str | None:
+    import io
+    import tokenize
+
+    pieces: list[str] = []
+    previous = tokenize.INDENT
+    last_line, last_col = -1, 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(code).readline):
+            kind, text, (start_line, start_col), (end_line, end_col), _ = token
+            if start_line > last_line:
+                last_col = 0
+            if start_col > last_col:
+                pieces.append(" " * (start_col - last_col))
+            docstring = kind == tokenize.STRING and previous in (
+                tokenize.INDENT,
+                tokenize.NEWLINE,
+                tokenize.DEDENT,
+            )
+            if kind != tokenize.COMMENT and not docstring:
+                pieces.append(text)
+            previous = kind if kind != tokenize.NL else previous
+            last_line, last_col = end_line, end_col
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    return "".join(pieces)
+
+
+def _without_comment_nodes(code: str, language: str) -> str | None:
+    from santa.method.entities import (
+        UnparsableCodeError,
+        _grammar,
+        parse_snippet,
+        parser_for,
+    )
+
+    try:
+        grammar = _grammar(language)
+    except ValueError:
+        return None  # no grammar for the language
+    snippet = code.encode("utf-8", "surrogatepass")
+    try:
+        root, offset, end = parse_snippet(grammar, parser_for(language), snippet, language)
+    except UnparsableCodeError:
+        return None
+    spans: list[tuple[int, int]] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.end_byte <= offset or node.start_byte >= end:
+            continue
+        if "comment" in node.type:
+            spans.append((max(node.start_byte, offset) - offset, min(node.end_byte, end) - offset))
+        else:
+            stack.extend(node.children)
+    kept, position = bytearray(), 0
+    for start, stop in sorted(spans):
+        kept += snippet[position:start]
+        position = max(position, stop)
+    kept += snippet[position:]
+    return kept.decode("utf-8", "surrogatepass")
 
 
 def query_text(row: dict[str, Any]) -> str:
@@ -173,15 +276,18 @@ def query_text(row: dict[str, Any]) -> str:
     return str(row.get("docstring") or "").strip()
 
 
-def read_language(folder: str, language: str, split: str) -> CodeSearchLanguage:
-    """Read one language's codebase and ``split`` queries."""
+def read_language(
+    folder: str, language: str, split: str, code_text: str = "released"
+) -> CodeSearchLanguage:
+    """Read one language's codebase (each candidate's text as ``code_text`` asks) and its
+    ``split`` queries."""
     skipped: Counter = Counter()
     doc_ids: list[str] = []
     documents: list[str] = []
     seen: set[str] = set()
     for _, row in _rows(_file(folder, CODEBASE) or "", skipped, "codebase_"):
         url = str(row.get("url") or "")
-        text = candidate_text(row, language)
+        text = candidate_text(row, language, code_text)
         if not url or not text.strip():
             skipped["codebase_missing_field"] += 1
         elif url in seen:
@@ -220,7 +326,7 @@ def run_codesearch(
     counts: dict[str, dict[str, Any]] = {}
     timings: Counter = Counter()
     for language, folder in folders.items():
-        subset = read_language(folder, language, config.split)
+        subset = read_language(folder, language, config.split, config.code_text)
         depth = min(max(config.top_k, MRR_CUTOFF), len(subset.doc_ids))
         doc_embeddings = encoder.documents(subset.documents, desc=f"{language} codebase")
         query_embeddings = encoder.queries(subset.queries, desc=f"{language} queries")
@@ -272,6 +378,7 @@ def run_codesearch(
     info = {
         "languages": counts,
         "mrr_cutoff": MRR_CUTOFF,
+        "code_text": config.code_text,
         "timings_s": {name: round(value, 3) for name, value in timings.items()},
     }
     return ProtocolResult(results, rankings, markdown, info)
@@ -308,6 +415,7 @@ def write_codesearch_layout(
                 "url": record["url"],
                 "code": record.get("code") or record.get("original_string", ""),
                 "docstring": record.get("docstring", ""),
+                "code_tokens": list(record.get("code_tokens") or []),
                 "func_name": record.get("func_name", ""),
                 "language": language,
             }

@@ -3,9 +3,11 @@
 SANTA's scripts (github.com/OpenMatch/SANTA, ``evaluate_product/``) take every judgment of
 ESCI's small version, US locale, of the split (test; dev is carved from train as
 :mod:`santa.data.esci` does), score each (query, product) pair with the model, rank each
-query's judged products by score and run ``trec_eval -c -J -m ndcg`` with the gains
-Exact 1, Substitute 0.1, Complement 0.01, Irrelevant 0 (four-class; two-class: Exact 1,
-else 0). santa reads the BEIR folder ``ray_jobs.preprocess --dataset esci --stage eval
+query's judged products by score and run ``trec_eval -c -J -m ndcg.1=0,2=0.01,3=0.1,4=1``
+over E/S/C/I mapped to 4/2/3/1: four-class gains Exact 1, Substitute 0.01, Complement 0.1,
+Irrelevant 0 (two-class: Exact 1, else 0). Table 2's caption words the four-class gains the
+other way round (Substitute 0.1, Complement 0.01); ``EvalConfig.esci_gains`` picks
+``released`` (the default, what produced the table) or ``paper`` (the caption's). santa reads the BEIR folder ``ray_jobs.preprocess --dataset esci --stage eval
 --split test|valid`` writes (its qrels are exactly those judgments), re-ranks each query's
 judged products and scores with ranx (linear-gain NDCG, as trec_eval's).
 
@@ -21,9 +23,10 @@ from typing import Any
 
 from santa.data.beir import load_beir
 from santa.data.outputs import read_manifest
+from santa.data.schema import ESCI_LABEL_GRADES
 from santa.eval.bm25 import bm25_rerank
 from santa.eval.evaluation import EvalConfig
-from santa.eval.metrics import ESCI_GAINS, NDCG_4CLASS, compute_metrics
+from santa.eval.metrics import NDCG_4CLASS, compute_metrics, gains_text
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import dense_rerank
 
@@ -32,9 +35,12 @@ __all__ = ["ESCI_METRICS", "esci_metrics", "run_esci"]
 ESCI_METRICS = ("mrr@100", "ndcg@100", NDCG_4CLASS)
 
 
-def esci_metrics(qrels: dict[str, dict[str, int]], ranking) -> dict[str, Any]:
-    """MRR@100 and NDCG@100 (two- and four-class) of ``ranking``, every query averaged."""
-    metrics = compute_metrics(qrels, ranking, graded=True)
+def esci_metrics(
+    qrels: dict[str, dict[str, int]], ranking, esci_gains: str = "released"
+) -> dict[str, Any]:
+    """MRR@100 and NDCG@100 (two- and four-class, the gains ``ESCI_GAINS[esci_gains]``) of
+    ``ranking``, every query averaged."""
+    metrics = compute_metrics(qrels, ranking, graded=True, esci_gains=esci_gains)
     total = len(qrels)
     with_exact, with_gain = metrics["num_queries"], metrics.get("num_queries_4class", 0)
     # compute_metrics averages over the queries that can score; trec_eval -c averages over
@@ -51,6 +57,7 @@ def esci_metrics(qrels: dict[str, dict[str, int]], ranking) -> dict[str, Any]:
         num_queries_with_gain=with_gain,
         num_judgments=sum(len(docs) for docs in qrels.values()),
         averaging="every query of the split, 0 where none is relevant (trec_eval -c)",
+        esci_gains=esci_gains,
     )
     return out
 
@@ -63,7 +70,7 @@ def run_esci(encoder: Encoder, data: str, config: EvalConfig) -> ProtocolResult:
         raise ValueError(f"--protocol esci needs an ESCI BEIR folder; {data} holds {dataset}")
     beir = load_beir(data, config.split)
     labels = {label for docs in beir.qrels.values() for label in docs.values()}
-    if not labels <= set(ESCI_GAINS) or not beir.graded:
+    if not labels <= set(ESCI_LABEL_GRADES.values()) or not beir.graded:
         raise ValueError(
             f"--protocol esci needs ESCI's graded qrels (E/S/C/I as 3/2/1/0): {data} "
             f"qrels/{config.split}.tsv has labels {sorted(labels)} (write it with "
@@ -92,12 +99,16 @@ def run_esci(encoder: Encoder, data: str, config: EvalConfig) -> ProtocolResult:
         started = time.perf_counter()
         rankings["bm25"] = bm25_rerank(doc_texts, doc_ids, query_texts, query_ids, candidates)
         timings["rerank_bm25_s"] = round(time.perf_counter() - started, 3)
-    results = {system: esci_metrics(beir.qrels, ranking) for system, ranking in rankings.items()}
+    results = {
+        system: esci_metrics(beir.qrels, ranking, config.esci_gains)
+        for system, ranking in rankings.items()
+    }
     missing = sum(len(docs) - len(candidates[qid]) for qid, docs in beir.qrels.items())
     header = ["system", "MRR@100", "NDCG@100 two-class", "NDCG@100 four-class", "queries"]
     markdown = (
         f"ESCI ({config.split}): each query's judged products re-ranked, every query "
-        "averaged (trec_eval -c)\n\n"
+        f"averaged (trec_eval -c); four-class gains {config.esci_gains} "
+        f"({gains_text(config.esci_gains)})\n\n"
         + markdown_table(
             header,
             [

@@ -11,13 +11,13 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from santa.data.beir import BeirData, load_beir
 from santa.eval.bm25 import bm25_rerank, bm25_retrieve
-from santa.eval.metrics import compute_metrics
+from santa.eval.metrics import compute_metrics, esci_gain_map
 from santa.eval.report import check_trec_ids, format_markdown, write_trec
 from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
 from santa.index import INDEX_KINDS
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_RAY_THRESHOLD",
     "PROTOCOLS",
     "EvalConfig",
+    "Lengths",
     "evaluate",
     "evaluate_model",
     "load_encoder",
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RAY_THRESHOLD = 50_000
 PROTOCOLS = ("full", "rerank")
+CODE_TEXTS = ("released", "graphcodebert", "training")
 BASELINES = (None, "none", "bm25")
 
 
@@ -64,9 +66,20 @@ class EvalConfig:
     """``full`` (alias ``retrieval``), ``rerank``, ``both`` or a list of them. The papers'
     own protocols (``codesearch``, ``advtest``, ``esci``) are :mod:`santa.eval.protocols`'."""
     max_query_length: int | None = None
-    """Query tokens; None: the model's saved ``train.max_query_length``, else 50."""
+    """Query tokens; None: :func:`evaluation_lengths` (the lengths the model was trained
+    with, else a sentence-transformers folder's ``max_seq_length``, else 50)."""
     max_document_length: int | None = None
-    """Document tokens; None: the model's saved ``train.max_document_length``, else 240."""
+    """Document tokens; None: as ``max_query_length`` (else 240)."""
+    esci_gains: str = "released"
+    """Four-class ESCI gains: ``released`` (SANTA's evaluation script: Substitute 0.01,
+    Complement 0.1) or ``paper`` (Table 2's caption: Substitute 0.1, Complement 0.01);
+    :data:`santa.eval.metrics.ESCI_GAINS`."""
+    code_text: str = "released"
+    """A CodeSearch/AdvTest candidate's text (:data:`CODE_TEXTS`):
+    ``released`` (the space-joined ``code_tokens``, as SANTA's released
+    ``evaluate_code/build_test_code.py``), ``graphcodebert`` (the source without comments
+    and docstrings, as GraphCodeBERT's ``run.py``) or ``training`` (the source without its
+    docstring, comments kept, as santa's preprocessing gives training documents)."""
     top_k: int = DEFAULT_TOP_K
     """Documents retrieved per query (the full protocol)."""
     batch_size: int = 64
@@ -103,6 +116,9 @@ class EvalConfig:
                 raise ValueError(f"EvalConfig.{name} must be positive, got {value}")
         if self.ray_threshold < 0:
             raise ValueError(f"EvalConfig.ray_threshold must be >= 0, got {self.ray_threshold}")
+        esci_gain_map(self.esci_gains)  # raises on an unknown name
+        if self.code_text not in CODE_TEXTS:
+            raise ValueError(f"code_text must be one of {CODE_TEXTS}, got {self.code_text!r}")
         if self.index_kind not in INDEX_KINDS:
             raise ValueError(f"index_kind must be one of {INDEX_KINDS}, got {self.index_kind!r}")
         object.__setattr__(self, "ray_options", dict(self.ray_options))
@@ -201,6 +217,7 @@ def evaluate_model(
     metrics = compute_metrics(
         beir.qrels, ranking, graded=beir.graded, query_languages=beir.query_languages
     )
+    metrics.update(max_query_length=max_query_length, max_document_length=max_document_length)
     done = time.perf_counter()
     metrics["timings"] = {
         **timings,
@@ -242,23 +259,77 @@ def _dense_ranking(
     )
 
 
+class Lengths(NamedTuple):
+    """The token lengths a model is encoded at, and where they came from."""
+
+    query: int
+    document: int
+    source: str
+    """``asked``, ``trained``, ``sentence-transformers`` or ``default`` (one word where both
+    lengths came from the same place, else ``query <word>, document <word>``)."""
+
+    def text(self) -> str:
+        """``50/240 query/document tokens (trained)``: for a line of output."""
+        return f"{self.query}/{self.document} query/document tokens ({self.source})"
+
+
+def record_lengths(results: dict[str, dict[str, Any]], lengths: Lengths) -> None:
+    """Write the lengths into every model system's metrics (BM25 reads whole texts)."""
+    for system, metrics in results.items():
+        if system.startswith("model"):
+            metrics.update(
+                max_query_length=lengths.query,
+                max_document_length=lengths.document,
+                lengths_from=lengths.source,
+            )
+
+
+def lengths_line(results: dict[str, dict[str, Any]]) -> str:
+    """``model encoded at 50/240 query/document tokens (trained)``, from the metrics."""
+    model = results.get("model") or next(
+        (m for s, m in results.items() if s.startswith("model")), {}
+    )
+    if "max_query_length" not in model:
+        return ""
+    lengths = Lengths(
+        model["max_query_length"], model["max_document_length"], model["lengths_from"]
+    )
+    return f"model encoded at {lengths.text()}"
+
+
 def evaluation_lengths(
     model: DualEncoder, train_config: dict[str, Any], config: EvalConfig
-) -> tuple[int, int]:
+) -> Lengths:
     """Query and document lengths: asked for, else trained with, else the backbone's own.
 
-    A santa checkpoint records the lengths it was trained with. A sentence-transformers
-    folder declares one ``max_seq_length`` for every text, which is how its authors
-    encode; other folders get 50/240 (SANTA's scripts' q_max_len/p_max_len; the paper states
-    no lengths). The backbone's limit caps them all.
+    In that order: ``config``'s lengths (``asked``); the lengths a santa checkpoint records
+    it was trained with (``trained``); a sentence-transformers folder's one
+    ``max_seq_length`` for every text, which is how its authors encode
+    (``sentence-transformers``); else 50/240 (``default``: SANTA's scripts' q_max_len and
+    p_max_len; the paper states none). The backbone's limit caps them all. A comparison of
+    several models passes one pair of lengths for all of them (``config``).
     """
     limit = model.model_config.max_seq_length
+    fallback = "sentence-transformers" if limit else "default"
     defaults = (limit, limit) if limit else (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOCUMENT_LENGTH)
-    query = config.max_query_length or int(train_config.get("max_query_length", defaults[0]))
-    document = config.max_document_length or int(
-        train_config.get("max_document_length", defaults[1])
+    chosen = []
+    for asked, key, default in (
+        (config.max_query_length, "max_query_length", defaults[0]),
+        (config.max_document_length, "max_document_length", defaults[1]),
+    ):
+        if asked:
+            chosen.append((asked, "asked"))
+        elif key in train_config:
+            chosen.append((int(train_config[key]), "trained"))
+        else:
+            chosen.append((default, fallback))
+    (query, query_source), (document, document_source) = chosen
+    source = (
+        query_source
+        if query_source == document_source
+        else f"query {query_source}, document {document_source}"
     )
-    return model.token_limit(query), model.token_limit(document)
+    return Lengths(model.token_limit(query), model.token_limit(document), source)
 
 
 def load_encoder(
@@ -314,7 +385,8 @@ def evaluate(
         check_trec_ids(query_ids, "query")
 
     encoder, model_uri, train_config = load_encoder(model, config)
-    query_length, document_length = evaluation_lengths(encoder, train_config, config)
+    lengths = evaluation_lengths(encoder, train_config, config)
+    query_length, document_length = lengths.query, lengths.document
 
     use_ray, threshold = config.use_ray, config.ray_threshold
     docs_on_ray = use_ray is True or (use_ray is None and len(doc_ids) > threshold)
@@ -374,12 +446,17 @@ def evaluate(
     mark = time.perf_counter()
     results = {
         system: compute_metrics(
-            beir.qrels, ranking, graded=beir.graded, query_languages=beir.query_languages
+            beir.qrels,
+            ranking,
+            graded=beir.graded,
+            query_languages=beir.query_languages,
+            esci_gains=config.esci_gains,
         )
         for system, ranking in rankings.items()
     }
     timings["metrics_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
+    record_lengths(results, lengths)
     info = {
         "model": model_uri if model_uri is not None else type(model).__name__,
         "data": beir.uri,
@@ -391,6 +468,7 @@ def evaluate(
         "num_queries": len(query_ids),
         "max_query_length": query_length,
         "max_document_length": document_length,
+        "lengths_from": lengths.source,
         # How the model was scored, so numbers from different tools can be compared.
         "similarity": encoder.model_config.similarity,
         "pooling": encoder.model_config.pooling,

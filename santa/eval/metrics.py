@@ -6,10 +6,18 @@ At cut-off 100 over the top-100 retrieved:
   relevance. For code (labels 1) every judged document is relevant. For graded ESCI
   qrels (E/S/C/I stored as 3/2/1/0) only Exact is relevant: ``ndcg@100`` is the paper's
   two-class NDCG (Exact = 1, else 0).
-- ``ndcg@100_4class`` (graded qrels only): four-class NDCG with gains Exact 1.0,
-  Substitute 0.1, Complement 0.01, Irrelevant 0, mapped from the labels at evaluation
-  time. ranx keeps judgments as integers, so the gains are passed scaled by 100
-  (100/10/1/0); ranx's ``ndcg`` is Järvelin & Kekäläinen's linear-gain NDCG
+- ``ndcg@100_4class`` (graded qrels only): four-class NDCG, the labels mapped to gains at
+  evaluation time by one of :data:`ESCI_GAINS` (``esci_gains``):
+
+  - ``released`` (the default): Exact 1.0, Substitute 0.01, Complement 0.1, Irrelevant 0,
+    what SANTA's released evaluation computes (``evaluate_product/evaluate_product.py``
+    maps E/S/C/I to 4/2/3/1 and runs ``trec_eval -m ndcg.1=0,2=0.01,3=0.1,4=1``), which
+    produced Table 2's numbers;
+  - ``paper``: Exact 1.0, Substitute 0.1, Complement 0.01, Irrelevant 0, as Table 2's
+    caption (and ESCI's own paper) words it.
+
+  ranx keeps judgments as integers, so the gains are passed scaled by 100
+  (100/1/10/0 or 100/10/1/0); ranx's ``ndcg`` is Järvelin & Kekäläinen's linear-gain NDCG
   (``rel / log2(rank + 1)``, not Burges' ``2^rel - 1``, which is ``ndcg_burges``), and a
   ratio of linear sums does not change when every gain is multiplied by the same number.
 - A query with no relevant document under a scheme is left out of that scheme's means
@@ -31,16 +39,30 @@ from typing import Any
 
 import numpy as np
 
+from santa.data.schema import ESCI_LABEL_GRADES
 from santa.eval.retrieval import RankedLists
 
-__all__ = ["CUTOFF", "ESCI_GAINS", "EXACT", "METRICS", "NDCG_4CLASS", "compute_metrics"]
+__all__ = [
+    "CUTOFF",
+    "ESCI_GAINS",
+    "EXACT",
+    "METRICS",
+    "NDCG_4CLASS",
+    "compute_metrics",
+]
 
 CUTOFF = 100
 METRICS = ("mrr@100", "ndcg@100", "recall@1", "recall@10", "recall@100")
 NDCG_4CLASS = "ndcg@100_4class"
 # ESCI labels as the preprocessing stores them (E/S/C/I → 3/2/1/0) and their NDCG gains.
 EXACT = 3
-ESCI_GAINS = {3: 1.0, 2: 0.1, 1: 0.01, 0: 0.0}
+ESCI_GAINS: dict[str, dict[int, float]] = {
+    # SANTA's released evaluation: E/S/C/I → 4/2/3/1, trec_eval ndcg.1=0,2=0.01,3=0.1,4=1.
+    "released": {3: 1.0, 2: 0.01, 1: 0.1, 0: 0.0},
+    # SANTA's Table 2 caption: Exact 1, Substitute 0.1, Complement 0.01, Irrelevant 0.
+    "paper": {3: 1.0, 2: 0.1, 1: 0.01, 0: 0.0},
+}
+"""Four-class NDCG gains by label, per ``esci_gains`` (see the module doc)."""
 # ranx stores judgments as int64: gains go in scaled by this (NDCG is scale-invariant).
 GAIN_SCALE = 100
 
@@ -52,6 +74,7 @@ def compute_metrics(
     graded: bool | None = None,
     query_languages: Mapping[str, str] | None = None,
     metrics: Sequence[str] = METRICS,
+    esci_gains: str = "released",
 ) -> dict[str, Any]:
     """ranx metrics of ``ranking`` (ranked lists, best first) against ``qrels``.
 
@@ -61,22 +84,24 @@ def compute_metrics(
     ``ranking`` is a :class:`RankedLists` (read as arrays) or any mapping of query id to
     ``[(doc id, score), ...]`` or ``[doc id, ...]``. ``graded=None`` detects ESCI grading
     (a label above 1). Binary metrics take labels ``>= 1`` as relevant, or Exact (3) only
-    when graded; graded qrels add ``ndcg@100_4class``. See the module doc.
+    when graded; graded qrels add ``ndcg@100_4class`` with the gains
+    ``ESCI_GAINS[esci_gains]``. See the module doc.
     """
+    gains = esci_gain_map(esci_gains)
     runs = _RunArrays(ranking)
     judgments = _Judgments(qrels, runs)
     labels = judgments.labels
     if graded is None:
         graded = bool(len(labels)) and int(labels.max()) > 1
     if graded:
-        bad = set(np.unique(labels).tolist()) - set(ESCI_GAINS)
+        bad = set(np.unique(labels).tolist()) - set(gains)
         if bad:
             raise ValueError(f"graded qrels must use ESCI labels 0-3, got {sorted(bad)}")
     threshold = EXACT if graded else 1
     # suffix → (per-judgment relevance for ranx, metrics)
     tables = [("", (labels >= threshold).astype(np.int64), tuple(metrics))]
     if graded:
-        gain_of = np.array([round(ESCI_GAINS[label] * GAIN_SCALE) for label in range(4)])
+        gain_of = np.array([round(gains[label] * GAIN_SCALE) for label in range(4)])
         tables.append(("_4class", gain_of[labels], ("ndcg@100",)))
 
     # suffix → (rows of the judged queries in qrels order, {metric: per-query values})
@@ -92,6 +117,19 @@ def compute_metrics(
             by_language[language] = _means(scored, language_of == language)
         result["by_language"] = by_language
     return result
+
+
+def esci_gain_map(name: str) -> dict[int, float]:
+    """``ESCI_GAINS[name]``, or a ValueError naming the choices."""
+    if name not in ESCI_GAINS:
+        raise ValueError(f"esci_gains must be one of {sorted(ESCI_GAINS)}, got {name!r}")
+    return ESCI_GAINS[name]
+
+
+def gains_text(name: str) -> str:
+    """``E 1, S 0.01, C 0.1, I 0``: the four-class gains of ``ESCI_GAINS[name]``, in words."""
+    gains = esci_gain_map(name)
+    return ", ".join(f"{letter} {gains[grade]:g}" for letter, grade in ESCI_LABEL_GRADES.items())
 
 
 def _means(

@@ -29,6 +29,8 @@ class Encoder:
     query_length: int
     document_length: int
     config: EvalConfig
+    lengths_from: str = "asked"
+    """Where the lengths came from (:class:`~santa.eval.evaluation.Lengths`)."""
     ray_started: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -36,8 +38,8 @@ class Encoder:
     def load(cls, model: str | DualEncoder, config: EvalConfig) -> Encoder:
         """Load ``model`` as :func:`santa.eval.evaluate` does (device, lengths)."""
         encoder, model_uri, train_config = load_encoder(model, config)
-        query_length, document_length = evaluation_lengths(encoder, train_config, config)
-        return cls(encoder, model_uri, query_length, document_length, config)
+        lengths = evaluation_lengths(encoder, train_config, config)
+        return cls(encoder, model_uri, lengths.query, lengths.document, config, lengths.source)
 
     @property
     def similarity(self) -> str:
@@ -84,6 +86,7 @@ class Encoder:
             "model": self.model_uri if self.model_uri is not None else type(self.model).__name__,
             "max_query_length": self.query_length,
             "max_document_length": self.document_length,
+            "lengths_from": self.lengths_from,
             "similarity": self.model.model_config.similarity,
             "pooling": self.model.model_config.pooling,
             "ray": self.ray_started,

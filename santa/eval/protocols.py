@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from santa.eval.evaluation import EvalConfig, evaluate
+from santa.eval.evaluation import EvalConfig, Lengths, evaluate, lengths_line, record_lengths
 from santa.eval.protocol_parts import Encoder, ProtocolResult
 from santa.eval.report import check_trec_ids, format_markdown, write_trec
 from santa.runtime import storage
@@ -82,7 +82,8 @@ def run_protocol(
     config = config or EvalConfig()
     if protocol == "retrieval":
         results = evaluate(model, data, config)
-        return ProtocolResult(results, {}, format_markdown(results), {"protocol": protocol})
+        markdown = format_markdown(results) + f"\n{lengths_line(results)}\n"
+        return ProtocolResult(results, {}, markdown, {"protocol": protocol})
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     started = time.perf_counter()
@@ -99,6 +100,9 @@ def run_protocol(
         from santa.eval.esci import run_esci
 
         outcome = run_esci(encoder, data, config)
+    lengths = Lengths(encoder.query_length, encoder.document_length, encoder.lengths_from)
+    record_lengths(outcome.results, lengths)
+    outcome.markdown = outcome.markdown.rstrip("\n") + f"\n\n{lengths_line(outcome.results)}\n"
     outcome.info = {
         "protocol": protocol,
         "data": data,

@@ -473,7 +473,7 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
     model, train_config = load_model(resolved)
     if model.tokenizer is None:
         raise ValueError(f"{config.checkpoint}: the model folder has no tokenizer")
-    query_length, document_length = evaluation_lengths(
+    query_length, document_length, _ = evaluation_lengths(
         model,
         train_config,
         EvalConfig(

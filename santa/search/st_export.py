@@ -62,7 +62,7 @@ def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
         )
     saved = folder / "santa_config.json"
     train = json.loads(saved.read_text()).get("train", {}) if saved.is_file() else {}
-    _, document_length = evaluation_lengths(model, train, EvalConfig())
+    document_length = evaluation_lengths(model, train, EvalConfig()).document
     hidden = model.backbone.config.hidden_size
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
