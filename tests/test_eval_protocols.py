@@ -135,6 +135,64 @@ def test_codesearch_from_s3_with_outputs(tiny, codesearch, moto_s3, tmp_path) ->
     assert info["protocol"] == "codesearch" and info["languages"]["ruby"]["queries"] == 8
 
 
+@pytest.mark.parametrize(
+    ("language", "code", "without_comments"),
+    [
+        (
+            "python",
+            'def f(x):\n    """Add one."""\n    # the step\n    return x + 1  # done\n',
+            "def f(x):\n    return x + 1",
+        ),
+        (
+            "go",
+            "// F adds one.\nfunc F(x int) int {\n\t/* the step */ return x + 1 // done\n}\n",
+            "func F(x int) int {\n\t return x + 1\n}",
+        ),
+        ("ruby", "# Adds one.\ndef f(x)\n  x + 1 # done\nend\n", "def f(x)\n  x + 1\nend"),
+    ],
+)
+def test_candidate_text_follows_the_named_reference(language, code, without_comments) -> None:
+    from santa.eval.codesearch import candidate_text
+
+    tokens = ["def", "f", "(", "x", ")", ":", "return", "x", "+", "1"]
+    docstring = {"python": "Add one.", "go": "F adds one.", "ruby": "Adds one."}[language]
+    row = {"code": code, "code_tokens": tokens, "docstring": docstring}
+    # SANTA's build_test_code.py: the code tokens joined by spaces.
+    assert candidate_text(row, language, "released") == " ".join(tokens)
+    # GraphCodeBERT: every comment and docstring gone, blank lines dropped.
+    stripped = candidate_text(row, language, "graphcodebert")
+    assert [line.rstrip() for line in stripped.split("\n")] == without_comments.split("\n")
+    # As santa trains: the docstring (doc comment) gone, the body's comment kept.
+    training = candidate_text(row, language, "training")
+    assert docstring not in training and "done" in training
+    # No tokens: released falls back to the source without comments.
+    assert candidate_text({"code": code}, language, "released") == stripped
+    with pytest.raises(ValueError, match="code_text must be one of"):
+        candidate_text(row, language, "tokens")
+
+
+def test_protocol_results_carry_the_lengths_used(tiny, codesearch) -> None:
+    _, folder = tiny
+    config = EvalConfig(baseline="bm25", progress=False, **LENGTHS)
+    asked = run_protocol("codesearch", folder, str(codesearch), config, languages=["ruby"])
+    model = asked.results["model"]
+    assert (model["max_query_length"], model["max_document_length"]) == (32, 64)
+    assert model["lengths_from"] == "asked" and "max_query_length" not in asked.results["bm25"]
+    assert asked.markdown.rstrip().endswith("model encoded at 32/64 query/document tokens (asked)")
+    assert asked.info["lengths_from"] == "asked"
+    trained = run_protocol(
+        "codesearch",
+        folder,
+        str(codesearch),
+        EvalConfig(baseline=None, progress=False),
+        languages=["ruby"],
+    )
+    saved = json.loads((Path(folder) / "santa_config.json").read_text())["train"]
+    model = trained.results["model"]
+    assert model["lengths_from"] == "trained"
+    assert model["max_query_length"] == saved["max_query_length"]
+
+
 # =========================================================================== advtest
 
 
@@ -198,6 +256,20 @@ def esci_beir(tmp_path) -> str:
         ("q3", "P5", ESCI_LABELS["I"]),
     ]
     return write_beir(Path(tmp_path) / "esci", corpus, queries, qrels)
+
+
+def test_advtest_mrr_at_100_scores_an_answer_below_the_top_100_as_zero() -> None:
+    from santa.eval.advtest import codexglue_scores
+
+    count = 150
+    rng = np.random.default_rng(3)
+    scores = rng.random((count, count)).astype(np.float32)
+    np.fill_diagonal(scores, 2.0)  # every answer first...
+    scores[0, 1:120] = 3.0  # ...but query 0's, ranked 120th
+    metrics, _, _ = codexglue_scores(lambda start, end: scores[start:end], count, top_k=10)
+    assert metrics["mrr"] == pytest.approx((1 / 120 + (count - 1)) / count)
+    assert metrics["mrr@100"] == pytest.approx((count - 1) / count)
+    assert metrics["recall@100"] == pytest.approx((count - 1) / count)
 
 
 def test_esci_ranks_only_each_querys_judged_products(tiny, esci_beir, tmp_path) -> None:
