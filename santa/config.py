@@ -259,12 +259,13 @@ class TrainConfig:
     shuffle: str = "global"
     """How each epoch's batches are drawn. ``global``: each worker holds its share of the
     tokenized training set in memory and draws a new seeded permutation of all of it every
-    epoch, as SANTA's released code samples (the Hugging Face Trainer's random sampler over
-    the whole set); with several workers the shares are equal parts of the set in corpus
-    order, so a global batch is a uniform sample of each part. ``local``: batches stream
-    in corpus order (all functions of a file together) through a seeded buffer of
-    ``shuffle_buffer`` rows, for a set larger than the workers' memory. Objectives whose
-    rows are tokenized in the worker (SCodeR's listwise rows) always stream (``local``)."""
+    epoch; with several workers the shares are equal parts of the set in corpus order, so a
+    global batch is a uniform sample of each part. ``local``: batches stream in corpus order
+    (all functions of a file together) through a seeded buffer of ``shuffle_buffer`` rows,
+    for a set larger than the workers' memory; SANTA's released code streams its files the
+    same way through a 10,000-row buffer (OpenMatch's ``StreamTrainDatasetMixin``), its
+    code pretraining file shuffled once when built. Objectives whose rows are tokenized in
+    the worker (SCodeR's listwise rows) always stream (``local``)."""
 
     shuffle_buffer: int = 2048
     """``shuffle="local"``: rows each worker shuffles in a buffer (seeded) before batching;
