@@ -52,9 +52,10 @@ def test_codesearch_and_adv_on_the_shared_fixtures(bench, shared_fixtures, tiny_
 
     adv = str(shared_fixtures / "advtest" / "test_sample.jsonl")
     result = bench.main(["--setting", "adv", "--data", adv, *common])
-    (row,) = result["rows"]
-    assert row["santa"] == round(100 * result["metrics"]["model"]["mrr"], 2)
+    row, uncut = result["rows"]  # MRR@100 as the papers' scripts, then without a cut-off
+    assert row["santa"] == round(100 * result["metrics"]["model"]["mrr@100"], 2)
     assert row["SANTA Table 2, SANTA (Hard Negative)"] == 47.5
+    assert uncut == {"column": "adv, uncut MRR", "santa": round(100 * model_mrr(result), 2)}
     assert result["sizes"]["adv"] == {
         "queries": 40,
         "candidates": 40,
@@ -87,10 +88,26 @@ def test_esci_settings(bench, tiny_checkpoint, tmp_path: Path, setting: str, met
             str(output),
         ]
     )
-    (row,) = result["rows"]
+    row, *caption = result["rows"]
     assert row["santa"] == round(100 * result["metrics"]["model"][metric], 2)
     expected = 82.59 if setting == "esci-2" else 83.15
     assert row["SANTA Table 2, SANTA (Hard Negative)"] == expected
+    if setting == "esci-4":  # the released gains carry the numbers; the caption's follow
+        from santa.eval.esci import esci_metrics
+        from santa.eval.metrics import gains_text
+
+        ranking = {"q1": [("P1", 2.0), ("P0", 1.0)], "q2": [("P2", 2.0), ("P3", 1.0)]}
+        qrels = {"q1": {"P0": 3, "P1": 1}, "q2": {"P2": 2, "P3": 0}}
+        released = esci_metrics(qrels, ranking, "released")["ndcg@100_4class"]
+        paper = esci_metrics(qrels, ranking, "paper")["ndcg@100_4class"]
+        assert released != paper and gains_text("released") == "E 1, S 0.01, C 0.1, I 0"
+        (caption,) = caption
+        assert caption == {
+            "column": "four-class, Table 2 caption's gains",
+            "santa": round(100 * result["metrics"]["model"]["ndcg@100_4class_caption_gains"], 2),
+        }
+    else:
+        assert caption == []
     assert result["sizes"]["esci"]["paper_queries"] == 8_956 and output.is_file()
     assert result["sizes"]["esci"]["paper_candidates"] == 181_701
     assert result["sizes"]["esci"]["candidates"] == 4  # the judged products
@@ -151,3 +168,68 @@ def tiny_checkpoint(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("tiny") / "model"
     model.save_pretrained(str(folder), santa_config=get_recipe("tiny"))
     return str(folder)
+
+
+def model_mrr(result) -> float:
+    return result["metrics"]["model"]["mrr"]
+
+
+def test_one_checkpoint_per_language_at_one_pair_of_lengths(bench, tiny_checkpoint, tmp_path):
+    """SANTA trains a model per language: each language is evaluated with its own, every
+    model at the same lengths (50/240 unless asked), the mean over the languages."""
+    from tests.datagen import other_language_records, stdlib_python_records
+
+    records = {"python": stdlib_python_records(limit=12), "ruby": other_language_records("ruby", 8)}
+    for language, rows in records.items():
+        rows = [dict(row, language=language) for row in rows]
+        bench.write_codesearch_layout(rows, tmp_path / "cs", language, "test")
+    result = bench.main(
+        [
+            "--setting",
+            "codesearch",
+            "--data",
+            str(tmp_path / "cs"),
+            "--checkpoint",
+            f"python={tiny_checkpoint}",
+            f"ruby={tiny_checkpoint}",
+        ]
+    )
+    model = result["metrics"]["model"]
+    assert (model["max_query_length"], model["max_document_length"]) == (50, 240)
+    assert model["lengths_from"] == "asked"
+    by_language = model["by_language"]
+    assert set(by_language) == {"python", "ruby"}
+    assert by_language["ruby"]["checkpoint"] == tiny_checkpoint
+    assert model["mrr"] == pytest.approx(
+        (by_language["python"]["mrr"] + by_language["ruby"]["mrr"]) / 2
+    )
+    assert [row["column"] for row in result["rows"]] == ["python", "ruby", "overall"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--setting", "adv", "--data", "x", "--checkpoint", "a", "b"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--setting", "codesearch", "--data", "x", "--checkpoint", "cobol=a"])
+
+
+def test_broken_input_files_are_named(bench, tiny_checkpoint, shared_fixtures, tmp_path, capsys):
+    """A malformed line is skipped and counted with the file named; a compressed file cut
+    short ends in one line naming the file and the rows read before the cut."""
+    import gzip
+
+    ruby = shared_fixtures / "csn" / "ruby" / "valid.jsonl.gz"
+    lines = gzip.decompress(ruby.read_bytes()).splitlines()[:30]
+    broken = tmp_path / "valid.jsonl"
+    broken.write_bytes(b"\n".join([*lines[:10], b"{not json", *lines[10:], b"[1, 2]"]) + b"\n")
+    common = ["--setting", "codesearch", "--checkpoint", tiny_checkpoint, "--limit", "20"]
+    result = bench.main([*common, "--data", str(broken)])
+    assert result["notes"]["skipped"] == {str(broken): {"malformed_json": 2}}
+    assert f"skipped 2 rows of {broken}: malformed_json 2" in capsys.readouterr().out
+
+    data = gzip.compress(b"\n".join(lines) + b"\n")
+    cut = tmp_path / "cut" / "valid.jsonl.gz"
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cut}: compressed file ended before the end-of-stream marker \(after \d+ rows\)$",
+    ):
+        bench.main([*common, "--data", str(cut)])

@@ -391,3 +391,32 @@ def test_evaluate_job_protocols_old_spellings_and_publishing(tiny, codesearch, t
         main([*common, "--data", beir, "--languages", "ruby"])
     assert exit_info.value.code == 2
     assert "--languages selects CodeSearch languages" in capsys.readouterr().err
+
+
+def test_evaluate_job_names_broken_files(tiny, codesearch, tmp_path, capsys):
+    """A malformed line is skipped and counted under the table with its folder; a
+    compressed file cut short ends the job in one line naming it (exit 2)."""
+    import gzip
+    import shutil
+
+    from ray_jobs.evaluate import main
+
+    _, folder = tiny
+    data = tmp_path / "cs"
+    shutil.copytree(codesearch / "ruby", data / "ruby")
+    test = data / "ruby" / "test.jsonl"
+    test.write_text(test.read_text() + "{broken\n")
+    common = ["--checkpoint", folder, "--protocol", "codesearch", "--no-progress"]
+    assert main([*common, "--data", str(data), "--baseline", "none"]) == 0
+    printed = capsys.readouterr().out
+    assert f"skipped 1 row of {data / 'ruby'}: query_malformed_json 1" in printed
+    assert "model encoded at " in printed and "(trained)" in printed
+
+    codebase = data / "ruby" / "codebase.jsonl"
+    packed = gzip.compress(codebase.read_bytes())
+    codebase.unlink()
+    (data / "ruby" / "codebase.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    assert main([*common, "--data", str(data)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # the last line (the job's)
+    assert line.startswith(f"santa: error: {data / 'ruby' / 'codebase.jsonl.gz'}: compressed file")
+    assert "end-of-stream marker (after " in line

@@ -19,18 +19,29 @@ Settings and the protocol each runs (``santa.eval.protocols``):
   --dataset esci --stage eval``, or the raw ESCI parquet folder (preprocessed first, on Ray).
 
 ``--checkpoint minilm`` is the all-MiniLM-L6-v2 folder santa ships with; any checkpoint,
-run, model folder or ``s3://`` URI works. ``--limit N`` keeps the first N queries and
+run, model folder or ``s3://`` URI works. SANTA trains one model per language for
+CodeSearch: ``--checkpoint ruby=CKPT go=CKPT ...`` evaluates each language with its own
+model and prints each language and their mean. ``--limit N`` keeps the first N queries and
 candidates (a smoke run). Results go to ``--output`` (JSON).
+
+Scored as SANTA's released scripts scored the tables: Adv as MRR@100 (the uncut MRR on
+the next row), ESCI's four-class gains as ``evaluate_product.py`` maps them (Substitute
+0.01, Complement 0.1; the next row has Table 2 caption's Substitute 0.1, Complement 0.01),
+CodeSearch and Adv candidates as their code tokens joined (``--code-text``). The lengths
+every model is encoded at are printed: ``--max-query-length``/``--max-document-length``,
+else one checkpoint's trained lengths, and 50/240 for every model where there are several.
+A malformed line of an input file is skipped and counted with the file's name; a
+compressed file cut short ends the run in one line naming it.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +49,44 @@ if not __package__:  # run as a file (python bench/quality/x.py): the repo root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common  # noqa: E402
+from santa.data.beir import load_beir  # noqa: E402
+from santa.data.jsonl import json_lines  # noqa: E402
 from santa.eval import EvalConfig  # noqa: E402
 from santa.eval.advtest import advtest_file  # noqa: E402
-from santa.eval.codesearch import write_codesearch_layout  # noqa: E402
-from santa.eval.paper_numbers import SETTINGS, TABLE1_SIZES, TABLE7_SIZES, numbers_for  # noqa: E402
-from santa.eval.protocols import run_protocol  # noqa: E402
+from santa.eval.codesearch import (  # noqa: E402
+    macro_summary,
+    skipped_line,
+    write_codesearch_layout,
+)
+from santa.eval.esci import esci_metrics  # noqa: E402
+from santa.eval.evaluation import CODE_TEXTS  # noqa: E402
+from santa.eval.paper_numbers import (  # noqa: E402
+    CODESEARCH_LANGUAGES,
+    SETTINGS,
+    TABLE1_SIZES,
+    TABLE7_SIZES,
+    numbers_for,
+)
+from santa.eval.protocols import ProtocolResult, run_protocol  # noqa: E402
 from santa.runtime import storage  # noqa: E402
 
 PROTOCOL = {"codesearch": "codesearch", "adv": "advtest", "esci-2": "esci", "esci-4": "esci"}
 METRIC = {"esci-2": "ndcg@100", "esci-4": "ndcg@100_4class"}
+CAPTION_GAINS = "ndcg@100_4class_caption_gains"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setting", choices=SETTINGS, required=True)
-    parser.add_argument("--checkpoint", required=True, help="model, or 'minilm'")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        nargs="+",
+        help="model, or 'minilm'; codesearch: LANG=MODEL per language",
+    )
+    parser.add_argument(
+        "--code-text", choices=CODE_TEXTS, default="released", help="candidate text"
+    )
     parser.add_argument("--data", required=True)
     parser.add_argument("--split", default=None, help="default: test (valid for a CSN file)")
     parser.add_argument("--languages", nargs="*", default=[])
@@ -63,7 +97,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where converted data goes (temp)")
     parser.add_argument("--output", default=None, help="results JSON")
     parser.add_argument("--address", default=None, help="Ray, for raw ESCI preprocessing")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.checkpoints = checkpoints_by_language(args.checkpoint, args.setting)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def checkpoints_by_language(values: list[str], setting: str) -> dict[str, str]:
+    """``{"": CKPT}`` for one model; ``{language: CKPT}`` for ``LANG=CKPT`` values."""
+    pairs = [value.partition("=") for value in values]
+    if len(values) == 1 and not pairs[0][1]:
+        return {"": values[0]}
+    if setting != "codesearch" or not all(sep and lang and ckpt for lang, sep, ckpt in pairs):
+        raise ValueError(
+            "several checkpoints are one per CodeSearch language: "
+            "--setting codesearch --checkpoint ruby=CKPT go=CKPT ..."
+        )
+    unknown = sorted({lang for lang, _, _ in pairs} - set(CODESEARCH_LANGUAGES))
+    if unknown:
+        raise ValueError(f"unknown languages {unknown}: one of {', '.join(CODESEARCH_LANGUAGES)}")
+    return {lang: checkpoint for lang, _, checkpoint in pairs}
 
 
 def checkpoint_of(name: str) -> str:
@@ -75,11 +130,13 @@ def checkpoint_of(name: str) -> str:
     return name
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    data = storage.read_bytes(path)
-    if path.endswith(".gz"):
-        data = gzip.decompress(data)
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
+def read_records(path: str, notes: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON-lines file's rows; malformed lines skipped and counted in ``notes``."""
+    skipped: Counter = Counter()
+    records = [row for _, row in json_lines(path, skipped)]
+    if skipped:
+        notes.setdefault("skipped", {})[path] = dict(skipped)
+    return records
 
 
 def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dict[str, Any]]:
@@ -87,7 +144,7 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dic
     split = args.split or "test"
     notes: dict[str, Any] = {}
     if args.setting == "codesearch" and args.data.endswith((".jsonl", ".jsonl.gz")):
-        records = read_records(args.data)
+        records = read_records(args.data, notes)
         language = str(records[0].get("language") or "unknown").lower()
         split = args.split or "valid"
         if args.limit:
@@ -97,9 +154,10 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dic
         return str(workdir / "codesearch"), split, notes
     if args.setting == "codesearch" and storage.exists(storage.join(args.data, "corpus.jsonl")):
         notes["converted"] = beir_as_codesearch(args.data, split, workdir / "codesearch")
+        args.code_text = "training"  # the BEIR texts as they are (no tokens to join)
         return str(workdir / "codesearch"), split, notes
     if args.setting == "adv" and args.limit:
-        rows = read_records(advtest_file(args.data, split))
+        rows = read_records(advtest_file(args.data, split), notes)
         (workdir / "adv.jsonl").write_text(
             "".join(json.dumps(row) + "\n" for row in rows[: args.limit])
         )
@@ -127,8 +185,6 @@ def beir_as_codesearch(uri: str, split: str, root: Path) -> str:
     each language's corpus its codebase, each query answered by its judged document. The
     texts are the BEIR texts as they are, so this runs the same data as ``--protocol
     retrieval`` does, languages apart."""
-    from santa.data.beir import load_beir
-
     beir = load_beir(uri, split)
     by_language: dict[str, tuple[list, list]] = {}
     for doc_id, doc in beir.corpus.items():
@@ -149,16 +205,23 @@ def beir_as_codesearch(uri: str, split: str, root: Path) -> str:
 
 
 def compare(setting: str, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per column (language, adv, NDCG class): santa's value and the paper's."""
+    """One row per column (language, adv, NDCG class): santa's value and the paper's.
+
+    Scored as the paper's numbers were: Adv's MRR@100 and ESCI's released gains carry the
+    published numbers; the uncut MRR and the caption's gains follow, without any."""
     model = results["model"]
     if setting == "codesearch":
         values = {lang: row["mrr"] for lang, row in model["by_language"].items()}
         if len(values) > 1:
             values["overall"] = model["mrr"]
     elif setting == "adv":
-        values = {"adv": model["mrr"]}
+        values = {"adv": model["mrr@100"], "adv, uncut MRR": model["mrr"]}
+    elif setting == "esci-2":
+        values = {"two-class": model[METRIC[setting]]}
     else:
-        values = {"two-class" if setting == "esci-2" else "four-class": model[METRIC[setting]]}
+        values = {"four-class": model[METRIC[setting]]}
+        if CAPTION_GAINS in model:
+            values["four-class, Table 2 caption's gains"] = model[CAPTION_GAINS]
     published = numbers_for(setting)
     rows = []
     for column, value in values.items():
@@ -168,6 +231,46 @@ def compare(setting: str, results: dict[str, Any]) -> list[dict[str, Any]]:
                 row[number.source] = number.value
         rows.append(row)
     return rows
+
+
+def evaluate_checkpoints(args: argparse.Namespace, data: str, config: EvalConfig):
+    """The protocol's outcome: one model, or one per CodeSearch language (merged)."""
+    if "" in args.checkpoints:
+        return run_protocol(
+            PROTOCOL[args.setting],
+            checkpoint_of(args.checkpoints[""]),
+            data,
+            config,
+            languages=args.languages,
+        )
+    outcomes = {
+        language: run_protocol(
+            "codesearch", checkpoint_of(checkpoint), data, config, languages=[language]
+        )
+        for language, checkpoint in args.checkpoints.items()
+    }
+    first = next(iter(outcomes.values()))
+    results = {
+        system: macro_summary(
+            {
+                lang: outcome.results[system]["by_language"][lang]
+                for lang, outcome in outcomes.items()
+            }
+        )
+        for system in first.results
+    }
+    for lang, checkpoint in args.checkpoints.items():
+        results["model"]["by_language"][lang]["checkpoint"] = checkpoint
+    results["model"].update(
+        {key: first.results["model"][key] for key in ("max_query_length", "max_document_length")},
+        lengths_from=first.results["model"]["lengths_from"],
+    )
+    info = {
+        "languages": {lang: o.info["languages"][lang] for lang, o in outcomes.items()},
+        "checkpoints": args.checkpoints,
+    }
+    markdown = "\n".join(o.markdown for o in outcomes.values())
+    return ProtocolResult(results, {}, markdown, info)
 
 
 def count(value: int | None) -> str:
@@ -194,22 +297,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bench = common.BenchRun(__file__, argv)
     with tempfile.TemporaryDirectory(dir=args.workdir) as temporary:
         data, split, notes = prepare_data(args, Path(temporary))
+        several = len(args.checkpoints) > 1  # one pair of lengths for every model
         config = EvalConfig(
             split=split,
             baseline="bm25",
             batch_size=args.batch_size,
-            max_query_length=args.max_query_length,
-            max_document_length=args.max_document_length,
+            max_query_length=args.max_query_length or (50 if several else None),
+            max_document_length=args.max_document_length or (240 if several else None),
+            code_text=args.code_text,
             progress=False,
         )
         started = time.perf_counter()
-        outcome = run_protocol(
-            PROTOCOL[args.setting],
-            checkpoint_of(args.checkpoint),
-            data,
-            config,
-            languages=args.languages,
-        )
+        outcome = evaluate_checkpoints(args, data, config)
+        if args.setting == "esci-4":
+            qrels = load_beir(data, split).qrels
+            caption = esci_metrics(qrels, outcome.rankings["model"], "paper")
+            outcome.results["model"][CAPTION_GAINS] = caption["ndcg@100_4class"]
         seconds = time.perf_counter() - started
     rows = compare(args.setting, outcome.results)
     sizes = {}
@@ -236,10 +339,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "setting": args.setting,
         "protocol": PROTOCOL[args.setting],
-        "checkpoint": args.checkpoint,
+        "checkpoint": args.checkpoints.get("", args.checkpoints),
         "data": args.data,
         "split": split,
         "limit": args.limit,
+        "code_text": args.code_text,
         "rows": rows,
         "metrics": outcome.results,
         "sizes": sizes,
@@ -247,8 +351,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds": round(seconds, 1),
     }
     print(outcome.markdown)
-    print(f"{args.setting} ({args.checkpoint}, {split}); paper values x 100 as printed:\n")
+    checkpoints = ", ".join(f"{k}={v}" if k else v for k, v in args.checkpoints.items())
+    model = outcome.results["model"]
+    print(f"{args.setting} ({checkpoints}, {split}); paper values x 100 as printed:\n")
     print(format_table(rows))
+    print(
+        f"\nevery model encoded at {model['max_query_length']}/{model['max_document_length']} "
+        f"query/document tokens ({model['lengths_from']})"
+    )
+    for path, reasons in notes.get("skipped", {}).items():
+        print(skipped_line(path, reasons))
     for name, size in sizes.items():
         what = "judged products" if name == "esci" else "candidates"
         print(
@@ -262,4 +374,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from santa.runtime.errors import exit_with, run_job
+
+    exit_with(run_job(lambda: main() and 0))

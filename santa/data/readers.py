@@ -19,6 +19,7 @@ import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from santa.data.jsonl import chunks, gunzipped_chunks
 from santa.data.records import Reason
 from santa.data.schema import CODE_LANGUAGES, RAW_SCHEMA
 from santa.runtime import storage
@@ -125,8 +126,8 @@ def read_lines_part(
     index = -1
     try:
         with fs.open_input_stream(local, compression=None) as f:
-            chunks = _gunzipped_chunks(f) if path.endswith(".gz") else _chunks(f)
-            for index, line in enumerate(_iter_lines(chunks)):
+            stream = gunzipped_chunks(f) if path.endswith(".gz") else chunks(f)
+            for index, line in enumerate(_iter_lines(stream)):
                 block, offset = divmod(index, lines_per_block)
                 if block % parts != part:
                     continue
@@ -146,35 +147,6 @@ def read_lines_part(
             yield _raw_block(path, index + 2, [message], split, drop_reason=Reason.CORRUPT_FILE)
     if rows:
         yield _raw_block(path, first_line, rows, split)
-
-
-_CHUNK_BYTES = 1 << 20
-
-
-def _chunks(f: pa.NativeFile) -> Iterator[bytes]:
-    while chunk := f.read(_CHUNK_BYTES):
-        yield chunk
-
-
-def _gunzipped_chunks(f: pa.NativeFile) -> Iterator[bytes]:
-    """Decompressed bytes of a gzip stream (several members allowed), as they come.
-
-    Unlike a decompressing stream that fails a whole read at a fault, everything before
-    a truncation or corruption is handed out first; then ``EOFError``/``zlib.error``.
-    """
-    decompressor = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
-    fed = False
-    for chunk in _chunks(f):
-        while chunk:
-            fed = True
-            if out := decompressor.decompress(chunk):
-                yield out
-            if not decompressor.eof:
-                break
-            chunk = decompressor.unused_data  # the next gzip member, if any
-            decompressor, fed = zlib.decompressobj(wbits=47), False
-    if fed and not decompressor.eof:
-        raise EOFError("compressed stream ends before its end-of-stream marker (truncated)")
 
 
 def _iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from santa.eval.bm25 import _BM25
-from santa.eval.codesearch import SUFFIXES, _rows, candidate_text, query_text
+from santa.eval.codesearch import SUFFIXES, _rows, candidate_text, query_text, skipped_line
 from santa.eval.evaluation import EvalConfig
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import RankedLists, _prepare
@@ -167,6 +167,7 @@ def run_advtest(encoder: Encoder, data: str, config: EvalConfig) -> ProtocolResu
             ["system", *ADVTEST_METRICS, "queries"],
             [[s, *(results[s][m] for m in ADVTEST_METRICS), count] for s in results],
         )
+        + (f"\n{line}" if (line := skipped_line(adv.uri, adv.skipped)) else "")
     )
     info = {
         "file": adv.uri,

@@ -28,7 +28,6 @@ A query is the space-joined docstring tokens. A candidate's text is
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from santa.data.cleaning import remove_docstring
+from santa.data.jsonl import json_lines
 from santa.data.schema import CODE_LANGUAGES
 from santa.eval.bm25 import bm25_retrieve
 from santa.eval.evaluation import CODE_TEXTS, EvalConfig
@@ -142,21 +142,16 @@ def _language_of(folder: str, fallback: str) -> str:
 
 def _rows(uri: str, skipped: Counter, prefix: str = "") -> Iterable[tuple[int, dict[str, Any]]]:
     """``(line, row)`` of a JSON-lines file; bad lines are counted in ``skipped``."""
-    data = storage.read_bytes(uri)
-    if uri.endswith(".gz"):
-        data = gzip.decompress(data)
-    for line_no, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            skipped[f"{prefix}malformed_json"] += 1
-            continue
-        if not isinstance(row, dict):
-            skipped[f"{prefix}malformed_json"] += 1
-            continue
-        yield line_no, row
+    return json_lines(uri, skipped, prefix)
+
+
+def skipped_line(uri: str, skipped: dict[str, int]) -> str:
+    """``skipped 2 rows of URI: malformed_json 2``, or nothing when none was skipped."""
+    total = sum(skipped.values())
+    if not total:
+        return ""
+    reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(skipped.items()))
+    return f"skipped {total:,} row{'s' if total != 1 else ''} of {uri}: {reasons}"
 
 
 def candidate_text(row: dict[str, Any], language: str, code_text: str = "training") -> str:
@@ -363,7 +358,7 @@ def run_codesearch(
             "skipped": subset.skipped,
         }
         logger.info("codesearch %s: %s", language, counts[language])
-    results = {system: _summary(per_language[system]) for system in systems}
+    results = {system: macro_summary(per_language[system]) for system in systems}
     order = list(folders)
     rows = [
         [system, *(results[system]["by_language"][lang]["mrr"] for lang in order)]
@@ -374,6 +369,11 @@ def run_codesearch(
         f"CodeSearch ({config.split}): MRR (top {MRR_CUTOFF}) per language, each language's "
         "queries against its own codebase\n\n"
         + markdown_table(["system", *order, "Overall", "queries"], rows)
+        + "".join(
+            f"\n{line}"
+            for line in (skipped_line(folders[lang], counts[lang]["skipped"]) for lang in order)
+            if line
+        )
     )
     info = {
         "languages": counts,
@@ -384,7 +384,7 @@ def run_codesearch(
     return ProtocolResult(results, rankings, markdown, info)
 
 
-def _summary(by_language: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def macro_summary(by_language: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Macro averages over languages (the table's Overall), with the per-language rows."""
     metrics = ["mrr", *CODESEARCH_METRICS]
     summary: dict[str, Any] = {
