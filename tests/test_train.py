@@ -313,6 +313,15 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
     assert finetune_state["loss_mep"] == 0  # DR loss only after pretraining
     markdown = (run / "report.md").read_text()
     assert "| santa (ance) |" in markdown and "| ance | 4 |" in markdown
+    # One length rule: the untrained and every stage's model at the last stage's lengths.
+    encoded = {
+        system: (m["max_query_length"], m["max_document_length"], m["lengths_from"])
+        for system, m in report["metrics"].items()
+        if system != "bm25"
+    }
+    tiny = get_recipe("tiny").train
+    assert set(encoded.values()) == {(tiny.max_query_length, tiny.max_document_length, "asked")}
+    assert f"every model at {tiny.max_query_length}/{tiny.max_document_length}" in markdown
     # What the false-negative filter dropped from the mined table, by reason.
     filtered = report["mining"]["filtered"]
     assert filtered["positive"] > 0 and set(filtered) >= {"same_text", "score_ratio"}

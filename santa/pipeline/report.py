@@ -90,7 +90,8 @@ def format_report(report: dict[str, Any], plots: list[str] | None = None) -> str
         f" evaluated on `{report['data']['test']}`"
         + (
             f" ({evaluated.get('similarity')} similarity, {evaluated.get('pooling')} pooling, "
-            f"lengths {evaluated.get('max_query_length')}/{evaluated.get('max_document_length')})."
+            f"every model at {evaluated.get('max_query_length')}/"
+            f"{evaluated.get('max_document_length')} query/document tokens)."
             if evaluated
             else "."
         ),

@@ -249,6 +249,7 @@ def _run(
         split=spec.eval_split,
         layout=layout,
         baseline=None if spec.baseline == "none" else spec.baseline,
+        lengths=_lengths(configs[spec.stages[-1]]),
     )
     phases["evaluate_s"] = time.time() - evaluated_at
     phases["total_s"] = time.time() - started
@@ -430,9 +431,14 @@ def evaluate_systems(
     split: str,
     layout: RunLayout,
     baseline: str | None,
+    lengths: tuple[int, int] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Every stage's model, the untrained one and the baseline on the same BEIR split."""
+    """Every stage's model, the untrained one and the baseline on the same BEIR split,
+    every model encoded at the same ``lengths`` (query, document tokens; None: each model's
+    own, :func:`santa.eval.evaluation.evaluation_lengths`)."""
     from santa.eval import EvalConfig, evaluate
+
+    query_length, document_length = lengths or (None, None)
 
     systems: dict[str, dict[str, Any]] = {}
     evaluated_with: dict[str, Any] = {}
@@ -442,6 +448,8 @@ def evaluate_systems(
             output=layout.eval("untrained"),
             baseline=None,
             progress=sys.stderr.isatty(),
+            max_query_length=query_length,
+            max_document_length=document_length,
         )
         systems["untrained"] = evaluate(untrained, data, config)["model"]
     last = list(trained)[-1]
@@ -452,6 +460,8 @@ def evaluate_systems(
             output=layout.eval(folder),
             baseline=baseline if name == last else None,
             progress=sys.stderr.isatty(),
+            max_query_length=query_length,
+            max_document_length=document_length,
         )
         results = evaluate(model, data, config)
         systems[name] = results.pop("model")
@@ -465,6 +475,11 @@ def evaluate_systems(
         key: evaluated_with.get(key)
         for key in ("similarity", "pooling", "max_query_length", "max_document_length")
     }
+
+
+def _lengths(config: SantaConfig) -> tuple[int, int]:
+    """The lengths the last stage trains with: every model of the report is encoded so."""
+    return config.train.max_query_length, config.train.max_document_length
 
 
 def _initial_model(config: SantaConfig, stage: RunLayout) -> str | None:
