@@ -55,7 +55,12 @@ def run_parser(
         "when nodes are lost, at the same global batch, and grows back to MAX)",
     )
     parser.add_argument("--cpus-per-worker", type=float, default=0.0, help=cpus_per_worker_help)
-    parser.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL, bf16")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="one GPU per worker, NCCL, bf16 autocast (float32 where the recipe sets "
+        "train.bf16=false, as the table recipes do)",
+    )
     parser.add_argument("--max-steps", type=int, default=None, help=max_steps_help)
     parser.add_argument("--address", default=None, help=address_help)
     parser.add_argument(
