@@ -26,7 +26,6 @@ from santa.config import (
     SantaConfig,
     ScoderConfig,
     TrainConfig,
-    _fail,
 )
 from santa.table_recipes import check_stage, table_recipe_factories
 
@@ -292,7 +291,7 @@ def stage_recipe(recipe: str, stage: str) -> SantaConfig:
     the later stages are ``<recipe>-finetune`` and ``<recipe>-ance``.
     """
     if stage not in PIPELINE_STAGES:
-        _fail(f"unknown stage {stage!r}; stages are {PIPELINE_STAGES}")
+        raise ValueError(f"unknown stage {stage!r}; stages are {PIPELINE_STAGES}")
     check_stage(recipe, stage)  # a table recipe names its own chain of stages
     return get_recipe(recipe if stage == "pretrain" else f"{recipe}-{stage}")
 
