@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from santa.index import INDEX_KINDS
 from santa.runtime.errors import exit_with, run_job
 from santa.search.corpus import CORPUS_FORMATS
+from santa.search.faiss_index import INDEX_KINDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

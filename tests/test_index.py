@@ -1,4 +1,4 @@
-"""NegativeIndex: exact search equals brute force; approximate kinds have high recall."""
+"""EmbeddingIndex: exact search equals brute force; approximate kinds have high recall."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from santa import index as index_module
-from santa.index import NegativeIndex, faiss_has_gpu
+from santa.search import faiss_index as index_module
+from santa.search.faiss_index import EmbeddingIndex, faiss_has_gpu
 
 
 def random_data(n: int = 300, nq: int = 40, dim: int = 16, seed: int = 0):
@@ -34,7 +34,7 @@ def brute_force(docs: np.ndarray, queries: np.ndarray, k: int):
 
 def test_flat_top_k_equals_brute_force_torch() -> None:
     docs, queries, ids = random_data()
-    index = NegativeIndex.build(docs, ids, kind="flat")
+    index = EmbeddingIndex.build(docs, ids, kind="flat")
     hits, scores = index.search(queries, 10)
     expected_rows, expected_scores = brute_force(docs, queries, 10)
     assert hits == [[ids[j] for j in row] for row in expected_rows.tolist()]
@@ -45,7 +45,7 @@ def test_flat_top_k_equals_brute_force_torch() -> None:
 
 def test_k_is_clipped_to_the_index_size_and_batches_do_not_change_results(monkeypatch) -> None:
     docs, queries, ids = random_data(n=12, nq=25)
-    index = NegativeIndex.build(docs, ids)
+    index = EmbeddingIndex.build(docs, ids)
     hits, scores = index.search(queries, 100)
     assert scores.shape == (25, 12) and all(len(row) == 12 for row in hits)
     monkeypatch.setattr(index_module, "SEARCH_BATCH_SIZE", 7)
@@ -56,8 +56,8 @@ def test_k_is_clipped_to_the_index_size_and_batches_do_not_change_results(monkey
 
 def test_adding_in_parts_equals_one_build() -> None:
     docs, queries, ids = random_data()
-    whole = NegativeIndex.build(docs, ids)
-    parts = NegativeIndex(16)
+    whole = EmbeddingIndex.build(docs, ids)
+    parts = EmbeddingIndex(16)
     parts.add(docs[:100], ids[:100])
     parts.add(docs[100:], ids[100:])
     assert parts.search(queries, 20)[0] == whole.search(queries, 20)[0]
@@ -67,7 +67,7 @@ def test_ties_rank_by_insertion_order() -> None:
     vector = np.ones((1, 4), dtype=np.float32)
     docs = np.concatenate([vector * 0.5, vector, vector, vector, vector * 0.1])
     ids = ["low", "b", "a", "c", "lowest"]
-    hits, scores = NegativeIndex.build(docs, ids).search(vector, 5)
+    hits, scores = EmbeddingIndex.build(docs, ids).search(vector, 5)
     assert hits == [["b", "a", "c", "low", "lowest"]]
     assert scores[0].tolist() == [4.0, 4.0, 4.0, 2.0, pytest.approx(0.4)]
 
@@ -77,8 +77,8 @@ def test_ties_rank_by_insertion_order() -> None:
 )
 def test_approximate_indexes_have_high_recall(kind, options) -> None:
     docs, queries, ids = clustered_data()
-    exact, _ = NegativeIndex.build(docs, ids).search(queries, 10)
-    approximate, scores = NegativeIndex.build(docs, ids, kind=kind, **options).search(queries, 10)
+    exact, _ = EmbeddingIndex.build(docs, ids).search(queries, 10)
+    approximate, scores = EmbeddingIndex.build(docs, ids, kind=kind, **options).search(queries, 10)
     recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approximate, exact, strict=True)])
     assert recall >= 0.9, recall
     assert np.all(np.diff(scores, axis=1) <= 0)  # best first
@@ -86,15 +86,15 @@ def test_approximate_indexes_have_high_recall(kind, options) -> None:
 
 def test_ivf_clamps_nlist_for_small_corpora() -> None:
     docs, queries, ids = random_data(n=50)
-    index = NegativeIndex.build(docs, ids, kind="ivf", nlist=1024, nprobe=32)
+    index = EmbeddingIndex.build(docs, ids, kind="ivf", nlist=1024, nprobe=32)
     assert index.nlist == 1 and index.nprobe == 1  # 50 points: one cell, an exact search
-    exact, _ = NegativeIndex.build(docs, ids).search(queries, 5)
+    exact, _ = EmbeddingIndex.build(docs, ids).search(queries, 5)
     assert index.search(queries, 5)[0] == exact
 
 
 def test_ivf_cells_with_too_few_vectors_give_shorter_hit_lists() -> None:
     docs, queries, ids = clustered_data(n=400, nq=20, clusters=10)
-    index = NegativeIndex.build(docs, ids, kind="ivf", nlist=10, nprobe=1)
+    index = EmbeddingIndex.build(docs, ids, kind="ivf", nlist=10, nprobe=1)
     hits, scores = index.search(queries, 300)  # one cell holds far fewer than 300
     assert scores.shape == (20, 300)
     for query, row, row_scores in zip(queries, hits, scores, strict=True):
@@ -108,7 +108,7 @@ def test_ivf_cells_with_too_few_vectors_give_shorter_hit_lists() -> None:
 def test_search_rows_are_the_positions_of_the_searched_ids() -> None:
     docs, queries, ids = clustered_data(n=400, nq=20, clusters=10)
     for kind, options in (("flat", {}), ("ivf", {"nlist": 10, "nprobe": 1})):
-        index = NegativeIndex.build(docs, ids, kind=kind, **options)
+        index = EmbeddingIndex.build(docs, ids, kind=kind, **options)
         hits, scores = index.search(queries, 300)
         rows, row_scores = index.search_rows(queries, 300)
         assert rows.dtype == np.int64 and rows.shape == scores.shape == (20, 300)
@@ -120,13 +120,13 @@ def test_search_rows_are_the_positions_of_the_searched_ids() -> None:
 
 def test_finite_check_tells_overflowing_sums_from_nan_and_inf() -> None:
     big = np.full((4, 8), 3e38, dtype=np.float32)  # finite, but its float32 sum overflows
-    index = NegativeIndex.build(big, [f"d{i}" for i in range(4)])
+    index = EmbeddingIndex.build(big, [f"d{i}" for i in range(4)])
     assert len(index) == 4
     for bad in (np.nan, np.inf, -np.inf):
         docs = np.ones((4, 8), dtype=np.float32)
         docs[2, 5] = bad
         with pytest.raises(ValueError, match="NaN or infinite"):
-            NegativeIndex.build(docs, [f"d{i}" for i in range(4)])
+            EmbeddingIndex.build(docs, [f"d{i}" for i in range(4)])
 
 
 def test_duplicate_vectors_rank_by_insertion_order_in_every_row() -> None:
@@ -140,7 +140,9 @@ def test_duplicate_vectors_rank_by_insertion_order_in_every_row() -> None:
     unique = rng.integers(-4, 5, size=(150, 16)).astype(np.float32)
     docs = np.concatenate([unique, unique, unique[:50]])[rng.permutation(350)]
     queries = rng.integers(-4, 5, size=(40, 16)).astype(np.float32)
-    rows, scores = NegativeIndex.build(docs, [f"d{i}" for i in range(350)]).search_rows(queries, 60)
+    rows, scores = EmbeddingIndex.build(docs, [f"d{i}" for i in range(350)]).search_rows(
+        queries, 60
+    )
     exact = queries @ docs.T
     for q in range(40):
         expected = np.lexsort((np.arange(350), -exact[q]))[:60]
@@ -154,7 +156,7 @@ def test_duplicate_vectors_rank_by_insertion_order_in_every_row() -> None:
 
 
 def test_empty_index_returns_no_hits() -> None:
-    index = NegativeIndex(8)
+    index = EmbeddingIndex(8)
     hits, scores = index.search(np.zeros((3, 8), dtype=np.float32), 5)
     assert hits == [[], [], []] and scores.shape == (3, 0) and len(index) == 0
 
@@ -162,18 +164,18 @@ def test_empty_index_returns_no_hits() -> None:
 def test_bad_inputs_are_clear_errors() -> None:
     docs, queries, ids = random_data(n=10, nq=2, dim=8)
     with pytest.raises(ValueError, match="kind must be one of"):
-        NegativeIndex(8, "lsh")
+        EmbeddingIndex(8, "lsh")
     with pytest.raises(ValueError, match="dim must be a positive integer"):
-        NegativeIndex(0)
+        EmbeddingIndex(0)
     with pytest.raises(ValueError, match="must be float32"):
-        NegativeIndex.build(docs.astype(np.float64), ids)
+        EmbeddingIndex.build(docs.astype(np.float64), ids)
     with pytest.raises(ValueError, match="must be 2-D"):
-        NegativeIndex.build(docs[0], ids)
+        EmbeddingIndex.build(docs[0], ids)
     with pytest.raises(ValueError, match="10 embeddings but 9 ids"):
-        NegativeIndex.build(docs, ids[:9])
+        EmbeddingIndex.build(docs, ids[:9])
     with pytest.raises(ValueError, match="duplicate id 'd0'"):
-        NegativeIndex.build(docs, ["d0"] * 10)
-    index = NegativeIndex.build(docs, ids)
+        EmbeddingIndex.build(docs, ["d0"] * 10)
+    index = EmbeddingIndex.build(docs, ids)
     with pytest.raises(ValueError, match="duplicate id 'd3'"):
         index.add(docs[:1], ["d3"])
     with pytest.raises(ValueError, match="dimension 4, the index has 8"):
@@ -187,8 +189,8 @@ def test_bad_inputs_are_clear_errors() -> None:
 @pytest.mark.skipif(faiss_has_gpu(), reason="this machine can build GPU indexes")
 def test_forcing_a_gpu_without_one_fails_clearly() -> None:
     with pytest.raises(ValueError, match="no GPU index is possible"):
-        NegativeIndex(8, use_gpu=True)
-    assert not NegativeIndex(8).on_gpu  # "auto" falls back to the CPU
+        EmbeddingIndex(8, use_gpu=True)
+    assert not EmbeddingIndex(8).on_gpu  # "auto" falls back to the CPU
 
 
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
@@ -197,8 +199,8 @@ def test_serialized_index_searches_the_same(kind) -> None:
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((2000, 16)).astype(np.float32)
     ids = [f"doc-{i}" for i in range(2000)]
-    index = NegativeIndex.build(vectors, ids, kind, nlist=16, nprobe=4, hnsw_m=8, use_gpu=False)
-    again = NegativeIndex.from_bytes(index.to_bytes(), ids, nprobe=4, use_gpu=False)
+    index = EmbeddingIndex.build(vectors, ids, kind, nlist=16, nprobe=4, hnsw_m=8, use_gpu=False)
+    again = EmbeddingIndex.from_bytes(index.to_bytes(), ids, nprobe=4, use_gpu=False)
     assert (again.kind, len(again), again.dim) == (kind, 2000, 16)
     if kind == "ivf":
         assert (again.nlist, again.nprobe) == (16, 4)
@@ -209,4 +211,4 @@ def test_serialized_index_searches_the_same(kind) -> None:
     assert hits == hits_again
     np.testing.assert_array_equal(scores, scores_again)
     with pytest.raises(ValueError, match="2000 vectors but 3 ids"):
-        NegativeIndex.from_bytes(index.to_bytes(), ids[:3])
+        EmbeddingIndex.from_bytes(index.to_bytes(), ids[:3])

@@ -58,13 +58,13 @@ def test_bad_arguments_are_clear_errors() -> None:
 
 
 def test_mining_from_an_exact_search_matches_brute_force_torch() -> None:
-    from santa.index import NegativeIndex
+    from santa.search.faiss_index import EmbeddingIndex
 
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((300, 16)).astype(np.float32)
     queries = rng.standard_normal((20, 16)).astype(np.float32)
     doc_ids = [f"d{i}" for i in range(len(docs))]
-    index = NegativeIndex.build(docs, doc_ids, kind="flat")
+    index = EmbeddingIndex.build(docs, doc_ids, kind="flat")
     hits, _ = index.search(queries, 10)
     expected = torch.topk(torch.from_numpy(queries) @ torch.from_numpy(docs).T, 10).indices
     assert hits == [[doc_ids[j] for j in row] for row in expected.tolist()]

@@ -8,7 +8,7 @@ the preprocessing job uses (no Ray). For each model (``tiny``: a random-init T5 
 tokenizer trained on the corpus, lengths 32/128; ``minilm``: all-MiniLM-L6-v2, 50/240):
 
 - documents/s and queries/s encoded in-process (``santa.models.encoding.encode_texts``);
-- the evaluator's retrieval + metrics (``dense_retrieve`` through ``NegativeIndex`` and
+- the evaluator's retrieval + metrics (``dense_retrieve`` through ``EmbeddingIndex`` and
   ranx's metrics, the work ``evaluate_model`` does after encoding) against a raw faiss
   ``IndexFlatIP`` add + search of the same embeddings, top 100. ranx's one-time start-up
   (import and loading its numba kernels, once per process) is reported apart.

@@ -53,7 +53,7 @@ Encoding: ``DualEncoder.encode`` at length ``s`` under ``inference_mode`` (bf16 
 CUDA): FLOPs per document = encoder(s) + decoder(t=1 over s) (≈ 49.9 GFLOP for T5-base at
 240).
 
-faiss: inner-product search (santa.index.NegativeIndex, what the hard-negative miner builds)
+faiss: inner-product search (santa.search.faiss_index.EmbeddingIndex, what the hard-negative miner builds)
 of ``--queries`` random queries, top ``--k``, over ``--index-size`` random ``--dim``-d (768)
 documents (on a GPU 1,000,000 x 768 by default), exact (``flat``) and ``ivf`` (its recall of
 the exact top k), on CPU and, when faiss has GPU support and torch sees CUDA, on GPU.
@@ -370,11 +370,11 @@ def time_index(
     kind: str, where: str, documents: np.ndarray, queries: np.ndarray, k: int
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Build ``kind`` on ``where`` and search every query; the timings and the hit rows."""
-    from santa.index import NegativeIndex
+    from santa.search.faiss_index import EmbeddingIndex
 
     ids = [str(i) for i in range(len(documents))]
     started = time.perf_counter()
-    index = NegativeIndex.build(documents, ids, kind, use_gpu=where == "gpu")
+    index = EmbeddingIndex.build(documents, ids, kind, use_gpu=where == "gpu")
     build_s = time.perf_counter() - started
     index.search_rows(queries[: min(100, len(queries))], k)  # warm-up
     started = time.perf_counter()
@@ -400,19 +400,19 @@ def recall_against(exact: np.ndarray, approximate: np.ndarray) -> float:
 
 
 def bench_faiss(args, dim: int) -> dict[str, Any]:
-    """Queries/s of inner-product top-k search via NegativeIndex (what the miner builds):
+    """Queries/s of inner-product top-k search via EmbeddingIndex (what the miner builds):
     exact (flat) and IVF, on CPU and, with faiss-gpu and CUDA, on GPU; IVF's recall of
     the exact top k."""
     import faiss
 
-    from santa.index import faiss_has_gpu
+    from santa.search.faiss_index import faiss_has_gpu
 
     rng = np.random.default_rng(0)
     documents = rng.standard_normal((args.index_size, dim), dtype=np.float32)  # (n, dim)
     queries = rng.standard_normal((args.queries, dim), dtype=np.float32)  # (nq, dim)
     kinds = [kind.strip() for kind in args.faiss_kinds.split(",") if kind.strip()]
     result: dict[str, Any] = {
-        "index": "NegativeIndex: " + ", ".join(kinds) + " (inner product)",
+        "index": "EmbeddingIndex: " + ", ".join(kinds) + " (inner product)",
         "index_size": args.index_size,
         "dim": dim,
         "queries": args.queries,

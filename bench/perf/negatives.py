@@ -1,7 +1,7 @@
 """Benchmark of hard-negative mining (issue 4).
 
 1. Index build and search throughput for 100,000 x 768 float32 documents and 10,000
-   queries: faiss exact inner product (santa.index.NegativeIndex) vs torch brute force.
+   queries: faiss exact inner product (santa.search.faiss_index.EmbeddingIndex) vs torch brute force.
 2. Trainer step time with and without a concurrent refresh: the same tiny fine-tuning run
    on 2 workers with a static table (``table:``, no miner) and with ``async`` negatives (the
    miner re-encodes the corpus every few steps on the same 2 cores), and trainer wait time.
@@ -40,7 +40,7 @@ TINY = [
 
 def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
     """faiss exact vs torch brute force: build (vectors/s) and search (queries/s)."""
-    from santa.index import NegativeIndex
+    from santa.search.faiss_index import EmbeddingIndex
 
     rng = np.random.default_rng(0)
     doc_vectors = rng.standard_normal((docs, dim), dtype=np.float32)
@@ -49,7 +49,7 @@ def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
     threads = torch.get_num_threads()
 
     started = time.perf_counter()
-    index = NegativeIndex.build(doc_vectors, ids, kind="flat", use_gpu=False)
+    index = EmbeddingIndex.build(doc_vectors, ids, kind="flat", use_gpu=False)
     faiss_build = time.perf_counter() - started
     started = time.perf_counter()
     faiss_hits, _ = index.search(query_vectors, k)

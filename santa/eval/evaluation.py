@@ -20,7 +20,6 @@ from santa.eval.bm25 import bm25_rerank, bm25_retrieve
 from santa.eval.metrics import compute_metrics, esci_gain_map
 from santa.eval.report import check_trec_ids, format_markdown, write_trec
 from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
-from santa.index import INDEX_KINDS
 from santa.models.checkpoints import load_model, resolve_model
 from santa.models.encoding import (
     DEFAULT_MAX_DOCUMENT_LENGTH,
@@ -29,6 +28,7 @@ from santa.models.encoding import (
     encode_texts,
 )
 from santa.runtime import storage
+from santa.search.faiss_index import INDEX_KINDS
 
 if TYPE_CHECKING:
     from santa.models.dual_encoder import DualEncoder
@@ -93,7 +93,7 @@ class EvalConfig:
     ray_options: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of :func:`~santa.models.encoding.encode_corpus_ray`."""
     index_kind: str = "flat"
-    """The :class:`~santa.index.NegativeIndex` kind for full retrieval."""
+    """The :class:`~santa.search.faiss_index.EmbeddingIndex` kind for full retrieval."""
     device: str = "auto"
     """Where a model loaded from a URI runs: ``auto`` (CUDA when available), ``cpu``, ..."""
     progress: bool = True

@@ -1,6 +1,6 @@
 """Dense retrieval and re-ranking: rankings ordered by score, ties by corpus order.
 
-Full retrieval goes through :class:`~santa.index.NegativeIndex` and keeps its result as
+Full retrieval goes through :class:`~santa.search.faiss_index.EmbeddingIndex` and keeps its result as
 arrays (:class:`RankedLists`); re-ranking scores each query's judged candidates only
 (ESCI's re-ranking task).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from santa.index import NegativeIndex
+from santa.search.faiss_index import EmbeddingIndex
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -129,13 +129,13 @@ def dense_retrieve(
     index_kind: str = "flat",
     **index_options: Any,
 ) -> RankedLists:
-    """Top-``k`` documents per query through :class:`~santa.index.NegativeIndex`.
+    """Top-``k`` documents per query through :class:`~santa.search.faiss_index.EmbeddingIndex`.
 
     The result stays in array form (:class:`RankedLists`): no Python object per hit.
     """
     if len(query_ids) != len(query_embeddings):
         raise ValueError(f"{len(query_embeddings)} query embeddings for {len(query_ids)} ids")
-    index = NegativeIndex.build(
+    index = EmbeddingIndex.build(
         _prepare(doc_embeddings, similarity), doc_ids, kind=index_kind, **index_options
     )
     rows, scores = index.search_rows(_prepare(query_embeddings, similarity), top_k)

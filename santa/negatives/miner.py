@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from santa.config import SantaConfig
-from santa.index import NegativeIndex
 from santa.method.distributed import all_reduce_min
 from santa.models.encoding import TextEncoder
 from santa.negatives.encoders import EncoderPool, LocalEncoder
@@ -49,6 +48,7 @@ from santa.negatives.mining import (
     positive_scores,
     read_negatives_table,
 )
+from santa.search.faiss_index import EmbeddingIndex
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def refresh_table(
     if similarity == "cosine":
         doc_vectors, query_vectors = _unit(doc_vectors), _unit(query_vectors)
     kind = index_kind(settings.index, len(doc_ids))
-    index = NegativeIndex.build(doc_vectors, doc_ids, kind=kind)
+    index = EmbeddingIndex.build(doc_vectors, doc_ids, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
     extra = settings.skip_top + max((len(p) for p in corpus.positives.values()), default=1)
     hits, scores = index.search(query_vectors, settings.top_k + extra)

@@ -36,9 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from santa.data.outputs import StagedOutput, read_manifest
-from santa.index import INDEX_KINDS, NegativeIndex
 from santa.runtime import storage
 from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpus
+from santa.search.faiss_index import INDEX_KINDS, EmbeddingIndex
 
 __all__ = ["IndexConfig", "ShardEncoder", "build_index", "index_fingerprint"]
 
@@ -417,14 +417,14 @@ def _build_faiss(
     kind: str,
     config: IndexConfig,
     count: int,
-) -> tuple[NegativeIndex, int]:
+) -> tuple[EmbeddingIndex, int]:
     """The faiss index over every shard, added in chunks; returns it and its dimension."""
     from santa.eval.retrieval import prepare_embeddings
 
     nlist = config.nlist or max(1, int(4 * math.sqrt(count)))
     # IVF learns its cells from the first vectors added: give it a large first chunk.
     first_chunk = max(ADD_CHUNK_ROWS, 64 * nlist) if kind == "ivf" else ADD_CHUNK_ROWS
-    index: NegativeIndex | None = None
+    index: EmbeddingIndex | None = None
     pending_ids: list[str] = []
     pending: list[np.ndarray] = []
     pending_rows = 0
@@ -436,7 +436,7 @@ def _build_faiss(
             return
         vectors = prepare_embeddings(np.concatenate(pending), similarity)
         if index is None:
-            index = NegativeIndex(
+            index = EmbeddingIndex(
                 vectors.shape[1], kind, nlist=nlist, nprobe=config.nprobe, hnsw_m=config.hnsw_m
             )
         index.add(vectors, pending_ids)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from santa.data.outputs import published_root, read_manifest
-from santa.index import NegativeIndex
 from santa.runtime import storage
+from santa.search.faiss_index import EmbeddingIndex
 from santa.search.indexing import INDEX_FILE, read_documents
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Searcher:
     def __init__(
         self,
         model: DualEncoder,
-        index: NegativeIndex,
+        index: EmbeddingIndex,
         titles: list[str],
         texts: list[str],
         manifest: dict[str, Any],
@@ -96,7 +96,7 @@ class Searcher:
         root = published_root(uri)
         documents = read_documents(root)
         ids = documents.column("id").to_pylist()
-        index = NegativeIndex.from_bytes(
+        index = EmbeddingIndex.from_bytes(
             storage.read_bytes(storage.join(root, INDEX_FILE)),
             ids,
             use_gpu=use_gpu,

@@ -1,6 +1,6 @@
 """A faiss inner-product index over embeddings with string ids: evaluation and mining.
 
-:class:`NegativeIndex` is a plain class (no Ray): the evaluator retrieves with it and the
+:class:`EmbeddingIndex` is a plain class (no Ray): the evaluator retrieves with it and the
 hard-negative miner searches it for each training query's top-K. Scores are raw inner
 products, the model's dot-product similarity (normalise the vectors first for cosine).
 
@@ -17,7 +17,7 @@ GPU: ``use_gpu="auto"`` moves flat and IVF indexes to GPU 0 when faiss was built
 support *and* ``torch.cuda.is_available()``; ``True`` insists and raises when impossible.
 
 Ties: the hits of a query come back ordered by score, then by insertion order (the order
-of :meth:`NegativeIndex.add` calls and rows), so equal scores always rank the same way.
+of :meth:`EmbeddingIndex.add` calls and rows), so equal scores always rank the same way.
 Which of several documents tied at the ``k``-th score make the top ``k`` is faiss's choice.
 """
 
@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-__all__ = ["INDEX_KINDS", "NegativeIndex"]
+__all__ = ["INDEX_KINDS", "EmbeddingIndex"]
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
 # faiss warns below ~39 training points per k-means centroid.
@@ -63,7 +63,7 @@ def _torch_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-class NegativeIndex:
+class EmbeddingIndex:
     """Inner-product nearest neighbours over float32 vectors, addressed by string ids."""
 
     def __init__(
@@ -117,7 +117,7 @@ class NegativeIndex:
     @classmethod
     def build(
         cls, embeddings: np.ndarray, ids: Sequence[str], kind: str = "flat", **kw
-    ) -> NegativeIndex:
+    ) -> EmbeddingIndex:
         """An index of ``kind`` holding ``embeddings`` ``(n, dim)`` under ``ids``."""
         embeddings = _check_matrix(embeddings, "embeddings")
         index = cls(embeddings.shape[1], kind, **kw)
@@ -244,7 +244,7 @@ class NegativeIndex:
     @classmethod
     def from_bytes(
         cls, data: bytes, ids: Sequence[str], *, use_gpu: str | bool = "auto", nprobe: int = 32
-    ) -> NegativeIndex:
+    ) -> EmbeddingIndex:
         """An index read back from :meth:`to_bytes`, its rows named by ``ids`` (in order)."""
         faiss = _faiss()
         loaded = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
@@ -272,7 +272,7 @@ class NegativeIndex:
 
     def __repr__(self) -> str:
         where = "gpu" if self.on_gpu else "cpu"
-        return f"NegativeIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"
+        return f"EmbeddingIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"
 
 
 def _order_ties(distances: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
