@@ -91,6 +91,23 @@ def _tiny() -> SantaConfig:
     )
 
 
+def _tiny_ci() -> SantaConfig:
+    # The tiny recipe at test size: what santa's own tests and fault benches train (batch 8,
+    # short sequences, a 2,000-token vocabulary), so they set it in one place.
+    config = _tiny()
+    return dataclasses.replace(
+        config,
+        model=dataclasses.replace(config.model, tiny_vocab_size=2000),
+        train=dataclasses.replace(
+            config.train,
+            global_batch_size=8,
+            max_query_length=24,
+            max_document_length=96,
+            max_target_length=32,
+        ),
+    )
+
+
 def _minilm() -> SantaConfig:
     # all-MiniLM-L6-v2 was trained for cosine similarity (its folder ends in Normalize) with
     # sentence-transformers' MultipleNegativesRankingLoss at scale 20, i.e. temperature 0.05:
@@ -259,6 +276,9 @@ RECIPES: dict[str, Callable[[], SantaConfig]] = {
     "tiny": _tiny,
     "tiny-finetune": lambda: _finetune(_tiny(), learning_rate=2e-4),
     "tiny-ance": lambda: _ance(_tiny(), learning_rate=5e-5),
+    "tiny-ci": _tiny_ci,
+    "tiny-ci-finetune": lambda: _finetune(_tiny_ci(), learning_rate=2e-4),
+    "tiny-ci-ance": lambda: _ance(_tiny_ci(), learning_rate=5e-5),
     "minilm": _minilm,
     "minilm-finetune": lambda: _finetune(_minilm()),
     "minilm-ance": lambda: _ance(_minilm(), learning_rate=5e-6),

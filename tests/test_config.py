@@ -189,6 +189,20 @@ def test_bad_overrides(override: str, message: str) -> None:
         SantaConfig().with_overrides([override])
 
 
+def test_tiny_ci_is_the_tiny_recipe_at_test_size_in_every_stage() -> None:
+    test_size = [
+        "train.global_batch_size=8",
+        "train.max_query_length=24",
+        "train.max_document_length=96",
+        "train.max_target_length=32",
+        "model.tiny_vocab_size=2000",
+    ]
+    for stage in ("pretrain", "finetune", "ance"):
+        assert stage_recipe("tiny-ci", stage) == stage_recipe("tiny", stage).with_overrides(
+            test_size
+        )
+
+
 def test_recipes() -> None:
     assert {"tiny", "minilm", "codet5-base-code", "t5-base-product"} <= set(RECIPES)
     tiny = get_recipe("tiny")

@@ -20,10 +20,8 @@ from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
-    "--recipe", "tiny", "--num-workers", "1", "--cpus-per-worker", "0.5",
-    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-    "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
+    "--recipe", "tiny-ci", "--num-workers", "1", "--cpus-per-worker", "0.5",
+    "--set", "train.log_every=1",
     "--address", "local",
 ]  # fmt: skip
 

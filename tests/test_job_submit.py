@@ -124,12 +124,9 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
         job = _ray(
             ["job", "submit", "--address", shell_cluster["address"], "--working-dir", str(REPO)]
             + ["--", "python", "-m", "ray_jobs.pipeline", "--storage", f"{bucket}/runs"]
-            + ["--name", "e2e", "--input", str(corpus), "--max-steps", "12", "--recipe", "tiny"]
-            + ["--stages", "pretrain,finetune"]
-            + ["--cpus-per-worker", "0.5", "--set", "train.global_batch_size=8"]
-            + ["--set", "train.max_query_length=24", "--set", "train.max_document_length=96"]
-            + ["--set", "train.max_target_length=32", "--set", "model.tiny_vocab_size=2000"]
-            + ["--set", "train.log_every=3"],
+            + ["--name", "e2e", "--input", str(corpus), "--max-steps", "12"]
+            + ["--recipe", "tiny-ci", "--stages", "pretrain,finetune"]
+            + ["--cpus-per-worker", "0.5", "--set", "train.log_every=3"],
             env,
             timeout=900,
         )

@@ -24,10 +24,8 @@ def _pipeline(name: str, data: str, beir: str, storage: Path, seed: str) -> None
     args = [
         "ray_jobs.pipeline", "--data", data, "--eval-data", beir, "--storage", str(storage),
         "--name", name, "--max-steps", "4", "--num-workers", "2", "--cpus-per-worker", "0.5",
-        "--baseline", "none", "--address", "local",
-        "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-        "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-        "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
+        "--baseline", "none", "--address", "local", "--recipe", "tiny-ci",
+        "--set", "train.log_every=1",
     ]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=1500

@@ -102,11 +102,9 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
     )
     args = [
         sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
-        "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny",
+        "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
         "--num-workers", "1", "--cpus-per-worker", "0.5", "--max-failures", "0",
-        "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-        "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-        "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
+        "--set", "train.log_every=1",
         "--set", "train.checkpoint_every=2", "--max-steps", "8", "--address", "local",
     ]  # fmt: skip
     proc = subprocess.Popen(

@@ -11,17 +11,9 @@ from santa.recipes import get_recipe
 
 
 def tiny_config(negatives: dict[str, Any] | None = None, **train: Any) -> SantaConfig:
-    """The tiny recipe at test size (batch 8, short sequences), with ``train.*`` overrides
-    and ``negatives.*`` ones (``negatives={"source": "async", "per_query": 1}``)."""
+    """The ``tiny-ci`` recipe (the tiny one at test size: batch 8, short sequences), with
+    ``train.*`` overrides and ``negatives.*`` ones (``negatives={"source": "async",
+    "per_query": 1}``)."""
     overrides = [f"train.{key}={value}" for key, value in train.items()]
     overrides += [f"negatives.{key}={value}" for key, value in (negatives or {}).items()]
-    return get_recipe("tiny").with_overrides(
-        [
-            "train.global_batch_size=8",
-            "train.max_query_length=24",
-            "train.max_document_length=96",
-            "train.max_target_length=32",
-            "model.tiny_vocab_size=2000",
-            *overrides,
-        ]
-    )
+    return get_recipe("tiny-ci").with_overrides(overrides)

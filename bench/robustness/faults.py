@@ -47,10 +47,8 @@ from bench.robustness.lost_node import ELASTIC_STEPS
 ROOT = common.ROOT
 RESULTS = common.RESULTS_DIR / "faults.json"
 TINY = [
-    "--recipe", "tiny", "--num-workers", "1", "--cpus-per-worker", "0.5",
-    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-    "--set", "model.tiny_vocab_size=2000", "--set", "train.checkpoint_every=1",
+    "--recipe", "tiny-ci", "--num-workers", "1", "--cpus-per-worker", "0.5",
+    "--set", "train.checkpoint_every=1",
     "--set", "train.log_every=1", "--address", "local",
 ]  # fmt: skip
 

@@ -21,10 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ELASTIC_STEPS = 150
 TINY = [
-    "--recipe", "tiny", "--cpus-per-worker", "1.5", "--max-failures", "2",
-    "--set", "train.global_batch_size=8", "--set", "train.max_query_length=24",
-    "--set", "train.max_document_length=96", "--set", "train.max_target_length=32",
-    "--set", "model.tiny_vocab_size=2000", "--set", "train.log_every=1",
+    "--recipe", "tiny-ci", "--cpus-per-worker", "1.5", "--max-failures", "2",
+    "--set", "train.log_every=1",
     "--set", "train.checkpoint_every=2",
 ]  # fmt: skip
 
