@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_CODES",
     "INTERRUPTED",
     "RUNTIME_FAULT",
+    "RayStartError",
     "debug_enabled",
     "describe",
     "exit_codes_help",
@@ -43,6 +44,11 @@ EXIT_CODES = {
     "how to go on",
 }
 """Every job's exit status (the README's table and each job's --help say the same)."""
+
+
+class RayStartError(RuntimeError):
+    """A local Ray that did not come up (a fault at run time, exit 1); the message is the
+    whole line: what happened, the load seen, and what to do."""
 
 
 def with_exit_codes(parser):
@@ -185,7 +191,7 @@ def describe(error: BaseException) -> tuple[str, int]:
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
     from santa.runtime.storage import StorageError
 
-    if isinstance(error, StorageError) and message:  # its message names the URI and why
+    if isinstance(error, StorageError | RayStartError) and message:  # says what and why
         return f"santa: error: {message}", RUNTIME_FAULT
     name = type(error).__name__
     return f"santa: error: {name}: {message}" if message else f"santa: error: {name}", (

@@ -6,6 +6,10 @@ this machine with ``ray start``, and nothing starts a local Ray of the job's own
 when another Ray runs on the machine (Ray's own default would silently join it). The
 job's first line says which it was.
 
+A local Ray that does not come up in time (Ray waits 30 s for its raylet, a busy machine
+can take longer) is stopped, started once more with a longer wait, and then ends the job in
+one line that says what to do (:func:`_start_or_join`).
+
 Quiet by default: Ray's INFO logs, its C++ warnings and Ray Data's progress dumps stay in
 Ray's session log folder (named on that first line); ``verbose=True`` shows them.
 """
@@ -19,6 +23,7 @@ import math
 import os
 import sys
 import threading
+import time
 
 import ray
 
@@ -157,7 +162,7 @@ def init_ray(
     if not verbose:
         console.quiet_driver_loggers()
     with _environment(raylet_env):
-        ray.init(
+        _start_or_join(
             address=address,
             runtime_env=runtime_env or None,
             log_to_driver=log_to_driver,
@@ -188,6 +193,188 @@ def init_ray(
         line = line[:-1] + f"; warnings in {warnings_file})"
     logger.info(line)
     return line
+
+
+RAY_NODE_START_WAIT_S = 30.0
+"""How long Ray 2.60 waits for a new local node's raylet to register with its GCS
+(``raylet_start_wait_time_s = 30`` in ``ray/_private/node.py``: a constant, no setting) and
+for its GCS to publish its port (``RAY_gcs_server_port_wait_time_s``, default 30)."""
+START_WAIT_ENV = "SANTA_RAY_START_WAIT_S"
+"""The first start's wait for the raylet in seconds (default Ray's 30); the one retry waits
+:data:`RETRY_WAIT_FACTOR` times as long, for the raylet and the GCS (whose wait is never made
+shorter than Ray's own)."""
+RETRY_WAIT_FACTOR = 3.0
+_GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+# Ray's words for a local start that did not come up in time, and what they mean.
+_START_FAILURES = (
+    ("The current node timed out during startup", "its raylet did not register"),
+    ("gcs_server_port", "its GCS did not publish its port"),  # "Timed out waiting for file"
+    ("Failed to start GCS", "its GCS did not answer"),
+)
+
+
+def _start_or_join(address: str, **init_kwargs) -> None:
+    """``ray.init``; a local Ray that does not come up in time is stopped and started once
+    more with a longer wait, then ends in one line (:class:`RayStartError`).
+
+    Joining a cluster is never retried: its failure is the cluster's, not this machine's.
+    """
+    if address != "local":
+        ray.init(address=address, **init_kwargs)
+        return
+    wait = _start_wait_s()
+    try:
+        with _node_start_wait(wait):
+            ray.init(address=address, **init_kwargs)
+        return
+    except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this
+        what = _start_failure(error)
+        if what is None:
+            raise
+        _clean_up_failed_start(error)
+    longer = wait * RETRY_WAIT_FACTOR
+    from santa.runtime import console
+
+    console.say(
+        f"local Ray did not start within {wait:g} s ({what}; {_load_seen()}); "
+        f"retrying once with a {longer:g} s wait"
+    )
+    try:
+        with _node_start_wait(longer):
+            ray.init(address=address, **init_kwargs)
+    except Exception as error:  # noqa: BLE001 - as above
+        what = _start_failure(error)
+        if what is None:
+            raise
+        logs = _clean_up_failed_start(error)
+        from santa.runtime.errors import RayStartError
+
+        raise RayStartError(
+            f"local Ray did not start, twice (within {wait:g} s, then {longer:g} s: {what}; "
+            f"{_load_seen()}): set RAY_ADDRESS to a running cluster (ray start --head) or "
+            "retry when the machine is less busy" + (f"; Ray's logs in {logs}" if logs else "")
+        ) from error
+
+
+def _start_wait_s() -> float:
+    value = os.environ.get(START_WAIT_ENV, "")
+    try:
+        wait = float(value) if value else RAY_NODE_START_WAIT_S
+    except ValueError:
+        raise ValueError(f"{START_WAIT_ENV} must be a number of seconds, not {value!r}") from None
+    if not wait > 0:
+        raise ValueError(f"{START_WAIT_ENV} must be more than 0 seconds, not {value!r}")
+    return wait
+
+
+def _start_failure(error: BaseException) -> str | None:
+    """What did not come up, when ``error`` is Ray's word for a local start out of time."""
+    text = str(error)
+    for words, what in _START_FAILURES:
+        if words in text:
+            return what
+    return None
+
+
+def _load_seen() -> str:
+    """``load 22.1 on 2 CPUs``: the 1-minute load average and the CPUs Ray counts."""
+    try:
+        load = f"load {os.getloadavg()[0]:.1f}"
+    except OSError:
+        load = "load unknown"
+    try:
+        from ray._private.utils import get_num_cpus
+
+        cpus = int(get_num_cpus())
+    except Exception:  # noqa: BLE001 - another Ray layout
+        cpus = os.cpu_count() or 0
+    return f"{load} on {cpus} CPU{'s' if cpus != 1 else ''}"
+
+
+class _StretchedClock:
+    """``ray._private.node``'s view of the ``time`` module with ``monotonic`` scaled, so
+    that its fixed 30 s wait for the raylet lasts ``seconds`` (the module uses
+    ``time.monotonic`` for nothing else while a node starts)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._scale = RAY_NODE_START_WAIT_S / seconds
+
+    def monotonic(self) -> float:
+        return time.monotonic() * self._scale
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@contextlib.contextmanager
+def _node_start_wait(seconds: float):
+    """Ray's wait for a new local node, ``seconds`` long instead of its 30 s: the raylet's
+    registration (:class:`_StretchedClock`) and, when longer, the GCS's port file and first
+    answer (Ray's own setting, unless the user set it)."""
+    node_module = importlib.import_module("ray._private.node")
+    if seconds == RAY_NODE_START_WAIT_S or getattr(node_module, "time", None) is not time:
+        yield  # Ray's own wait, or a Ray whose node module this does not know
+        return
+    node_module.time = _StretchedClock(seconds)
+    try:
+        with _environment({_GCS_WAIT_ENV: str(math.ceil(max(seconds, RAY_NODE_START_WAIT_S)))}):
+            yield
+    finally:
+        node_module.time = time
+
+
+def _half_started_node(error: BaseException):
+    """The ``ray._private.node.Node`` whose ``__init__`` raised ``error`` (its processes
+    run on: ``ray.shutdown`` knows only a node that started)."""
+    node_class = getattr(importlib.import_module("ray._private.node"), "Node", None)
+    found = None
+    trace = error.__traceback__
+    while trace is not None:
+        candidate = trace.tb_frame.f_locals.get("self")
+        if node_class is not None and isinstance(candidate, node_class):
+            found = candidate
+        trace = trace.tb_next
+    return found
+
+
+def _clean_up_failed_start(error: BaseException) -> str | None:
+    """Stop what a failed local start left running (its GCS, raylet, agents, prestarted
+    workers) and Ray's driver state; returns the attempt's log folder, if known."""
+    import psutil
+
+    node = _half_started_node(error)
+    session = getattr(node, "session_name", None) if node is not None else None
+    marker = session or os.path.dirname(ray.__file__)
+    try:
+        leftovers = [
+            process
+            for process in psutil.Process().children(recursive=True)
+            if any(marker in part for part in _cmdline(process))
+        ]
+    except psutil.Error:
+        leftovers = []
+    if node is not None:
+        try:
+            node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        except Exception:  # noqa: BLE001 - what is left is killed below
+            logger.debug("could not stop the half-started Ray node", exc_info=True)
+    for process in leftovers:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    logs = getattr(node, "_logs_dir", None) if node is not None else None
+    return logs if isinstance(logs, str) else None
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 def describe_cluster(*, joined: bool) -> str:
