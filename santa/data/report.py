@@ -14,7 +14,7 @@ from santa.data.records import Reason
 if TYPE_CHECKING:
     import ray.data
 
-    from santa.data.pipeline import PreprocessConfig
+    from santa.data.preprocess_config import PreprocessConfig
 
 MISSING_PRODUCT = "missing_product"
 

@@ -1,0 +1,138 @@
+"""What a preprocessing run reads and writes (:class:`PreprocessConfig`), apart from the
+pipeline that runs it, so its report and the command line need no pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from santa.data import esci
+from santa.data.records import PairOptions
+from santa.data.schema import CODE_LANGUAGES
+from santa.method.entities import PRODUCT_ENTITY_RULES
+
+__all__ = ["DATASETS", "STAGES", "PreprocessConfig"]
+
+DATASETS = ("codesearchnet", "advtest", "esci", "source")
+STAGES = ("pretrain", "finetune", "eval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    """What to preprocess and how; plain values so it travels as a dict through Ray."""
+
+    dataset: str
+    """One of codesearchnet, advtest, esci, source."""
+    input: str
+    """Local path or s3:// URI of the raw data (a directory or a file)."""
+    output: str
+    """Local path or s3:// URI; Parquet shards go to ``data/``, BEIR files for ``eval``."""
+    stage: str = "pretrain"
+    """pretrain (SDA + MEP pairs), finetune (query–document pairs) or eval (BEIR)."""
+    split: str = ""
+    """Split to process; default train for pretrain/finetune and test for eval."""
+    languages: tuple[str, ...] = ()
+    """Code languages to keep (all six when empty)."""
+    mask: str = "entity"
+    """entity (SANTA's MEP) or span (random T5 spans at the same rate, the ablation)."""
+    seed: int = 0
+    esci_version: str = "small"
+    """ESCI task version: small (Task 1, the paper's) or large."""
+    locale: str = "us"
+    """ESCI product locale."""
+    esci_dev_fraction: float = esci.DEV_FRACTION
+    """ESCI: share of the train split's queries carved out as ``valid`` (SANTA's 0.125)."""
+    esci_dev_seed: int = esci.DEV_SEED
+    """ESCI: the seed of that carve (SANTA's ``random_state=10``; :mod:`santa.data.esci`)."""
+    esci_pretrain: str = "product"
+    """ESCI pretraining pairs: ``product`` (one per product, held-out products left out) or
+    ``paper`` (one per Exact judgment, as SANTA's scripts; test products included)."""
+    product_entities: str = "scripts"
+    """Product entity rule (:data:`santa.method.entities.PRODUCT_ENTITY_RULES`)."""
+    max_query_chars: int = 4_096
+    max_document_chars: int = 16_384
+    skip_tests: bool = False
+    """For ``source``: skip test directories."""
+    batch_size: int = 256
+    lines_per_block: int = 1_000
+    """JSON lines per block read, and per parser call."""
+    read_tasks_per_cpu: int = 4
+    """JSON lines inputs are read in about this many tasks per cluster CPU (one per file,
+    more for large files; see ``JsonLinesDatasource``): enough that the last tasks balance
+    the parsers' load, few enough that each parser call is large."""
+    rows_per_file: int = 50_000
+    """Pair rows per Parquet file written, at least (the last file may hold fewer):
+    small read blocks would otherwise each become a small file, one write task each.
+    An output of fewer than ``rows_per_file`` × cluster CPUs rows is split evenly over
+    the CPUs instead, so that its files are written in parallel."""
+    block_bytes: int = 16 << 20
+    """Target size of the blocks read (Ray Data's ``target_max_block_size`` for this
+    dataset only): the unit of work a parser call gets. Ray's default (128 MiB) would
+    merge the lines of a whole JSON lines file, or many source files, into one block: a
+    few large parser calls, and a whole file in a parser's memory at once."""
+    num_cpus_per_actor: float = 1.0
+    min_actors: int = 1
+    """Lower bound of the pool (Ray Data scales it up to ``max_actors`` as CPUs free up)."""
+    max_actors: int = 0
+    """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
+    options: dict[str, Any] = field(default_factory=dict)
+    asst: bool = False
+    """pretrain/finetune: also write ASST code–code pairs (kind ``asst``, SCodeR's
+    Algorithm 1) of the written code pairs beside them (``santa.data.asst_pairs``)."""
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, not {self.dataset!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, not {self.stage!r}")
+        if self.split and self.split not in ("train", "valid", "test"):
+            raise ValueError(f"split must be train, valid or test, not {self.split!r}")
+        unknown = set(self.languages) - set(CODE_LANGUAGES)
+        if unknown:
+            raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
+        if self.esci_version not in ("small", "large"):
+            raise ValueError("esci_version must be small or large")
+        if self.esci_pretrain not in esci.PRETRAIN_RULES:
+            raise ValueError(f"esci_pretrain must be one of {esci.PRETRAIN_RULES}")
+        if self.product_entities not in PRODUCT_ENTITY_RULES:
+            raise ValueError(f"product_entities must be one of {PRODUCT_ENTITY_RULES}")
+        if not 0 < self.esci_dev_fraction < 1:
+            raise ValueError(f"esci_dev_fraction must be in (0, 1), got {self.esci_dev_fraction}")
+        sizes = (self.batch_size, self.lines_per_block, self.read_tasks_per_cpu)
+        if min(*sizes, self.block_bytes, self.rows_per_file) < 1:
+            raise ValueError(
+                "batch_size, lines_per_block, read_tasks_per_cpu, block_bytes and "
+                "rows_per_file must be positive"
+            )
+        object.__setattr__(self, "languages", tuple(self.languages))
+
+    @property
+    def wanted_split(self) -> str:
+        """The split this run writes."""
+        return self.split or ("test" if self.stage == "eval" else "train")
+
+    def pair_options(self, stage: str | None = None) -> PairOptions:
+        """The per-record options for the pair builders."""
+        return PairOptions(
+            stage=stage or self.stage,
+            mask=self.mask,
+            seed=self.seed,
+            max_query_chars=self.max_query_chars,
+            max_document_chars=self.max_document_chars,
+            product_entities=self.product_entities,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        payload = asdict(self)
+        payload["languages"] = list(self.languages)
+        return payload
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> PreprocessConfig:
+        """Rebuild from :meth:`to_dict`, rejecting unknown keys."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(payload) - names
+        if unknown:
+            raise ValueError(f"unknown preprocess config keys: {sorted(unknown)}")
+        return cls(**payload)
