@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from santa.config import SantaConfig
 from santa.recipes import RECIPES, get_recipe
+from santa.runtime.quiet import PROGRESS_HELP
 from santa.runtime.tracking import add_tracking_flags
 
 
@@ -43,7 +44,7 @@ def run_parser(
     max_steps_help: str | None = None,
 ) -> argparse.ArgumentParser:
     """A parent parser: recipe, workers, GPU, CPUs per worker, max steps, Ray address,
-    MLflow / W&B, --set."""
+    --debug, --progress, MLflow / W&B, --set."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument(
@@ -79,6 +80,7 @@ def run_parser(
         "for the rest",
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    parser.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     add_tracking_flags(parser)
     parser.add_argument(
         "--set",

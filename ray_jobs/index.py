@@ -17,6 +17,7 @@ import argparse
 import json
 
 from santa.runtime.errors import exit_with, run_job
+from santa.runtime.quiet import PROGRESS_HELP
 from santa.search.corpus import CORPUS_FORMATS
 from santa.search.faiss_index import INDEX_KINDS
 
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true", help="take over a stale S3 lease")
     parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS)")
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    parser.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     return parser.parse_args(argv)
 
 
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     check_input(config.corpus, "--corpus")
     check_writable(config.output, "--output")
-    print(init_ray(args.address), flush=True)
+    print(init_ray(args.address, progress=args.progress), flush=True)
     manifest = build_index(config)
     summary = {key: manifest.get(key) for key in ("count", "dimension", "similarity", "pooling")}
     print(

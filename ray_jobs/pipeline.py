@@ -137,7 +137,11 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the pipeline of ``args``; returns the report dict (also report.json / .md)."""
     return run_pipeline(
-        spec_from_args(args), address=args.address, verbose=args.verbose, force=args.force
+        spec_from_args(args),
+        address=args.address,
+        verbose=args.verbose,
+        progress=args.progress,
+        force=args.force,
     )
 
 

@@ -22,6 +22,7 @@ from santa.method.entities import PRODUCT_ENTITY_RULES
 from santa.runtime import interrupts
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
+from santa.runtime.quiet import PROGRESS_HELP
 from santa.runtime.ray_utils import init_ray
 
 # CoSQA is one small JSON file of labelled query-code pairs: converted to a BEIR retrieval
@@ -33,8 +34,9 @@ PAIRS = "pairs"
 
 def parse_args(
     argv: list[str] | None = None,
-) -> tuple[PreprocessConfig | argparse.Namespace, str | None]:
-    """Parse the command line into a :class:`PreprocessConfig`."""
+) -> tuple[PreprocessConfig | argparse.Namespace, str | None, bool]:
+    """Parse the command line into a :class:`PreprocessConfig`, the Ray address and
+    ``--progress``."""
     parser = argparse.ArgumentParser(
         prog="python -m ray_jobs.preprocess",
         description=__doc__,
@@ -103,6 +105,7 @@ def parse_args(
         "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    parser.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.input is None:
@@ -114,11 +117,11 @@ def parse_args(
     if args.dataset == PAIRS:
         if args.stage == "eval" or args.asst:
             parser.error("pairs are training pairs: no --stage eval, no --asst")
-        return args, args.address
+        return args, args.address, args.progress
     if args.dataset == COSQA:
         if args.stage not in ("pretrain", "eval"):
             parser.error("cosqa is an evaluation set: use --stage eval")
-        return args, args.address
+        return args, args.address, args.progress
     config = PreprocessConfig(
         dataset=args.dataset,
         input=args.input,
@@ -139,17 +142,17 @@ def parse_args(
         max_actors=args.max_actors,
         batch_size=args.batch_size,
     )
-    return config, args.address
+    return config, args.address, args.progress
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse → start/join Ray → run → print the report (errors: one line)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    config, address = parse_args(argv)
-    return run_job(lambda: _run(config, address), argv)
+    config, address, progress = parse_args(argv)
+    return run_job(lambda: _run(config, address, progress), argv)
 
 
-def _run(config, address: str | None) -> int:
+def _run(config, address: str | None, progress: bool = False) -> int:
     check_input(config.input, "--input")  # before any work: one line naming the URI
     check_writable(config.output, "--output")
     # One writer per output, which holds nothing but a preprocess output; an interrupted
@@ -163,14 +166,14 @@ def _run(config, address: str | None) -> int:
             )
         ),
     ):
-        return _write(config, address)
+        return _write(config, address, progress)
 
 
-def _write(config, address: str | None) -> int:
+def _write(config, address: str | None, progress: bool = False) -> int:
     if isinstance(config, argparse.Namespace) and config.dataset == PAIRS:
         from santa.data.pairs import run_pairs_preprocess
 
-        print(init_ray(address), flush=True)
+        print(init_ray(address, progress=progress), flush=True)
         report = run_pairs_preprocess(config.input, config.output)
         print(format_report({**report, "entity_ratio": {}}))
         print(json.dumps({key: report[key] for key in ("queries", "documents", "negatives")}))
@@ -186,7 +189,7 @@ def _write(config, address: str | None) -> int:
         print(f"output: {config.output}")
         return 0
     check_inputs(config)
-    print(init_ray(address), flush=True)
+    print(init_ray(address, progress=progress), flush=True)
     report = run_preprocess(config)
     print(format_report(report))
     print(f"output: {config.output}")

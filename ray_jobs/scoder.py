@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tracking = Tracking.from_args(args).to_dict()  # --mlflow / --wandb: each run tracked
     run_uri = RunLayout.of(args.storage, args.name).root
     with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
-        print(init_ray(args.address, verbose=args.verbose), flush=True)
+        print(init_ray(args.address, verbose=args.verbose, progress=args.progress), flush=True)
         return run_algorithm(
             config,
             data=args.data,

@@ -62,13 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → search (or, with --serve, hand every other flag to ray_jobs.serve)."""
+    command_line = argv is None  # run_job quiets a job run from the command line only
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--serve" in argv:
         from ray_jobs import serve
 
         return serve.main([arg for arg in argv if arg != "--serve"])
     args = parse_args(argv)
-    return run_job(lambda: run(args), argv)
+    return run_job(lambda: run(args), None if command_line else argv)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,12 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             eval_split=args.eval_split,
             tracking=tracking.to_dict(),
         )
-        print(init_ray(args.address, verbose=args.verbose, preload=FIT_IMPORTS), flush=True)
+        print(
+            init_ray(
+                args.address, verbose=args.verbose, progress=args.progress, preload=FIT_IMPORTS
+            ),
+            flush=True,
+        )
         result = fit(config, spec)
     # A short table, not every metric: the whole history is in the run's metrics.jsonl.
     print("\n".join(final_metrics_lines(result.metrics or {}, spec.layout.metrics)))

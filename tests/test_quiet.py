@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,122 @@ def test_a_finished_training_job_prints_a_short_table_not_its_metrics_json() -> 
     ]
     assert not any(line.lstrip().startswith(("{", '"')) for line in lines)
     assert final_metrics_lines({}) == ["finished"]
+
+
+# What a successful job may print: santa's own lines. Everything else (logging-format lines,
+# progress bars, a library's notes) belongs in the job's log file.
+SANTAS_LINE = re.compile(
+    r"^(santa: |\[[a-z][a-z_\-]*( \d+)?\] |\|.*\|$|model encoded at |output: |Ray: )"
+)
+
+
+def _not_santas(*outputs: str) -> list[str]:
+    return [
+        line
+        for output in outputs
+        for line in output.replace("\r", "\n").splitlines()
+        if line.strip() and not SANTAS_LINE.match(line)
+    ]
+
+
+def test_a_successful_evaluate_prints_santas_lines_only(tmp_path) -> None:
+    """Through the real command line: no bm25s DEBUG, no INFO line, no progress bar."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+    from santa.recipes import get_recipe
+    from tests.datagen import stdlib_python_records
+    from tests.test_evaluate import write_beir
+
+    records = stdlib_python_records()[:40]
+    texts = [r["code"] for r in records] + [r["docstring"] for r in records]
+    tokenizer = train_tokenizer(texts * 2, vocab_size=600)
+    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0).eval()
+    model.save_pretrained(str(tmp_path / "checkpoint" / "model"), santa_config=get_recipe("tiny"))
+    beir = write_beir(
+        tmp_path / "beir",
+        [{"_id": f"d{i}", "text": r["code"]} for i, r in enumerate(records)],
+        [{"_id": f"q{i}", "text": r["docstring"]} for i, r in enumerate(records)],
+        [(f"q{i}", f"d{i}", 1) for i in range(len(records))],
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SANTA_"))}
+    env.update(PYTHONPATH=str(ROOT), SANTA_LOG_FILE=str(tmp_path / "job.log"))
+    command = [sys.executable, "-m", "ray_jobs.evaluate", "--checkpoint"]
+    command += [str(tmp_path / "checkpoint"), "--data", beir, "--output", str(tmp_path / "out")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _not_santas(done.stdout, done.stderr) == []
+    assert done.stdout.splitlines()[0].startswith("| system | mrr@100 |")
+    assert f"output: {tmp_path / 'out'}" in done.stdout.splitlines()
+    log = (tmp_path / "job.log").read_text()
+    assert "INFO santa.eval.evaluation: evaluation info: {" in log  # kept, in the log file
+    assert "Building index from tokens" not in log  # bm25s's DEBUG: dropped
+
+
+def test_a_quiet_jobs_logging_goes_to_its_file_and_santas_warnings_stay_lines(tmp_path) -> None:
+    probe = """
+import logging, sys
+logging.basicConfig(level=logging.INFO)  # what the jobs do first
+from santa.runtime import quiet
+quiet.quiet_job_logging(sys.argv[1])
+logging.basicConfig(level=logging.INFO)  # a second call: no terminal handler again
+import bm25s
+logging.getLogger("bm25s").debug("Building index from tokens")
+logging.getLogger("santa.eval").info("evaluation info: {}")
+logging.getLogger("santa.data.outputs").warning("deleted x, left by a run that died")
+logging.getLogger("transformers").warning("a library's warning")
+"""
+    log = tmp_path / "job.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == "santa: warning: deleted x, left by a run that died\n"
+    text = log.read_text()
+    assert "evaluation info" in text and "a library's warning" in text and "left by" in text
+    assert "Building index" not in text
+
+
+def test_progress_bars_are_off_unless_asked(monkeypatch) -> None:
+    """--progress on every job that starts Ray Data; transformers told even after import."""
+    from ray_jobs import index, preprocess
+    from santa.runtime import quiet
+
+    assert (
+        index.parse_args(["--checkpoint", "c", "--corpus", "c", "--output", "o"]).progress is False
+    )
+    assert preprocess.parse_args(
+        ["--dataset", "codesearchnet", "--input", "i", "--output", "o", "--progress"]
+    )[2]
+    from ray_jobs.args import run_parser
+
+    assert run_parser().parse_args(["--progress"]).progress is True
+
+    import transformers.utils.logging as transformers_logging
+
+    for name in quiet.PROGRESS_BAR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    transformers_logging.enable_progress_bar()
+    try:
+        env = quiet.progress_bars_off()
+        assert env == {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+
+
+def test_search_from_the_command_line_is_a_quiet_job(monkeypatch) -> None:
+    """Its ``Loading weights ... 101/101`` bar came from being run as a library call."""
+    from ray_jobs import search
+
+    seen = []
+    monkeypatch.setattr(search, "run_job", lambda job, argv: seen.append(argv) or 0)
+    monkeypatch.setattr(sys, "argv", ["search", "--index", "i", "a query"])
+    search.main()
+    search.main(["--index", "i", "a query"])
+    assert seen == [None, ["--index", "i", "a query"]]

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -164,7 +165,7 @@ class TextEncoder:
         batches = plan_batches(texts, batch_size)
         if not batches:
             return out
-        if not progress:
+        if not (progress and _on_a_terminal()):  # a bar redrawn into a pipe or a log: lines
             rows = np.concatenate(batches)
             out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
             return out
@@ -175,6 +176,13 @@ class TextEncoder:
                 out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
                 bar.update(len(rows))
         return out
+
+
+def _on_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return False
 
 
 def encode_texts(

@@ -159,10 +159,15 @@ def preflight(spec: PipelineSpec) -> None:
 
 
 def run_pipeline(
-    spec: PipelineSpec, *, address: str | None = None, verbose: bool = False, force: bool = False
+    spec: PipelineSpec,
+    *,
+    address: str | None = None,
+    verbose: bool = False,
+    progress: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Check, lock the run folder, start or join Ray, run the stages; returns the report
-    (also written as ``report.json`` / ``report.md``)."""
+    (also written as ``report.json`` / ``report.md``). ``progress``: Ray Data's bars."""
     from santa.runtime.runlock import RunLock
 
     configs = {stage: stage_config(spec, stage) for stage in spec.stages}  # fail fast
@@ -170,7 +175,7 @@ def run_pipeline(
     with RunLock(spec.layout.root, force=force, description="ray_jobs.pipeline"):
         from santa.runtime.ray_utils import init_ray
 
-        print(init_ray(address, verbose=verbose), flush=True)
+        print(init_ray(address, verbose=verbose, progress=progress), flush=True)
         check_resources(spec, configs)
         done: list[str] = []  # the stages finished so far (for an interruption's line)
         with interrupts.keeping(

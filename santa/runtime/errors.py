@@ -262,13 +262,16 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
 
         console.mark_command_line()
         if "--verbose" not in sys.argv[1:]:
-            # Also for a job that never starts Ray (evaluate, export): faiss's loader lines
-            # and Python warnings go to its log file.
-            quiet_driver()
-            if not sys.stderr.isatty():
-                # Progress bars redrawn into a pipe or a log file (transformers' weight
-                # loading) are most of what such a job prints; on a terminal they stay.
-                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            from santa.runtime.quiet import progress_bars_off, quiet_job_logging
+
+            # Also for a job that never starts Ray (evaluate, export): faiss's loader lines,
+            # Python warnings and the job's log records (bm25s's, santa's INFO) go to its
+            # log file; santa's own warnings still show as santa lines.
+            quiet_job_logging(quiet_driver())
+            if "--progress" not in sys.argv[1:]:
+                # Other libraries' progress bars (transformers' "Loading weights", Ray
+                # Data's) are most of what a job prints, before every answer of a search.
+                progress_bars_off()
     previous = interrupts.install()
     steady_working_directory()  # an MKL abort at `import torch` when the cwd vanished
     try:

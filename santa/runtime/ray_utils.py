@@ -27,7 +27,7 @@ import time
 
 import ray
 
-from santa.runtime.quiet import SETUP_HOOK, quiet_driver
+from santa.runtime.quiet import SETUP_HOOK, progress_bars_off, quiet_driver
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ def init_ray(
     address: str | None = None,
     *,
     verbose: bool = False,
+    progress: bool = False,
     preload: tuple[str, ...] = (),
     **kwargs,
 ) -> str:
@@ -104,6 +105,8 @@ def init_ray(
     caller). ``address="local"`` or no address at all starts a new local Ray; ``"auto"``
     joins one already started on this machine. ``preload``: modules the job imports next
     (Ray Train's torch side: seconds), imported while Ray starts, which is mostly waiting.
+    ``progress``: Ray Data's progress bars (a job's ``--progress``); off by default, on
+    with ``verbose``.
     """
     if ray.is_initialized():
         return describe_cluster(joined=True)
@@ -113,12 +116,10 @@ def init_ray(
     env_vars = forwarded_env()
     if not verbose:
         env_vars = {**_QUIET_WORKER_ENV, **env_vars}
-        if not sys.stderr.isatty():
-            # Progress bars redrawn as lines in a log file or a pipe are most of what a job
-            # prints (Ray Data's, transformers' weight loading); on a terminal they stay.
-            for name in ("RAY_DATA_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
-                os.environ.setdefault(name, "1")
-                env_vars[name] = "1"
+        if not progress:
+            # Progress bars (Ray Data's, transformers' weight loading) are most of what a job
+            # prints, on a terminal and as redrawn lines in a log file; --progress shows them.
+            env_vars.update(progress_bars_off())
         # Ray Data's per-operator progress dumps are INFO logs of "ray.data" (driver side);
         # faiss announces which of its builds it loaded.
         for name in ("ray.data", "faiss", "faiss.loader"):
