@@ -347,6 +347,79 @@ def ablation_seed_differences(results: Path) -> str:
     return common.format_table(header, rows)
 
 
+def shuffle_mrr(results: Path) -> str:
+    """Held-out MRR@100 per seed under each shuffle, the mean over seeds [95 % t-interval],
+    the seeds pooled per query [95 % bootstrap], and the difference global − local."""
+    result = load(results, "shuffle_mrr.json")
+    seeds = sorted({run["seed"] for run in result["runs"]})
+    by_run = {(run["shuffle"], run["seed"]): run["mrr@100"] for run in result["runs"]}
+    buffer = result["settings"]["buffer"]
+    labels = {
+        "local": f"`train.shuffle=local` (the old default), `train.shuffle_buffer={buffer}`",
+        "global": "`train.shuffle=global` (the default now)",
+    }
+    rows = [["untrained (the shared initial weights)", *([None] * len(seeds)), None]]
+    rows[0].append(interval(result["zero_shot"]))
+    for shuffle, label in labels.items():
+        cells = [f"{by_run[shuffle, seed]:.4f}" for seed in seeds]
+        rows.append(
+            [
+                label,
+                *cells,
+                interval(result["summary"][shuffle]),
+                interval(result["pooled"][shuffle]),
+            ]
+        )
+    differences = [minus(f"{by_run['global', s] - by_run['local', s]:+.4f}") for s in seeds]
+    rows.append(
+        [
+            "global − local",
+            *differences,
+            interval(result["difference"], signed=True) + " (Welch)",
+            interval(result["pooled_difference"], signed=True) + " (paired)",
+        ]
+    )
+    header = [
+        "training",
+        *(f"seed {seed}" for seed in seeds),
+        "mean over seeds [95% t CI]",
+        "seeds pooled per query [95% bootstrap CI]",
+    ]
+    return common.format_table(header, rows)
+
+
+def shuffle_mrr_batches(results: Path) -> str:
+    """How mixed the first batches the trainer draws are, under each shuffle."""
+    result = load(results, "shuffle_mrr.json")
+    mix, settings = result["batch_mix"], result["settings"]
+    uniform = mix["uniform"]
+    labels = {
+        "corpus order": "corpus order (`train.shuffle_buffer=0`)",
+        "local": f"`train.shuffle=local`, {settings['buffer']}-row buffer",
+        "global": "`train.shuffle=global`",
+    }
+    rows = [
+        [
+            label,
+            f"{mix[name]['same_file']:.4f}",
+            f"{mix[name]['same_file'] / uniform['same_file']:.1f}",
+            f"{mix[name]['same_repo']:.4f}",
+            f"{mix[name]['same_repo'] / uniform['same_repo']:.1f}",
+        ]
+        for name, label in labels.items()
+    ]
+    rows.append(["a uniform sample", f"{uniform['same_file']:.4f}", "1.0"])
+    rows[-1] += [f"{uniform['same_repo']:.4f}", "1.0"]
+    header = [
+        f"first {settings['check_batches']} batches of {settings['batch']}",
+        "same-file pairs",
+        "× uniform",
+        "same-repository pairs",
+        "× uniform",
+    ]
+    return common.format_table(header, rows)
+
+
 GPU_VARIANTS = {
     "gpu-h100-eager.json": "eager, SDPA attention (what santa ran before)",
     "gpu-h100-fused.json": "+ fused AdamW",
@@ -402,6 +475,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "ablation_differences": ablation_differences,
     "ablation_seeds": ablation_seeds,
     "ablation_seed_differences": ablation_seed_differences,
+    "shuffle_mrr": shuffle_mrr,
+    "shuffle_mrr_batches": shuffle_mrr_batches,
     "gpu": gpu,
 }
 
