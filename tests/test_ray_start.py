@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,9 +55,15 @@ exit_with(run_job(main))
 """
 
 
-def _run_probe(mode: str, first_wait: str) -> tuple[subprocess.CompletedProcess, str]:
-    # A short folder: Ray's socket paths under it must stay within 107 characters.
-    temp = tempfile.mkdtemp(prefix="santa-rs-", dir="/tmp")
+@pytest.fixture
+def temp():
+    """A short folder for Ray's sessions: its socket paths must stay within 107 characters."""
+    folder = tempfile.mkdtemp(prefix="santa-rs-", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_probe(mode: str, first_wait: str, temp: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -74,15 +81,15 @@ def _run_probe(mode: str, first_wait: str) -> tuple[subprocess.CompletedProcess,
         timeout=400,
         cwd=ROOT,
     )
-    return done, temp
+    return done
 
 
 def _santa_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("santa: ")]
 
 
-def test_a_local_ray_that_does_not_start_is_retried_once_then_ends_in_one_line() -> None:
-    done, temp = _run_probe("hold-every-start", first_wait="1")
+def test_a_local_ray_that_does_not_start_is_retried_once_then_ends_in_one_line(temp) -> None:
+    done = _run_probe("hold-every-start", first_wait="1", temp=temp)
     retry, error = _santa_lines(done.stderr)  # nothing else of santa's, Ray's words not at all
     assert re.fullmatch(
         r"santa: local Ray did not start within 1 s \(its raylet did not register; "
@@ -104,8 +111,8 @@ def test_a_local_ray_that_does_not_start_is_retried_once_then_ends_in_one_line()
 
 
 @pytest.mark.slow  # two real starts and a task: 30-80 s on a busy 2-core machine
-def test_a_retried_start_that_comes_up_runs_the_job() -> None:
-    done, _ = _run_probe("let-the-retry-start", first_wait="10")
+def test_a_retried_start_that_comes_up_runs_the_job(temp) -> None:
+    done = _run_probe("let-the-retry-start", first_wait="10", temp=temp)
     assert done.returncode == 0, done.stderr[-3000:]
     (retry,) = _santa_lines(done.stderr)
     assert retry.startswith("santa: local Ray did not start within 10 s (its raylet did not")
