@@ -75,14 +75,36 @@ def pipeline(results: Path) -> str:
     """Held-out metrics of the default pipeline's stages (its report.json)."""
     report = load(results, "pipeline_default.json")
     what = {"pretrain": "SDA + MEP", "finetune": "DR", "ance": "1 mined negative"}
-    steps = {stage["stage"]: stage["final_metrics"]["step"] for stage in report["stages"]}
-    labels = {"untrained": f"untrained ({report['recipe']} T5, random init)"}
-    for stage in steps:
-        labels[f"santa ({stage})"] = f"santa ({stage}: {what[stage]}, {steps[stage]} steps)"
-    labels["bm25"] = "BM25"
+    labels = _stage_rows(report, what, f"untrained ({report['recipe']} T5, random init)")
     columns = ("mrr@100", "ndcg@100", "recall@10", "recall@100")
     rows = [
         [label, *(f"{report['metrics'][system][c]:.3f}" for c in columns)]
+        for system, label in labels.items()
+    ]
+    return common.format_table(["system", *columns], rows)
+
+
+def _stage_rows(report: dict[str, Any], what: dict[str, str], untrained: str) -> dict[str, str]:
+    """A pipeline report's systems, labelled: untrained, each stage with its steps, BM25."""
+    steps = {stage["stage"]: stage["final_metrics"]["step"] for stage in report["stages"]}
+    labels = {"untrained": untrained}
+    for stage in steps:
+        labels[f"santa ({stage})"] = f"santa ({stage}: {what[stage]}, {steps[stage]} steps)"
+    labels["bm25"] = "BM25"
+    return labels
+
+
+def pipeline_minilm(results: Path) -> str:
+    """Held-out metrics of the default demo (all-MiniLM-L6-v2; its report.json)."""
+    report = load(results, "pipeline_minilm_default.json")
+    labels = _stage_rows(
+        report,
+        {"pretrain": "SDA", "finetune": "DR", "ance": "1 mined negative"},
+        "untrained all-MiniLM-L6-v2",
+    )
+    columns = ("mrr@100", "ndcg@100", "recall@1", "recall@10", "recall@100")
+    rows = [
+        [label, *(f"{report['metrics'][system][c]:.4f}" for c in columns)]
         for system, label in labels.items()
     ]
     return common.format_table(["system", *columns], rows)
@@ -459,6 +481,331 @@ def gpu(results: Path) -> str:
     return common.format_table(header, rows, align="lrrrrrl")
 
 
+def compile_time(results: Path) -> str:
+    """Seconds to compile the model or its blocks, cold and with a warm Inductor cache."""
+    rows = load(results, "compile_time.json")["rows"]
+    by = {(row["scope"], row["cache"]): row["compile_s"] for row in rows}
+    table = []
+    for row in rows:
+        seconds = f"{row['compile_s']:.1f}"
+        if row["cache"] == "warm" and row["scope"] == "model":
+            seconds += f" ({100 * row['compile_s'] / by['model', 'cold']:.1f} % of cold)"
+        elif row["cache"] == "cold" and row["scope"] != "model":
+            seconds += f" ({times(row['compile_s'] / by['model', 'cold'])} the model's)"
+        table.append([row["scope"], row["cache"], seconds, f"{row['steady_pairs_per_s']:.1f}"])
+    header = ["compile scope", "Inductor cache", "compile s", "steady pairs/s"]
+    return common.format_table(header, table, align="llrr")
+
+
+SHUFFLE_METHODS = {
+    "corpus order": "corpus order",
+    "local buffer": "Ray Data's 2,048-row buffer, blocks of 256 rows "
+    "(`train.shuffle=local`, the old default)",
+    "global": "a permutation of every row (`train.shuffle=global`, the default now)",
+}
+
+
+def shuffle(results: Path) -> str:
+    """Same-file and same-repository pairs in a batch over a uniform sample's, by method."""
+    result = load(results, "shuffle.json")
+    uniform = result["uniform"]
+    rows = [
+        [
+            SHUFFLE_METHODS[row["method"]],
+            f"{row['same_file_share'] / uniform['file']:.1f}",
+            f"{row['same_repo_share'] / uniform['repo']:.1f}",
+            f"{row['epoch_s']:.2f} s",
+        ]
+        for row in result["methods"]
+    ]
+    header = ["batches", "same-file pairs × uniform", "same-repo pairs × uniform", "one epoch"]
+    return common.format_table(header, rows)
+
+
+# The runs of gpu_ray_cpu_runs.json the table shows (the others are quoted in the prose).
+GPU_RAY_CPU_RUNS = (("before issue 28", "before", 2), ("after", "after", 1), ("after", "after", 2))
+
+
+def gpu_ray_cpu(results: Path) -> str:
+    """Ray Train beside the plain loop on this CPU: chosen runs, then the quiet one."""
+    runs = load(results, "gpu_ray_cpu_runs.json")
+    rows = []
+    for label, when, index in GPU_RAY_CPU_RUNS:
+        ray, plain = runs[when][index]["ray"], runs[when][index]["plain"]
+        startup = ray["startup"]
+        rows.append(
+            [
+                label,
+                f"{ray['load']:.1f}",
+                f"{ray['whole']:.1f}",
+                f"{ray['loop']:.1f}",
+                f"{ray['steady']:.1f}",
+                f"{ray['worst']:.2f}",
+                None if startup is None else f"{startup:.1f} s",
+                f"{plain['whole']:.1f}",
+                f"{plain['steady']:.1f}",
+            ]
+        )
+    quiet = {row["system"]: row for row in load(results, "gpu_ray_cpu_quiet.json")["systems"]}
+    ray, plain = quiet["ray"], quiet["plain"]
+    rows.append(
+        [
+            "after, quiet (`gpu_ray_cpu_quiet.json`)",
+            f"{ray['load_average_1m_before']:.1f}",
+            f"{ray['whole_pairs_per_s']:.1f}",
+            f"{ray['loop_pairs_per_s']:.1f}",
+            f"{ray['steady_pairs_per_s']:.1f}",
+            f"{ray['worst_to_median']:.2f}",
+            f"{ray['phases_s']['startup_total_s']:.1f} s",
+            f"{plain['whole_pairs_per_s']:.1f}",
+            f"{plain['steady_pairs_per_s']:.1f}",
+        ]
+    )
+    header = [
+        "run",
+        "load",
+        "ray whole",
+        "ray loop",
+        "ray steady",
+        "ray worst / median",
+        "start-up before step 1",
+        "plain whole",
+        "plain steady",
+    ]
+    return common.format_table(header, rows)
+
+
+def index_search(results: Path) -> str:
+    """Encode + index throughput by actor count, with the load before and after each."""
+    result = load(results, "index_search.json")
+    rows, before = [], result["load_before"]
+    for row in result["index"]:
+        rows.append(
+            [
+                row["actors"],
+                f"{row['encode_s']:.1f}",
+                f"{row['documents_per_s']:.0f}",
+                f"{row['documents_per_actor_s']:.0f}",
+                f"{row['index_s']:.1f}",
+                f"{before:.0f} → {row['load_after']:.0f}",
+            ]
+        )
+        before = row["load_after"]
+    header = [
+        "actors",
+        "encode s",
+        "documents/s",
+        "per actor, documents/s",
+        "index build s",
+        "load (1 min)",
+    ]
+    return common.format_table(header, rows, align="rrrrrl")
+
+
+def _index_speedup(name: str) -> Callable[[Path], str]:
+    """Encode throughput by actor count and the speed-up over one actor."""
+
+    def render(results: Path) -> str:
+        rows = [
+            [
+                row["actors"],
+                f"{row['encode_s']:.1f}",
+                f"{row['documents_per_s']:.0f}",
+                times(row["speedup"]),
+            ]
+            for row in load(results, name)["index"]
+        ]
+        return common.format_table(
+            ["actors", "encode s", "documents/s", "speed-up"], rows, align="rrrr"
+        )
+
+    render.__doc__ = f"Encode throughput by actor count ({name})."
+    return render
+
+
+def serve_latency(results: Path) -> str:
+    """Serve latency and throughput by client count (one replica, no batching)."""
+    rows = [
+        [
+            row["clients"],
+            f"{row['p50_ms']:.1f} ms",
+            f"{row['p99_ms']:.1f} ms",
+            f"{row['requests_per_s']:.1f}",
+        ]
+        for row in load(results, "index_search.json")["serve"]
+    ]
+    return common.format_table(["clients", "p50", "p99", "requests/s"], rows, align="rrrr")
+
+
+# bench/quality/paper.py's settings: their files, label and the metric the paper prints.
+PAPER_SETTINGS = {
+    "codesearch": ("CodeSearch Ruby MRR (CSN Ruby valid as its own codebase, {candidates:,}; "
+                   "Table {table}: {paper_candidates:,})", "mrr"),
+    "adv": ("Adv MRR (AdvTest sample, {candidates:,}; Table {table}: {paper_candidates:,})", "mrr"),
+    "esci2": ("ESCI NDCG@100 two-class ({queries:,} query, {candidates:,} products; "
+              "Table {table}: {paper_queries:,} / {paper_candidates:,})", "ndcg@100"),
+    "esci4": ("ESCI NDCG@100 four-class (same)", "ndcg@100_4class"),
+}  # fmt: skip
+PAPER_SYSTEMS = {
+    "zero-shot SANTA": "SANTA zero-shot",
+    "SANTA (Inbatch)": "SANTA (Inbatch)",
+    "SANTA (Hard Negative)": "SANTA (Hard Negative)",
+    "SCodeR": "SCodeR",
+}
+
+
+def paper(results: Path) -> str:
+    """santa's figure under each paper's protocol beside the papers' own."""
+    rows = []
+    for setting, (label, metric) in PAPER_SETTINGS.items():
+        minilm = load(results, f"paper_{setting}_minilm.json")
+        tiny = load(results, f"paper_{setting}_tiny.json")
+        (sizes,) = minilm["sizes"].values()
+        table = sizes["paper_table"].rsplit(" ", 1)[1]
+        cited: dict[str, list[tuple[int, str]]] = {column: [] for column in PAPER_SYSTEMS.values()}
+        for key, value in minilm["rows"][0].items():
+            paper_table, _, system = key.partition(", ")
+            if system in PAPER_SYSTEMS:
+                number = int(paper_table.rsplit(" ", 1)[1])
+                cited[PAPER_SYSTEMS[system]].append((number, f"{value} (T{number})"))
+        rows.append(
+            [
+                label.format(table=table, **sizes),
+                f"{minilm['rows'][0]['santa']:.2f}",
+                f"{tiny['rows'][0]['santa']:.2f}",
+                f"{100 * minilm['metrics']['bm25'][metric]:.2f}",
+                *(" / ".join(text for _, text in sorted(cited[c])) or "" for c in cited),
+            ]
+        )
+    header = ["setting (fixture, candidates)", "minilm", "tiny", "BM25", *PAPER_SYSTEMS.values()]
+    return common.format_table(header, rows)
+
+
+def grad_cache(results: Path) -> str:
+    """CPU seconds, pairs/s and peak memory per step by batch, plain and GradCache."""
+    runs = [load(results, name) for name in ("grad_cache.json", "grad_cache_chunk32.json")]
+    rows = []
+    for batch in runs[0]["settings"]["batches"].split(","):
+        for index, run in enumerate(runs):
+            chunk = run["settings"]["chunk"]
+            by_mode = {row["mode"]: row for row in run["rows"] if row["batch"] == int(batch)}
+            plain = by_mode.get("plain")
+            if index == 0 and plain is not None:
+                if "skipped" in plain:
+                    rows.append([f"{int(batch):,}", "plain", plain["skipped"], None, None, None])
+                else:
+                    rows.append(_grad_cache_row(plain, "plain", "1.00×"))
+            cached = by_mode.get("grad-cache")
+            if cached is None:
+                continue
+            chunks = int(batch) // chunk
+            mode = f"GradCache, {chunks} chunk{'s' if chunks > 1 else ''} of {chunk}"
+            if plain is None or "skipped" in plain:
+                ratio = None
+            else:
+                ratio = times(cached["cpu_step_s"] / plain["cpu_step_s"])
+                if index:
+                    ratio += f" (plain {plain['cpu_step_s']:.2f} in that run)"
+            rows.append(_grad_cache_row(cached, mode, ratio))
+    header = ["global batch", "mode", "CPU s/step", "pairs/s", "peak RSS GB", "step time vs plain"]
+    return common.format_table(header, rows, align="rlrrrr")
+
+
+def _grad_cache_row(row: dict[str, Any], mode: str, ratio: str | None) -> list[Any]:
+    return [
+        f"{row['batch']:,}",
+        mode,
+        f"{row['cpu_step_s']:.2f}",
+        f"{row['pairs_per_s']:.0f}",
+        f"{row['peak_rss_gb']:.2f}",
+        ratio,
+    ]
+
+
+def negative_filtering(results: Path) -> str:
+    """Each ANCE run's MRR@100 and what the score filter took from its mined negatives."""
+    result = load(results, "negative_filtering.json")
+    base = "base (fine-tuned, before ANCE)"
+    rows = [[base, interval(result["results"][base]), None, None]]
+    first = True
+    for name, mining in result["mining"].items():
+        seed, _, setting = name.partition(", ")
+        label = f"{seed}, {setting if setting == 'no filter' else 'ratio ' + setting}"
+        short = f"{mining['queries_short']:,}" + (f" of {mining['queries']:,}" if first else "")
+        first = False
+        rows.append(
+            [
+                label,
+                interval(result["results"][name]),
+                f"{mining['filtered']['score_ratio']:,}",
+                short,
+            ]
+        )
+    header = [
+        "ANCE from the same base",
+        "MRR@100 [95% CI]",
+        "hits dropped by the score filter",
+        "queries left without a mined negative",
+    ]
+    return common.format_table(header, rows)
+
+
+def negative_filtering_differences(results: Path) -> str:
+    """Each filter against no filter, seed by seed and the seeds pooled per query."""
+    result = load(results, "negative_filtering.json")
+    differences = result["differences"]
+    filters = [f for f in result["settings"]["filters"].split(",") if f != "none"]
+    rows = []
+    for ratio in filters:
+        for pair, row in differences.items():
+            system, _, _ = pair.partition(" - ")
+            seed, _, setting = system.partition(", ")
+            if setting != ratio:
+                continue
+            if seed == "all seeds":
+                seed = "three seeds pooled (per-query mean)"
+            rows.append([f"{seed}: {ratio} − no filter", interval(row, signed=True)])
+    return common.format_table(["paired difference (same queries)", "MRR@100 [95% CI]"], rows)
+
+
+FAULTS_SCRATCH = re.compile(r"(?:/[\w.-]+)*/santa-faults-[\w-]+")
+
+
+def _faults(running: bool) -> Callable[[Path], str]:
+    """bench/robustness/faults.py's rows, those met while a job runs or those before."""
+
+    def render(results: Path) -> str:
+        rows = []
+        for row in load(results, "faults.json")["faults"]:
+            if bool(row.get("running")) != running:
+                continue
+            message = FAULTS_SCRATCH.sub("W", row["message"]) or "(no message)"
+            if len(message) > 160:
+                message = message[:157] + "..."
+            rows.append(
+                [
+                    row["fault"],
+                    f"{row['exit']} ({row['expected']})",
+                    f"{row['seconds']:.1f}",
+                    row["terminal_lines"],
+                    message,
+                    "yes" if row["data_safe"] else "NO",
+                ]
+            )
+        header = [
+            "fault",
+            "exit (want)",
+            "s to the end",
+            "terminal lines",
+            "how it ended",
+            "data safe",
+        ]
+        return common.format_table(header, rows, align="lrrrll")
+
+    render.__doc__ = f"The faults {'while a job runs' if running else 'before or at its start'}."
+    return render
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipeline": pipeline,
     "minilm_similarity": minilm_similarity,
@@ -478,6 +825,20 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "shuffle_mrr": shuffle_mrr,
     "shuffle_mrr_batches": shuffle_mrr_batches,
     "gpu": gpu,
+    "compile_time": compile_time,
+    "shuffle": shuffle,
+    "gpu_ray_cpu": gpu_ray_cpu,
+    "pipeline_minilm": pipeline_minilm,
+    "index_search": index_search,
+    "index_search_quiet": _index_speedup("index_search_quiet.json"),
+    "index_search_quiet_2026-11-26": _index_speedup("index_search_quiet_2026-11-26.json"),
+    "serve_latency": serve_latency,
+    "paper": paper,
+    "grad_cache": grad_cache,
+    "negative_filtering": negative_filtering,
+    "negative_filtering_differences": negative_filtering_differences,
+    "faults_running": _faults(running=True),
+    "faults_before": _faults(running=False),
 }
 
 

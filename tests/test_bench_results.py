@@ -58,3 +58,29 @@ def test_numbers_are_written_as_the_prose_writes_them() -> None:
     assert results.short_float(2.0000000000000003e-06) == "2e-6"
     assert results.minus("-0.0047 [-0.0104, +0.0002]") == "−0.0047 [−0.0104, +0.0002]"
     assert results.pair_name("w/ SDA - baseline") == "w/ SDA − baseline"
+
+
+def test_faults_rows_name_the_scratch_folder_w_and_cut_long_lines(tmp_path: Path) -> None:
+    rows = [
+        {
+            "fault": "pretrain: Ctrl-C",
+            "running": True,
+            "exit": 130,
+            "expected": 130,
+            "seconds": 52.64,
+            "terminal_lines": 8,
+            "message": "santa: interrupted: run /tmp/santa-faults-ab_1/running/cut kept "
+            + "x" * 200,
+            "data_safe": True,
+        },
+        {"fault": "a bad path", "exit": 2, "expected": 2, "seconds": 0.5, "terminal_lines": 1}
+        | {"message": "", "data_safe": False},
+    ]
+    (tmp_path / "faults.json").write_text(json.dumps({"faults": rows}))
+    (running,) = parse_tables(results.RENDERERS["faults_running"](tmp_path))
+    (row,) = running
+    assert row["how it ended"].startswith("santa: interrupted: run W/running/cut kept xx")
+    assert len(row["how it ended"]) == 160 and row["how it ended"].endswith("...")
+    assert row["exit (want)"] == "130 (130)" and row["s to the end"] == "52.6"
+    ((before,),) = parse_tables(results.RENDERERS["faults_before"](tmp_path))
+    assert before["how it ended"] == "(no message)" and before["data safe"] == "NO"
