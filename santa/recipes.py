@@ -23,6 +23,7 @@ from typing import Any
 from santa.config import (
     TINY_BACKBONE,
     ModelConfig,
+    NegativesConfig,
     SantaConfig,
     ScoderConfig,
     TrainConfig,
@@ -189,9 +190,12 @@ def _ance(base: SantaConfig, **train: Any) -> SantaConfig:
 # fine-tuning stage's DR loss), then iterations of mining, discriminator training and
 # soft-labeled dual-encoder training. The dual encoder's train section is a fine-tuning
 # stage (no MEP); the scoder section holds the rest of the paper's Table 7.
-def _scoder(base: SantaConfig, scoder: ScoderConfig, **train: Any) -> SantaConfig:
-    """``base`` as SCodeR's dual encoder (fine-tuning stage, no MEP) with ``scoder``."""
-    return dataclasses.replace(_finetune(base, **train), scoder=scoder)
+def _scoder(
+    base: SantaConfig, scoder: ScoderConfig, negatives: NegativesConfig, **train: Any
+) -> SantaConfig:
+    """``base`` as SCodeR's dual encoder (fine-tuning stage, no MEP) with ``scoder`` and
+    its hard negatives (``per_query`` X⁻ from a ``pool`` mined per query in the ``top_k``)."""
+    return dataclasses.replace(_finetune(base, **train), scoder=scoder, negatives=negatives)
 
 
 def _unixcoder_scoder() -> SantaConfig:
@@ -200,7 +204,7 @@ def _unixcoder_scoder() -> SantaConfig:
     # 10% linear warm-up; 24,000 / 16,000 steps in all, i.e. 6,000 / 4,000 per iteration.
     # Sequence lengths: the paper's code-search fine-tuning (128 text, 256 code; SCodeR B.1).
     # santa's choices (the paper's Algorithm 2 does otherwise): X⁻ sampled once per
-    # iteration (scoder.negatives_pool), a tenth of the queries held out of discriminator
+    # iteration (negatives.pool), a tenth of the queries held out of discriminator
     # training to measure them (scoder.heldout_fraction; 0 trains on all, as the paper).
     return _scoder(
         SantaConfig(
@@ -215,12 +219,12 @@ def _unixcoder_scoder() -> SantaConfig:
         ScoderConfig(
             iterations=4,
             adversarial_weight=0.2,
-            negatives_per_query=7,
             discriminator_learning_rate=1e-5,
             discriminator_steps=4_000,
             dual_encoder_steps=6_000,
             max_pair_length=384,
         ),
+        NegativesConfig(per_query=7, pool=30, top_k=100),
         learning_rate=5e-6,
         warmup_ratio=0.1,
     )
@@ -232,13 +236,11 @@ def _tiny_scoder() -> SantaConfig:
         _tiny(),
         ScoderConfig(
             iterations=2,
-            negatives_per_query=3,
-            negatives_pool=8,
-            negatives_top_k=20,
             discriminator_learning_rate=5e-4,
             warmup_steps=100,
             max_pair_length=160,
         ),
+        NegativesConfig(per_query=3, pool=8, top_k=20),
         learning_rate=2e-4,
     )
 
@@ -250,15 +252,13 @@ def _minilm_scoder() -> SantaConfig:
         _minilm(),
         ScoderConfig(
             iterations=2,
-            negatives_per_query=7,
-            negatives_pool=20,
-            negatives_top_k=100,
             discriminator_learning_rate=2e-5,
             max_pair_length=256,
             # 2 workers × 8 queries × 8 candidates × 256 tokens held 9.2 GB of activations
             # per worker: more than a 24 GB machine has for two.
             discriminator_gradient_checkpointing=True,
         ),
+        NegativesConfig(per_query=7, pool=20, top_k=100),
         learning_rate=1e-5,
         global_batch_size=32,
         max_query_length=50,

@@ -272,6 +272,7 @@ def _training(batch: Setting, lr: Setting, epochs: Setting) -> dict[str, Setting
 
 
 _NO_MINING = (
+    "negatives.pool",
     "negatives.top_k",
     "negatives.skip_top",
     "negatives.index",
@@ -355,6 +356,11 @@ def _ance(
             "negatives.per_query": count,
             "negatives.top_k": paper(100, f"{where} (sampled from the top 100 {mined_by})"),
             "negatives.skip_top": santa(0, "the paper samples from the whole top 100"),
+            "negatives.pool": santa(
+                None,
+                "the table keeps per_query negatives per query, drawn once from the top 100 "
+                "(ANCE's first round; the paper does not say how often it draws)",
+            ),
             "negatives.max_score_ratio": santa(None, "the paper samples from the whole top 100"),
             "negatives.min_margin": santa(None, "the paper samples from the whole top 100"),
             "negatives.index": santa(

@@ -333,3 +333,45 @@ def test_a_cosine_model_mines_by_cosine_like_evaluation() -> None:
         config = SantaConfig().with_overrides([*common, f"model.similarity={similarity}"])
         table = refresh_table(None, corpus, config, encoder=Encoder())
         assert table.negatives == {"q": expected}, similarity  # in rank order
+
+
+def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it() -> None:
+    """negatives.pool (SCodeR's mined pool) is what a table keeps per query; per_query is
+    what a training step takes; SCodeR's old scoder.negatives_* keys move here."""
+    from santa.config import SantaConfig
+    from santa.negatives.miner import refresh_table
+    from santa.negatives.mining import MiningCorpus
+    from santa.recipes import get_recipe
+
+    documents = {f"d{i}": f"d{i}" for i in range(8)}
+    corpus = MiningCorpus(
+        documents=documents,
+        queries={"q": "q"},
+        positives={"q": {"d0"}},
+        duplicate_of={name: name for name in documents},
+    )
+    vectors = {"q": [1.0, 0.0], **{f"d{i}": [1.0 - i / 10, i / 10] for i in range(8)}}
+
+    class Encoder:
+        def encode(self, jobs):
+            return [np.array([vectors[t] for t in texts], dtype=np.float32) for texts, _ in jobs]
+
+    common = ["negatives.per_query=2", "negatives.top_k=6"]
+    pooled = SantaConfig().with_overrides([*common, "negatives.pool=5"])
+    assert pooled.negatives.mined_per_query == 5
+    assert len(refresh_table(None, corpus, pooled, encoder=Encoder()).negatives["q"]) == 5
+    plain = SantaConfig().with_overrides(common)
+    assert len(refresh_table(None, corpus, plain, encoder=Encoder()).negatives["q"]) == 2
+    with pytest.raises(ValueError, match="pool=7 must be at least per_query=2 and at most"):
+        SantaConfig().with_overrides([*common, "negatives.pool=7"])
+    # SCodeR's recipes hold their negatives in the negatives section; old keys move there.
+    tiny = get_recipe("tiny-scoder")
+    assert (tiny.negatives.per_query, tiny.negatives.pool, tiny.negatives.top_k) == (3, 8, 20)
+    stored = tiny.to_dict()
+    stored["scoder"].update(negatives_per_query=4, negatives_pool=9, negatives_top_k=30)
+    for key in ("per_query", "pool", "top_k"):
+        stored["negatives"].pop(key)
+    moved = SantaConfig.from_dict(stored).negatives
+    assert (moved.per_query, moved.pool, moved.top_k) == (4, 9, 30)
+    with pytest.raises(ValueError, match=r"scoder.negatives_top_k is now negatives.top_k"):
+        tiny.with_overrides(["scoder.negatives_top_k=50"])

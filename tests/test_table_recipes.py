@@ -111,6 +111,7 @@ _EVERY_STAGE = {"train.shuffle", "train.seed"}
 _ANCE = {
     "negatives.source",
     "negatives.skip_top",
+    "negatives.pool",
     "negatives.max_score_ratio",
     "negatives.min_margin",
     "negatives.index",
@@ -181,6 +182,7 @@ def test_the_released_mep_reduction_names_eq7s_option() -> None:
 UNREAD_BECAUSE = {
     **dict.fromkeys(
         (
+            "negatives.pool",
             "negatives.top_k",
             "negatives.skip_top",
             "negatives.index",

@@ -29,7 +29,7 @@ from santa.config.common import (
     TINY_BACKBONE,
 )
 from santa.config.model import ModelConfig
-from santa.config.negatives import MOVED_TO_NEGATIVES, NegativesConfig
+from santa.config.negatives import MOVED_FROM_SCODER, MOVED_TO_NEGATIVES, NegativesConfig
 from santa.config.run import SantaConfig
 from santa.config.scoder import ScoderConfig
 from santa.config.train import TrainConfig
@@ -41,6 +41,7 @@ __all__ = [
     "ENCODER_POOLINGS",
     "MEP_REDUCTIONS",
     "MODEL_KINDS",
+    "MOVED_FROM_SCODER",
     "MOVED_TO_NEGATIVES",
     "ModelConfig",
     "NEGATIVE_INDEXES",

@@ -30,7 +30,13 @@ class NegativesConfig:
     weights while training goes on)."""
 
     per_query: int = 0
-    """Hard negatives encoded beside each query's positive (0: in-batch negatives only)."""
+    """Hard negatives encoded beside each query's positive (0: in-batch negatives only); in
+    SCodeR, the X⁻ scored with each positive (the paper's "negative size", 7)."""
+
+    pool: int | None = None
+    """Negatives a mined table keeps per query, sampled from the ``top_k`` (None:
+    ``per_query``); training samples its ``per_query`` from them (SCodeR: each iteration's
+    X⁻, santa's choice; the paper samples at every step)."""
 
     refresh_every: int = 100
     """``async``: send the miner a weights snapshot every this many steps."""
@@ -81,6 +87,11 @@ class NegativesConfig:
     def __post_init__(self) -> None:
         if self.per_query < 0:
             fail(f"NegativesConfig.per_query must be >= 0, got {self.per_query}")
+        if self.pool is not None and not self.per_query <= self.pool <= self.top_k:
+            fail(
+                f"NegativesConfig.pool={self.pool} must be at least per_query={self.per_query} "
+                f"and at most top_k={self.top_k}"
+            )
         source = self.source
         if source not in ("none", "async") and not source.startswith("table:"):
             fail(f"NegativesConfig.source must be 'none', 'async' or 'table:URI', got {source!r}")
@@ -106,6 +117,11 @@ class NegativesConfig:
         if self.min_margin is not None and self.min_margin < 0:
             fail(f"NegativesConfig.min_margin must be >= 0 or none, got {self.min_margin}")
 
+    @property
+    def mined_per_query(self) -> int:
+        """Negatives mined into a table per query: ``pool``, else ``per_query``."""
+        return self.per_query if self.pool is None else self.pool
+
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a plain dict."""
         return dataclasses.asdict(self)
@@ -129,4 +145,11 @@ MOVED_TO_NEGATIVES = {
     "negatives_encoder_actors": "encoder_actors",
     "negatives_encoder_gpus": "encoder_gpus",
     "negatives_encoder_cpus": "encoder_cpus",
+}
+# SCodeR's negatives settings, which lived in the scoder section: read into the negatives
+# section from stored configs, overrides are told the new name.
+MOVED_FROM_SCODER = {
+    "negatives_per_query": "per_query",
+    "negatives_top_k": "top_k",
+    "negatives_pool": "pool",
 }

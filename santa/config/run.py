@@ -14,7 +14,7 @@ from santa.config.common import (
     fail,
 )
 from santa.config.model import ModelConfig
-from santa.config.negatives import MOVED_TO_NEGATIVES, NegativesConfig
+from santa.config.negatives import MOVED_FROM_SCODER, MOVED_TO_NEGATIVES, NegativesConfig
 from santa.config.scoder import ScoderConfig
 from santa.config.train import TrainConfig
 
@@ -71,15 +71,19 @@ class SantaConfig:
             fail(f"unknown SantaConfig keys {sorted(unknown)}; expected {', '.join(SECTIONS)}")
         train = dict(values.get("train", {}))
         negatives = dict(values.get("negatives", {}))
+        scoder = dict(values.get("scoder", {}))
         for old, new in MOVED_TO_NEGATIVES.items():  # a config stored by an older santa
             if old in train:
                 negatives.setdefault(new, train.pop(old))
+        for old, new in MOVED_FROM_SCODER.items():
+            if old in scoder:
+                negatives.setdefault(new, scoder.pop(old))
         return cls(
             model=ModelConfig.from_dict(values.get("model", {})),
             train=TrainConfig.from_dict(train),
             negatives=NegativesConfig.from_dict(negatives),
             # Checkpoints from before SCodeR have no such section.
-            scoder=ScoderConfig.from_dict(values.get("scoder", {})),
+            scoder=ScoderConfig.from_dict(scoder),
         )
 
     def with_overrides(self, overrides: Iterable[str]) -> SantaConfig:
@@ -100,6 +104,11 @@ class SantaConfig:
                 fail(
                     f"override {override!r}: train.{name} is now negatives."
                     f"{MOVED_TO_NEGATIVES[name]} (--set negatives.{MOVED_TO_NEGATIVES[name]}=...)"
+                )
+            if section == "scoder" and name in MOVED_FROM_SCODER:
+                fail(
+                    f"override {override!r}: scoder.{name} is now negatives."
+                    f"{MOVED_FROM_SCODER[name]} (--set negatives.{MOVED_FROM_SCODER[name]}=...)"
                 )
             section_class = type(getattr(self, section))
             types_by_name = typing.get_type_hints(section_class)

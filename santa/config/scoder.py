@@ -20,7 +20,9 @@ class ScoderConfig:
     """SCodeR's soft-labeled training (Algorithm 2): iterations, discriminators, λ.
 
     Used by ``ray_jobs.scoder`` only; the dual encoder's own settings (backbone, batch,
-    learning rate, lengths, similarity) are the ``model`` and ``train`` sections. The
+    learning rate, lengths, similarity) are the ``model`` and ``train`` sections, its hard
+    negatives the ``negatives`` section's (``per_query`` X⁻, ``pool`` mined per query from
+    the ``top_k``). The
     discriminators share the backbone and the global batch size of the dual encoder.
     """
 
@@ -29,21 +31,6 @@ class ScoderConfig:
 
     adversarial_weight: float = 0.2
     """λ in ``L = λ·L_adv + (1 − λ)·L_distill`` (Eq. 10; 0.2 in the paper's Table 7)."""
-
-    negatives_per_query: int = 7
-    """Hard negatives X⁻ scored with each positive (the paper's "negative size")."""
-
-    negatives_top_k: int = 100
-    """K: the dual encoder's top-K hits (positives removed) the negatives come from."""
-
-    negatives_pool: int = 30
-    """Negatives kept per query from the top K; every stage samples its X⁻ from them.
-
-    santa's choice: each query's X⁻ is sampled from this pool once per iteration (the
-    ``examples/`` of ``iter-<i>``), and both the discriminators and the dual encoder train
-    on those examples, so that offline soft labels can be scored once for exactly what the
-    dual encoder sees. The paper's Algorithm 2 samples X⁻ at every training step (lines 6
-    and 10); across iterations santa re-mines and re-samples, as Algorithm 2's line 13."""
 
     discriminator_learning_rate: float = 1e-5
     """Peak learning rate of the discriminators (optimizer: ``train.optimizer``)."""
@@ -79,9 +66,6 @@ class ScoderConfig:
         check_positive(
             self,
             "iterations",
-            "negatives_per_query",
-            "negatives_top_k",
-            "negatives_pool",
             "discriminator_learning_rate",
             "discriminator_steps",
             "dual_encoder_steps",
@@ -91,16 +75,6 @@ class ScoderConfig:
         if not 0.0 <= self.adversarial_weight <= 1.0:
             fail(
                 f"ScoderConfig.adversarial_weight must be in [0, 1], got {self.adversarial_weight}"
-            )
-        if self.negatives_pool < self.negatives_per_query:
-            fail(
-                f"ScoderConfig.negatives_pool={self.negatives_pool} must be at least "
-                f"negatives_per_query={self.negatives_per_query}"
-            )
-        if self.negatives_top_k < self.negatives_pool:
-            fail(
-                f"ScoderConfig.negatives_top_k={self.negatives_top_k} must be at least "
-                f"negatives_pool={self.negatives_pool}"
             )
         if self.soft_labels not in SOFT_LABEL_MODES:
             fail(

@@ -122,7 +122,7 @@ def refresh_table(
         query_ids,
         hits,
         corpus.positives,
-        n=settings.per_query,
+        n=settings.mined_per_query,
         seed=train.seed + step,
         skip_top=settings.skip_top,
         duplicate_of=corpus.duplicate_of,
@@ -140,7 +140,7 @@ def refresh_table(
         filtered=filtered,
     )
     if score_filter.active and negatives:
-        short = sum(len(ids) < settings.per_query for ids in negatives.values())
+        short = sum(len(ids) < settings.mined_per_query for ids in negatives.values())
         if short > len(negatives) // 2:
             # Trainers fill these with random documents: hard negatives become random ones.
             logger.warning(
@@ -149,7 +149,7 @@ def refresh_table(
                 "positives low; negatives.max_score_ratio=none keeps its hard negatives",
                 short,
                 len(negatives),
-                settings.per_query,
+                settings.mined_per_query,
                 filtered["score_ratio"] + filtered["score_margin"],
                 settings.max_score_ratio,
             )

@@ -25,7 +25,7 @@ def mine_negatives(
     corpus = load_mining_corpus(data)
     negatives = config.negatives
     print(
-        f"[{label}] mining {negatives.per_query} negative(s) per query for "
+        f"[{label}] mining {negatives.mined_per_query} negative(s) per query for "
         f"{len(corpus.queries):,} queries among {len(corpus.documents):,} documents "
         f"(top {negatives.top_k}) with {model_uri}",
         flush=True,

@@ -13,7 +13,7 @@ Per-iteration metrics (discriminators' held-out accuracy, soft-label entropy, lo
 MRR, seconds per phase) go to ``RUN/scoder_metrics.jsonl``. Paths: :class:`RunLayout`.
 
 SCodeR samples the hard negatives X⁻ of a query at each step; santa mines a pool of
-``scoder.negatives_pool`` per query once per iteration and samples each stage's X⁻ from it
+``negatives.pool`` per query once per iteration and samples each stage's X⁻ from it
 (seeded), santa's choice for a cluster (one mining pass per iteration instead of one per
 step). The held-out share of discriminator examples (``scoder.heldout_fraction``) is
 santa's too: it measures the discriminators on pairs they never saw.
@@ -232,19 +232,13 @@ def run_iteration(
     label = f"iter {iteration}"
     seconds: dict[str, float] = {}
     clock = time.time()
-    mining_config = config.with_overrides(
-        [
-            f"negatives.per_query={scoder.negatives_pool}",
-            f"negatives.top_k={scoder.negatives_top_k}",
-            f"train.seed={train.seed + iteration}",
-        ]
-    )
+    mining_config = config.with_overrides([f"train.seed={train.seed + iteration}"])
     table_uri = mine_negatives(dual_encoder, data, folder.negatives, mining_config, label=label)
     seconds["mine_s"] = time.time() - clock
 
     clock = time.time()
     corpus, table = load_mining_corpus(data), read_negatives_table(table_uri)
-    common = {"n": scoder.negatives_per_query, "heldout_fraction": scoder.heldout_fraction}
+    common = {"n": config.negatives.per_query, "heldout_fraction": scoder.heldout_fraction}
     seed = train.seed * 1000 + 10 * iteration
     examples = {
         "discriminators": build_listwise_rows(
