@@ -37,7 +37,8 @@ INTERRUPTED = 130
 EXIT_CODES = {
     0: "done",
     RUNTIME_FAULT: "a fault at run time: storage unreachable, a worker or node lost past its "
-    "retries (--max-failures), a wait for workers past its bound",
+    "retries (--max-failures), a wait for workers past its bound, a local Ray that did not "
+    "start (twice)",
     BAD_INPUT: "bad input, found before any work where it can be: a missing or corrupt file, a "
     "bad flag, an output in use or holding another tool's output",
     INTERRUPTED: "interrupted (Ctrl-C, ray job stop): the last line says what was kept and "
