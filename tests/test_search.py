@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -481,6 +482,37 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
     assert out.count("← the judged answer") == sum(
         1 for example in shown["examples"] if example["answer_rank"]
     )
+    # The query it suggests is the shown one whose judged answer ranked best (searched 100
+    # deep, so each of these 105 documents' ranks is known), quoted for a shell.
+    for example in shown["examples"]:
+        qid = next(q for q, text in data.queries.items() if text == example["query"])
+        ranked = [hit.id for hit in searcher.search([example["query"]], 105)[0]]
+        assert example["judged_rank"] == 1 + min(ranked.index(doc) for doc in data.qrels[qid])
+    best = min(shown["examples"], key=lambda example: example["judged_rank"])
+    assert shown["suggested_query"] == " ".join(best["query"].split())
+    line = out.split("search it yourself:\n", 1)[1].splitlines()[0]
+    assert shlex.split(line)[-1] == shown["suggested_query"]
+    assert shlex.split(line)[:5] == ["python", "-m", "ray_jobs.search", "--index", shown["index"]]
+
+
+def test_the_suggested_query_is_the_best_ranked_example_quoted_for_a_shell():
+    from santa.search.demo import suggest_query
+
+    examples = [
+        {"query": "Return ' s is blank or represents an int '", "judged_rank": 4},
+        {"query": "Copy $HOME\n  to `dst` ;", "judged_rank": 2},
+        {"query": "never found", "judged_rank": None},
+        {"query": "also second", "judged_rank": 2},
+    ]
+    assert suggest_query(examples) == "Copy $HOME to `dst` ;"
+    assert shlex.split(f"search {shlex.quote(suggest_query(examples))}") == [
+        "search",
+        "Copy $HOME to `dst` ;",
+    ]
+    assert suggest_query(examples[:1]) == "Return ' s is blank or represents an int '"
+    assert suggest_query([examples[2], dict(examples[2], query="second")]) == "never found"
+    with pytest.raises(ValueError):
+        suggest_query([])
 
 
 def test_the_default_demo_is_minilm_and_tests_keep_tiny():

@@ -1,9 +1,12 @@
 """The pipeline's last step: index the held-out corpus with the final model and show it at
-work on a few held-out queries (the judged answer's rank marked), with the commands to go on.
+work on a few held-out queries (the judged answer's rank marked), with the commands to go on:
+the query it suggests searching is one of those shown, the one whose judged answer ranked
+best, so that the first query a newcomer copies finds what it asks for on this index.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from santa.data.beir import load_beir
@@ -11,7 +14,11 @@ from santa.runtime import storage
 from santa.search.indexing import IndexConfig, build_index
 from santa.search.searcher import Searcher, format_hits
 
-__all__ = ["index_and_show", "pick_queries"]
+__all__ = ["index_and_show", "pick_queries", "suggest_query"]
+
+# How deep the examples are searched for their judged answer's rank (the suggestion's
+# choice); only the top ``k`` are shown.
+RANK_DEPTH = 100
 
 
 def pick_queries(queries: dict[str, str], count: int) -> list[str]:
@@ -43,10 +50,13 @@ def index_and_show(
     chosen = pick_queries(data.queries, examples)
     searcher = Searcher.open(output)
     texts = [data.queries[qid] for qid in chosen]
+    depth = max(k, RANK_DEPTH)
     shown = []
-    for qid, query, hits in zip(chosen, texts, searcher.search(texts, k), strict=True):
+    for qid, query, ranked in zip(chosen, texts, searcher.search(texts, depth), strict=True):
         answers = set(doc for doc, label in data.qrels[qid].items() if label > 0)
-        first_answer = next((hit.rank for hit in hits if hit.id in answers), None)
+        judged_rank = next((hit.rank for hit in ranked if hit.id in answers), None)
+        hits = ranked[:k]
+        first_answer = judged_rank if judged_rank is not None and judged_rank <= k else None
         table = format_hits(_short(query), hits)
         marked = [
             line + ("   ← the judged answer" if hit.id in answers else "")
@@ -58,13 +68,15 @@ def index_and_show(
             {
                 "query": query,
                 "answer_rank": first_answer,
+                "judged_rank": judged_rank,
                 "hits": [hit.to_dict(text_chars=200) for hit in hits],
             }
         )
+    suggested = suggest_query(shown)
     print(
         "search it yourself:\n"
-        f'  python -m ray_jobs.search --index {output} "parse a date string"\n'
-        f"  python -m ray_jobs.serve --index {output}    # POST /search on :8000",
+        f"  python -m ray_jobs.search --index {shlex.quote(output)} {shlex.quote(suggested)}\n"
+        f"  python -m ray_jobs.serve --index {shlex.quote(output)}    # POST /search on :8000",
         flush=True,
     )
     return {
@@ -73,9 +85,21 @@ def index_and_show(
         "index_kind": manifest["index"]["kind"],
         "throughput": manifest["throughput"],
         "examples": shown,
+        "suggested_query": suggested,
         "index_s": manifest["throughput"]["total_s"] if not manifest.get("up_to_date") else 0.0,
         "uri": storage.absolute(output),
     }
+
+
+def suggest_query(examples: list[dict[str, Any]]) -> str:
+    """The query to suggest searching: of the ``examples`` shown (``query``,
+    ``judged_rank``), the one whose judged answer ranked best (the first of equals), the
+    first when none was found; its whitespace collapsed to one line."""
+    if not examples:
+        raise ValueError("no examples to suggest a query from")
+    found = [example for example in examples if example.get("judged_rank") is not None]
+    best = min(found, key=lambda example: example["judged_rank"]) if found else examples[0]
+    return " ".join(str(best["query"]).split())
 
 
 def _short(text: str, width: int = 90) -> str:
