@@ -9,13 +9,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
 from santa.data import esci
-from santa.data.cosqa import write_cosqa_beir
-from santa.data.outputs import claim_output, staged_output
-from santa.data.pipeline import DATASETS, STAGES, PreprocessConfig, check_inputs, run_preprocess
+from santa.data.cosqa import publish_cosqa_beir
+from santa.data.outputs import claim_output
+from santa.data.pipeline import check_inputs, run_preprocess
+from santa.data.preprocess_config import DATASETS, STAGES, PreprocessConfig
+from santa.data.report import format_text
 from santa.data.schema import CODE_LANGUAGES
 from santa.data.source import default_source_root
 from santa.method.entities import PRODUCT_ENTITY_RULES
@@ -30,6 +33,8 @@ from santa.runtime.ray_utils import init_ray
 COSQA = "cosqa"
 # Your own {query, positive, negatives?} JSON lines → training pairs (santa.data.pairs).
 PAIRS = "pairs"
+DEV_FRACTION_HELP = "ESCI: share of train queries carved out as --split valid (SANTA: 0.125)"
+ENTITY_HELP = "ESCI entities: proper nouns as SANTA's scripts (scripts), or title nouns"
 
 
 def parse_args(
@@ -42,21 +47,18 @@ def parse_args(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", choices=(*DATASETS, COSQA, PAIRS), required=True)
-    parser.add_argument(
-        "--input",
-        default=None,
-        help="local path or s3:// URI (default for source: this Python's stdlib)",
-    )
-    parser.add_argument("--output", required=True, help="local path or s3:// URI")
-    parser.add_argument("--stage", choices=STAGES, default="pretrain")
-    parser.add_argument("--split", choices=("train", "valid", "test"), default="")
-    parser.add_argument("--languages", nargs="*", choices=CODE_LANGUAGES, default=[])
-    parser.add_argument("--mask", choices=("entity", "span"), default="entity")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--esci-version", choices=("small", "large"), default="small")
-    parser.add_argument("--locale", default="us")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--dataset", choices=(*DATASETS, COSQA, PAIRS), required=True)
+    add("--input", help="local path or s3:// URI (default for source: this Python's stdlib)")
+    add("--output", required=True, help="local path or s3:// URI")
+    add("--stage", choices=STAGES, default="pretrain")
+    add("--split", choices=("train", "valid", "test"), default="")
+    add("--languages", nargs="*", choices=CODE_LANGUAGES, default=[])
+    add("--mask", choices=("entity", "span"), default="entity")
+    add("--seed", type=int, default=0)
+    add("--esci-version", choices=("small", "large"), default="small")
+    add("--locale", default="us")
+    add(
         "--esci-pretrain",
         choices=esci.PRETRAIN_RULES,
         default="product",
@@ -64,48 +66,16 @@ def parse_args(
         "(product), or one per Exact judgment as SANTA's scripts, test products included "
         "(paper; use with --esci-version large)",
     )
-    parser.add_argument(
-        "--esci-dev-fraction",
-        type=float,
-        default=esci.DEV_FRACTION,
-        help="ESCI: share of train queries carved out as --split valid (SANTA: 0.125)",
-    )
-    parser.add_argument(
-        "--esci-dev-seed",
-        type=int,
-        default=esci.DEV_SEED,
-        help="ESCI: seed of the dev carve (SANTA's random_state: 10)",
-    )
-    parser.add_argument(
-        "--product-entities",
-        choices=PRODUCT_ENTITY_RULES,
-        default="scripts",
-        help="ESCI entities: proper nouns as SANTA's scripts (scripts), or title nouns",
-    )
-    parser.add_argument("--skip-tests", action="store_true", help="source: skip test directories")
-    parser.add_argument(
-        "--asst",
-        action="store_true",
-        help="code: also write ASST code–code pairs (kind asst, SCodeR) beside the pairs",
-    )
-    parser.add_argument(
-        "--max-actors",
-        type=int,
-        default=0,
-        help="parser actors at most (default: one per cluster CPU)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=256,
-        help="records per parser call for ESCI and source trees (JSON lines inputs are "
-        "parsed in whole blocks of 1,000 lines)",
-    )
-    parser.add_argument(
-        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
-    )
-    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    parser.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
+    add("--esci-dev-fraction", type=float, default=esci.DEV_FRACTION, help=DEV_FRACTION_HELP)
+    add("--esci-dev-seed", type=int, default=esci.DEV_SEED, help="ESCI: seed of the dev carve")
+    add("--product-entities", choices=PRODUCT_ENTITY_RULES, default="scripts", help=ENTITY_HELP)
+    add("--skip-tests", action="store_true", help="source: skip test directories")
+    add("--asst", action="store_true", help="code: also write SCodeR's ASST code–code pairs")
+    add("--max-actors", type=int, default=0, help="parser actors (default: one per CPU)")
+    add("--batch-size", type=int, default=256, help="records per parser call (ESCI, source)")
+    add("--address", help="Ray address (default: RAY_ADDRESS or local)")
+    add("--debug", action="store_true", help="tracebacks on errors")
+    add("--progress", action="store_true", help=PROGRESS_HELP)
     with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.input is None:
@@ -122,26 +92,8 @@ def parse_args(
         if args.stage not in ("pretrain", "eval"):
             parser.error("cosqa is an evaluation set: use --stage eval")
         return args, args.address, args.progress
-    config = PreprocessConfig(
-        dataset=args.dataset,
-        input=args.input,
-        output=args.output,
-        stage=args.stage,
-        split=args.split,
-        languages=tuple(args.languages),
-        mask=args.mask,
-        seed=args.seed,
-        esci_version=args.esci_version,
-        locale=args.locale,
-        esci_pretrain=args.esci_pretrain,
-        esci_dev_fraction=args.esci_dev_fraction,
-        esci_dev_seed=args.esci_dev_seed,
-        product_entities=args.product_entities,
-        skip_tests=args.skip_tests,
-        asst=args.asst,
-        max_actors=args.max_actors,
-        batch_size=args.batch_size,
-    )
+    names = {f.name for f in dataclasses.fields(PreprocessConfig)}
+    config = PreprocessConfig(**{k: v for k, v in vars(args).items() if k in names})
     return config, args.address, args.progress
 
 
@@ -175,76 +127,20 @@ def _write(config, address: str | None, progress: bool = False) -> int:
 
         print(init_ray(address, progress=progress), flush=True)
         report = run_pairs_preprocess(config.input, config.output)
-        print(format_report({**report, "entity_ratio": {}}))
+        print(format_text({**report, "entity_ratio": {}}))
         print(json.dumps({key: report[key] for key in ("queries", "documents", "negatives")}))
         print(f"output: {config.output}")
         return 0
     if isinstance(config, argparse.Namespace):  # CoSQA: a file → a BEIR folder
-        split = config.split or "test"
-        with staged_output(config.output, tool="preprocess") as staged:
-            report = write_cosqa_beir(config.input, staged.staging, split=split)
-            options = {"dataset": COSQA, "input": config.input, "split": split}
-            staged.publish({**report, "config": options})
-        print(json.dumps(report))
+        print(json.dumps(publish_cosqa_beir(config.input, config.output, config.split or "test")))
         print(f"output: {config.output}")
         return 0
     check_inputs(config)
     print(init_ray(address, progress=progress), flush=True)
     report = run_preprocess(config)
-    print(format_report(report))
+    print(format_text(report))
     print(f"output: {config.output}")
     return 0
-
-
-def format_report(report: dict) -> str:
-    """The report as a small plain-text table."""
-    lines = [
-        f"rows read     {report['rows_read']:>10,}",
-        f"rows written  {report['rows_written']:>10,}",
-    ]
-    for reason, count in report["dropped"].items():
-        lines.append(f"dropped  {reason:<22}{count:>10,}")
-    for reason, count in report["filtered"].items():
-        lines.append(f"filtered {reason:<22}{count:>10,}")
-    for language, ratio in report["entity_ratio"].items():
-        lines.append(f"entity ratio {language:<18}{ratio:>10.3f}")
-    if "asst" in report:
-        lines.append(f"asst pairs    {report['asst']['written']:>10,}")
-        for reason, count in report["asst"]["skipped"].items():
-            lines.append(f"asst skipped {reason:<18}{count:>10,}")
-    lines += _esci_lines(report.get("esci"), report["config"])
-    for failed in report.get("failed_files", []):
-        lines.append(
-            f"failed file   {failed['path']}: {failed['reason']} ({failed['detail']}); "
-            f"{failed['rows_kept']:,} rows kept"
-        )
-    lines.append(f"wall time     {report['wall_time_s']:>10.1f} s")
-    if "beir" in report:
-        lines.append("BEIR " + json.dumps(report["beir"]))
-    return "\n".join(lines)
-
-
-def _esci_lines(counts: dict | None, config: dict) -> list[str]:
-    """ESCI's split and pair counts beside the paper's (Table 1, Table 5)."""
-    if not counts:
-        return []
-    if "queries" in counts:  # a judgments split
-        lines = [f"ESCI {config['esci_version']} {config['locale']}: {counts['rule']}"]
-        for split in ("train", "valid", "test"):
-            paper = counts["paper_table1"][split]
-            lines.append(
-                f"  {split:<6} {counts['queries'][split]:>8,} queries "
-                f"{counts['judgments'][split]:>9,} judgments   (SANTA Table 1, small us: "
-                f"{paper['queries']:,} / {paper['judgments']:,})"
-            )
-        return lines
-    comparable = "" if counts["comparable_to_table5"] else "; other version/locale"
-    return [
-        f"ESCI pretraining pairs {counts['pairs_written']:,}   (SANTA Table 5, large us: "
-        f"{counts['paper_table5_pairs']:,}{comparable})",
-        f"  {counts['rule']}",
-        f"  of which from test queries' judgments: {counts['test_judgments']:,} (before drops)",
-    ]
 
 
 if __name__ == "__main__":

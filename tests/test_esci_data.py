@@ -122,7 +122,7 @@ def test_pretraining_pairs_by_the_papers_rule_and_santas(tmp_path, ray_cluster) 
 
 
 def test_the_job_summary_prints_the_counts_beside_the_papers(tmp_path) -> None:
-    from ray_jobs.preprocess import format_report
+    from santa.data.report import format_text as format_report
 
     examples = pd.DataFrame(write_esci_splits(tmp_path)["examples"])
     config = {"esci_version": "small", "locale": "us"}

@@ -136,7 +136,7 @@ def test_a_cut_short_file_is_named_in_the_report(tmp_path):
     assert failed["rows_kept"] == failed["rows_read"]  # every line before the fault is good
     assert report["rows_written"] == 20 + failed["rows_kept"]
     assert report["dropped"] == {"corrupt_file": 1}
-    from ray_jobs.preprocess import format_report
+    from santa.data.report import format_text as format_report
 
     assert f"failed file   {cut}: corrupt_file" in format_report(report)
 

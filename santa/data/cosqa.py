@@ -99,3 +99,16 @@ def write_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict[s
         raise ValueError(f"{input_uri}: no CoSQA record with label 1 (nothing to evaluate)")
     counts = write_beir_files(output, beir.corpus, beir.queries, beir.qrels, split)
     return {"rows_read": len(records), "beir": counts, "skipped": beir.skipped}
+
+
+def publish_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict[str, Any]:
+    """:func:`write_cosqa_beir` into ``output`` published whole (staged, then renamed in or
+    named by a manifest on S3); returns the report."""
+    from santa.data.outputs import staged_output
+
+    with staged_output(output, tool="preprocess") as staged:
+        report = write_cosqa_beir(input_uri, staged.staging, split=split)
+        staged.publish(
+            {**report, "config": {"dataset": "cosqa", "input": input_uri, "split": split}}
+        )
+    return report

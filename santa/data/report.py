@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -129,3 +130,54 @@ def build_report(
         "mask": config.mask,
         "wall_time_s": round(wall_time_s, 2),
     }
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """The report as a small plain-text table (what ``ray_jobs.preprocess`` prints)."""
+    lines = [
+        f"rows read     {report['rows_read']:>10,}",
+        f"rows written  {report['rows_written']:>10,}",
+    ]
+    for reason, count in report["dropped"].items():
+        lines.append(f"dropped  {reason:<22}{count:>10,}")
+    for reason, count in report["filtered"].items():
+        lines.append(f"filtered {reason:<22}{count:>10,}")
+    for language, ratio in report["entity_ratio"].items():
+        lines.append(f"entity ratio {language:<18}{ratio:>10.3f}")
+    if "asst" in report:
+        lines.append(f"asst pairs    {report['asst']['written']:>10,}")
+        for reason, count in report["asst"]["skipped"].items():
+            lines.append(f"asst skipped {reason:<18}{count:>10,}")
+    lines += _esci_lines(report.get("esci"), report["config"])
+    for failed in report.get("failed_files", []):
+        lines.append(
+            f"failed file   {failed['path']}: {failed['reason']} ({failed['detail']}); "
+            f"{failed['rows_kept']:,} rows kept"
+        )
+    lines.append(f"wall time     {report['wall_time_s']:>10.1f} s")
+    if "beir" in report:
+        lines.append("BEIR " + json.dumps(report["beir"]))
+    return "\n".join(lines)
+
+
+def _esci_lines(counts: dict | None, config: dict) -> list[str]:
+    """ESCI's split and pair counts beside the paper's (Table 1, Table 5)."""
+    if not counts:
+        return []
+    if "queries" in counts:  # a judgments split
+        lines = [f"ESCI {config['esci_version']} {config['locale']}: {counts['rule']}"]
+        for split in ("train", "valid", "test"):
+            paper = counts["paper_table1"][split]
+            lines.append(
+                f"  {split:<6} {counts['queries'][split]:>8,} queries "
+                f"{counts['judgments'][split]:>9,} judgments   (SANTA Table 1, small us: "
+                f"{paper['queries']:,} / {paper['judgments']:,})"
+            )
+        return lines
+    comparable = "" if counts["comparable_to_table5"] else "; other version/locale"
+    return [
+        f"ESCI pretraining pairs {counts['pairs_written']:,}   (SANTA Table 5, large us: "
+        f"{counts['paper_table5_pairs']:,}{comparable})",
+        f"  {counts['rule']}",
+        f"  of which from test queries' judgments: {counts['test_judgments']:,} (before drops)",
+    ]
