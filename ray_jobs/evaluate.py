@@ -31,19 +31,28 @@ the cluster (GPUs when it has some) and Ray is started or joined only then.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 
-from santa.data.outputs import claim_output, staged_output
 from santa.data.schema import CODE_LANGUAGES
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
-from santa.eval.protocols import PROTOCOLS, ProtocolResult, run_protocol
-from santa.runtime import interrupts
+from santa.eval.evaluation import CODE_TEXTS
+from santa.eval.protocols import PROTOCOLS, run_and_publish
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 
 # Spellings of --protocol from before the papers' protocols: variants of `retrieval`.
 LEGACY_PROTOCOLS = {"full": "full", "rerank": "rerank", "both": "both"}
+LANGUAGES_HELP = "codesearch: the languages to evaluate (default: every one in --data)"
+LENGTHS_HELP = (
+    "(default: the length the checkpoint was trained with, else a sentence-transformers "
+    "folder's max_seq_length, else {}; printed below the table)"
+)
+GAINS_HELP = "esci four-class gains: SANTA's script (S 0.01, C 0.1) or Table 2's caption's"
+CODE_TEXT_HELP = (
+    "codesearch/advtest candidates: code tokens joined (SANTA's script), source without "
+    "comments (GraphCodeBERT) or without its docstring (as santa trains)"
+)
+RAY_THRESHOLD_HELP = "encode on Ray when there are more texts than this"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,73 +62,33 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--checkpoint", required=True, help="model: checkpoint, run or model folder (or s3://)"
-    )
-    parser.add_argument("--data", required=True, help="BEIR folder: local path or s3:// URI")
-    parser.add_argument(
-        "--split", default="test", help="split: qrels/{split}.tsv, {lang}/{split}.jsonl (test)"
-    )
-    parser.add_argument(
-        "--output", default=None, help="where metrics.json/.md and TREC runs go (optional)"
-    )
-    parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--checkpoint", required=True, help="model: checkpoint, run or model folder (or s3://)")
+    add("--data", required=True, help="BEIR folder: local path or s3:// URI")
+    add("--split", default="test", help="split: qrels/{split}.tsv, {lang}/{split}.jsonl (test)")
+    add("--output", help="where metrics.json/.md and TREC runs go (optional)")
+    add("--baseline", choices=("bm25", "none"), default="bm25")
+    add(
         "--protocol",
         choices=(*PROTOCOLS, *LEGACY_PROTOCOLS),
         default="retrieval",
         metavar="{" + ",".join(PROTOCOLS) + "}",
         help="how to evaluate (default: retrieval; full, rerank, both: retrieval's variants)",
     )
-    parser.add_argument(
-        "--languages",
-        nargs="*",
-        choices=CODE_LANGUAGES,
-        default=[],
-        help="codesearch: the languages to evaluate (default: every one in --data)",
-    )
-    parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
-    parser.add_argument("--batch-size", type=int, default=64, help="texts per encoder batch")
-    lengths = (
-        "(default: the length the checkpoint was trained with, else a sentence-transformers "
-        "folder's max_seq_length, else {}; printed below the table)"
-    )
-    parser.add_argument("--max-query-length", type=int, help="query tokens " + lengths.format(50))
-    parser.add_argument(
-        "--max-document-length", type=int, help="document tokens " + lengths.format(240)
-    )
-    parser.add_argument(
-        "--esci-gains",
-        choices=("released", "paper"),
-        default="released",
-        help="esci four-class gains: SANTA's script (S 0.01, C 0.1) or Table 2's caption "
-        "(S 0.1, C 0.01)",
-    )
-    parser.add_argument(
-        "--code-text",
-        choices=("released", "graphcodebert", "training"),
-        default="released",
-        help="codesearch/advtest candidates: code tokens joined (SANTA's script), source "
-        "without comments (GraphCodeBERT) or without its docstring (as santa trains)",
-    )
-    parser.add_argument("--index", choices=("flat", "ivf", "hnsw"), default="flat")
-    parser.add_argument(
-        "--ray-threshold",
-        type=int,
-        default=DEFAULT_RAY_THRESHOLD,
-        help="encode on Ray when there are more texts than this",
-    )
-    parser.add_argument(
-        "--ray", action="store_true", help="always encode through a Ray Data actor pool"
-    )
-    parser.add_argument(
-        "--num-actors", type=int, default=0, help="Ray encoder actors (default: auto)"
-    )
-    parser.add_argument(
-        "--address", default=None, help="Ray address (default: RAY_ADDRESS or local)"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    add("--languages", nargs="*", choices=CODE_LANGUAGES, default=[], help=LANGUAGES_HELP)
+    add("--top-k", type=int, default=DEFAULT_TOP_K)
+    add("--batch-size", type=int, default=64, help="texts per encoder batch")
+    add("--max-query-length", type=int, help="query tokens " + LENGTHS_HELP.format(50))
+    add("--max-document-length", type=int, help="document tokens " + LENGTHS_HELP.format(240))
+    add("--esci-gains", choices=("released", "paper"), default="released", help=GAINS_HELP)
+    add("--code-text", choices=CODE_TEXTS, default="released", help=CODE_TEXT_HELP)
+    add("--index", choices=("flat", "ivf", "hnsw"), default="flat")
+    add("--ray-threshold", type=int, default=DEFAULT_RAY_THRESHOLD, help=RAY_THRESHOLD_HELP)
+    add("--ray", action="store_true", help="always encode through a Ray Data actor pool")
+    add("--num-actors", type=int, default=0, help="Ray encoder actors (default: auto)")
+    add("--address", help="Ray address (default: RAY_ADDRESS or local)")
+    add("--no-progress", action="store_true", help="hide progress bars")
+    add("--debug", action="store_true", help="tracebacks on errors")
     return with_exit_codes(parser)
 
 
@@ -133,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     protocol = "retrieval" if args.protocol in LEGACY_PROTOCOLS else args.protocol
     config = EvalConfig(
         split=args.split,
-        output=None,  # set to the staging folder when there is an --output
         baseline=None if args.baseline == "none" else args.baseline,
         protocol=LEGACY_PROTOCOLS.get(args.protocol, "full"),
         max_query_length=args.max_query_length,
@@ -150,33 +118,18 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
     )
 
-    def run(output: str | None) -> ProtocolResult:
-        return run_protocol(
+    def evaluate_and_print() -> int:
+        check_input(args.data, "--data")
+        if args.output:
+            check_writable(args.output, "--output")
+        outcome = run_and_publish(
             protocol,
             args.checkpoint,
             args.data,
-            dataclasses.replace(config, output=output, publish_whole=False),
+            config,
+            output=args.output,
             languages=args.languages,
         )
-
-    def evaluate_and_print() -> int:
-        check_input(args.data, "--data")
-        if not args.output:
-            outcome = run(None)
-        else:
-            check_writable(args.output, "--output")
-            # One writer per output; published whole, so an interruption leaves it as it was.
-            with (
-                claim_output(args.output, "evaluate"),
-                interrupts.keeping(
-                    lambda: f"no metrics were published; {args.output} is as it was"
-                ),
-                staged_output(args.output, tool="evaluate") as staged,
-            ):
-                outcome = run(staged.staging)
-                options = {"protocol": protocol, "checkpoint": args.checkpoint, "data": args.data}
-                report = {"config": {**options, "split": args.split}, "metrics": outcome.results}
-                staged.publish(report)
         print(outcome.markdown, end="")
         if args.output:
             print(f"output: {args.output}")

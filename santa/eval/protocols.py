@@ -26,6 +26,7 @@ whole (:mod:`santa.data.outputs`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -120,6 +121,38 @@ def run_protocol(
     logger.info("evaluation info: %s", json.dumps(outcome.info))
     if config.output is not None:
         write_outputs(config.output, outcome, config.top_k)
+    return outcome
+
+
+def run_and_publish(
+    protocol: str,
+    model: str,
+    data: str,
+    config: EvalConfig,
+    *,
+    output: str | None = None,
+    languages: Sequence[str] = (),
+) -> ProtocolResult:
+    """:func:`run_protocol`, its files published whole into ``output`` when there is one.
+
+    One writer per output (a second is refused in one line); the files are written into a
+    staging folder and renamed in (S3: named by the manifest ``report.json`` written last),
+    so an interrupted run leaves ``output`` as it was and says so.
+    """
+    if not output:
+        return run_protocol(protocol, model, data, config, languages=languages)
+    from santa.data.outputs import claim_output, staged_output
+    from santa.runtime import interrupts
+
+    with (
+        claim_output(output, "evaluate"),
+        interrupts.keeping(lambda: f"no metrics were published; {output} is as it was"),
+        staged_output(output, tool="evaluate") as staged,
+    ):
+        staging = dataclasses.replace(config, output=staged.staging, publish_whole=False)
+        outcome = run_protocol(protocol, model, data, staging, languages=languages)
+        options = {"protocol": protocol, "checkpoint": model, "data": data}
+        staged.publish({"config": {**options, "split": config.split}, "metrics": outcome.results})
     return outcome
 
 
