@@ -42,6 +42,16 @@ from santa.runtime.tracking import Tracking
 logger = logging.getLogger("santa.pipeline")
 
 
+STAGES_HELP = (
+    "comma-separated stages to run, in order (default: pretrain,finetune,ance; the default "
+    "MiniLM run: pretrain,finetune)"
+)
+NEGATIVES_HELP = (
+    "ance stage: mine once with the fine-tuned model (table, the paper) or re-mine while "
+    "training (async)"
+)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The pipeline's command line."""
     parser = argparse.ArgumentParser(
@@ -56,42 +66,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         ],
     )
-    parser.add_argument("--name", default="default", help="run name (same name = resume)")
-    parser.add_argument("--storage", default="./runs", help="local path or s3:// URI")
-    parser.add_argument(
-        "--stages",
-        default=None,
-        help="comma-separated stages to run, in order (default: pretrain,finetune,ance; the "
-        "default MiniLM run: pretrain,finetune)",
-    )
-    parser.add_argument(
-        "--input", default=None, help="source tree for the corpus (default: this Python's stdlib)"
-    )
-    parser.add_argument(
-        "--data", default="", help="existing preprocessed training pairs (skips the corpus)"
-    )
-    parser.add_argument(
-        "--finetune-data",
-        default="",
-        help="pairs for the finetune and ance stages (default: the pretraining pairs)",
-    )
-    parser.add_argument("--eval-data", default="", help="existing BEIR eval set (with --data)")
-    parser.add_argument("--eval-split", default="test")
-    parser.add_argument(
-        "--hard-negatives",
-        choices=("table", "async"),
-        default="table",
-        help="ance stage: mine once with the fine-tuned model (table, the paper) or re-mine "
-        "while training (async)",
-    )
-    parser.add_argument("--baseline", choices=("bm25", "none"), default="bm25")
-    parser.add_argument("--force", action="store_true", help="take over a stale run lock")
-    parser.add_argument(
-        "--no-index",
-        action="store_true",
-        help="skip the last step (index the held-out corpus, show example searches)",
-    )
-    parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    add = parser.add_argument
+    add("--name", default="default", help="run name (same name = resume)")
+    add("--storage", default="./runs", help="local path or s3:// URI")
+    add("--stages", help=STAGES_HELP)
+    add("--input", help="source tree for the corpus (default: this Python's stdlib)")
+    add("--data", default="", help="existing preprocessed training pairs (skips the corpus)")
+    add("--finetune-data", default="", help="finetune/ance pairs (default: the pretraining ones)")
+    add("--eval-data", default="", help="existing BEIR eval set (with --data)")
+    add("--eval-split", default="test")
+    add("--hard-negatives", choices=("table", "async"), default="table", help=NEGATIVES_HELP)
+    add("--baseline", choices=("bm25", "none"), default="bm25")
+    add("--force", action="store_true", help="take over a stale run lock")
+    add("--no-index", action="store_true", help="skip indexing the held-out corpus at the end")
+    add("--verbose", action="store_true", help="show Ray's own logs")
     parser.set_defaults(recipe=DEFAULT_RECIPE)
     with_exit_codes(parser)
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""The README's map ("Where things are") names every module of the project."""
+"""House rules a change can break silently: the README's map names every module, job scripts
+stay thin."""
 
 from __future__ import annotations
 
@@ -22,3 +23,13 @@ def test_the_readme_map_names_every_module() -> None:
     assert modules, "no modules found (not a git checkout?)"
     missing = [path for path in modules if path.rsplit("/", 1)[-1] not in section]
     assert missing == [], f"modules the README's map does not name: {missing}"
+
+
+def test_job_scripts_stay_thin() -> None:
+    """A ray_jobs script parses, calls the library and prints: 150 lines at most."""
+    long = {
+        path.name: lines
+        for path in sorted((REPO / "ray_jobs").glob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 150
+    }
+    assert long == {}, f"job scripts over 150 lines (move the work into santa/): {long}"
