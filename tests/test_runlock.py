@@ -107,3 +107,20 @@ def test_a_lease_left_by_a_dead_job_of_this_machine_is_taken_over(moto_s3) -> No
     storage.write_bytes(storage.join(run, S3_LEASE_FILE), json.dumps(alive).encode())
     with pytest.raises(RunLockedError, match="in use by pid"):
         RunLock(run, settle_s=0.1).acquire()
+
+
+def test_no_release_is_tried_after_an_unreachable_endpoint(tmp_path: Path, monkeypatch) -> None:
+    """Issue 40: leaving with "cannot reach the S3 endpoint", the lock is not released (on S3
+    that would wait the whole timeouts again before the job's line); the lease goes stale."""
+    from santa.runtime.storage import StorageError
+
+    released = []
+    monkeypatch.setattr(RunLock, "release", lambda self: released.append(self))
+    with pytest.raises(StorageError), RunLock(str(tmp_path / "run")):
+        raise StorageError(
+            "cannot reach the S3 endpoint http://x to write s3://b/r", transient=True
+        )
+    assert released == []
+    with pytest.raises(ValueError), RunLock(str(tmp_path / "run2")):
+        raise ValueError("anything else")
+    assert len(released) == 1

@@ -107,7 +107,15 @@ class RunLock:
             self.release()
             return
         # Leaving with an error (S3 gone silent, Ctrl-C): the error the user sees is that
-        # one, never one raised while releasing; a lease left behind goes stale.
+        # one, never one raised while releasing; a lease left behind goes stale. After an
+        # S3 endpoint that did not answer, no release is tried: it would wait the whole
+        # timeouts again before the job's line (issue 40).
+        from santa.runtime.errors import root_cause
+        from santa.runtime.storage import unreachable
+
+        error = exc_info[0] if exc_info else None
+        if isinstance(error, BaseException) and unreachable(root_cause(error)) is not None:
+            return
         try:
             self.release()
         except Exception as error:  # noqa: BLE001 - cleanup after another error

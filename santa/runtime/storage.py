@@ -329,6 +329,18 @@ def s3_error(error: BaseException) -> StorageError | None:
     return classify_error(error, uri, "write" if writing else "read")
 
 
+def unreachable(error: BaseException) -> StorageError | None:
+    """The :class:`StorageError` of ``error`` (or of pyarrow's AWS error inside it) when it
+    says the S3 endpoint did not answer past santa's timeouts and attempts; None otherwise.
+
+    Such a fault is not worth another try at once: a retry (Ray Train's new worker group, a
+    cleanup upload) would wait the same timeouts on the same endpoint before failing again.
+    """
+    if not isinstance(error, StorageError):
+        error = s3_error(error) or error
+    return error if isinstance(error, StorageError) and error.transient else None
+
+
 def is_ray_checkpoint(source: Any) -> bool:
     """Whether ``source`` is a ``ray.train.Checkpoint`` (duck-typed: Ray is not imported)."""
     return hasattr(source, "path") and isinstance(

@@ -32,6 +32,7 @@ import torch
 from santa.config import SantaConfig
 from santa.method.distributed import all_gather_with_grad, identity_gather
 from santa.runtime import storage
+from santa.runtime.errors import root_cause
 from santa.runtime.layout import CacheLayout
 from santa.train.compile_cache import (
     cache_key,
@@ -200,11 +201,13 @@ def run_worker(trainer: WorkerTrainer) -> None:
     """Train to the stop step, then close; on a failure close too, keeping its error."""
     try:
         trainer.train()
-    except BaseException:
+    except BaseException as error:
         # The first error is the one to report: closing (the TensorBoard upload to an S3
-        # endpoint that just went silent) must not replace it.
+        # endpoint that just went silent) must not replace it, nor delay it: after an
+        # endpoint that did not answer, nothing more is uploaded (each try would wait the
+        # whole timeouts again before the error reaches Ray Train).
         try:
-            trainer.close()
+            trainer.close(publish=storage.unreachable(root_cause(error)) is None)
         except Exception:  # noqa: BLE001 - cleanup after another error
             logger.warning("closing after a failure failed too", exc_info=True)
         raise
@@ -553,15 +556,16 @@ class WorkerTrainer:
         if publish_tensorboard and self.loop.tensorboard_uri and self.loop.tensorboard_dir:
             storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
 
-    def close(self) -> None:
-        """Close the TensorBoard writer (and publish its last events), then the objective."""
+    def close(self, publish: bool = True) -> None:
+        """Close the TensorBoard writer (and publish its last events unless ``publish`` is
+        false: the storage just did not answer), then the objective."""
         self.reader.close()
         try:
             if self.tracker is not None:
                 self.tracker.close()
             if self.writer is not None:
                 self.writer.close()
-                if self.loop.tensorboard_uri and self.loop.tensorboard_dir:
+                if publish and self.loop.tensorboard_uri and self.loop.tensorboard_dir:
                     storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
         finally:
             self.objective.close()

@@ -9,7 +9,10 @@ failure it recovers from (the traceback stays in the log folder)::
     from checkpoint step 4 (retry 1 of 2)
 
 A failure past the last retry prints nothing here: the job's error line says it. Nor is a
-failure on bad input retried (it would fail the same way): the run ends with its line.
+failure on bad input retried (it would fail the same way), nor an S3 endpoint that did not
+answer past santa's timeouts and attempts (a new worker group would first start, then wait
+the same timeouts on the same endpoint, and its error would hide the first): the run ends
+with the first failure's line, naming its operation and URI.
 """
 
 from __future__ import annotations
@@ -18,11 +21,36 @@ from typing import Any
 
 from ray.train import UserCallback
 
-__all__ = ["BadInputInWorker", "RecoveryReporter", "first_failure"]
+from santa.runtime.storage import StorageError
+
+__all__ = ["BadInputInWorker", "RecoveryReporter", "StorageUnreachableInWorker", "first_failure"]
 
 
 class BadInputInWorker(ValueError):
     """A training worker failed on its input: ends the run without a retry (exit 2)."""
+
+
+class StorageUnreachableInWorker(StorageError):
+    """A training worker's storage did not answer past santa's timeouts and attempts: ends
+    the run without a retry (exit 1); the message is the first failure's line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
+
+    def __reduce__(self):  # from Ray Train's controller to the driver, as it is
+        return (type(self), (str(self),))
+
+
+def unreachable_storage(failures: dict[int, BaseException]) -> StorageError | None:
+    """The first rank's error that says its S3 endpoint did not answer; None if none does."""
+    from santa.runtime.errors import root_cause
+    from santa.runtime.storage import unreachable
+
+    for rank in sorted(failures):
+        found = unreachable(root_cause(failures[rank]))
+        if found is not None:
+            return found
+    return None
 
 
 def first_failure(failures: dict[int, BaseException]) -> tuple[int, BaseException]:
@@ -70,6 +98,10 @@ class RecoveryReporter(UserCallback):
             # Raised in Ray Train's controller loop: a ControllerError, which its failure
             # policy never retries; the job's error line is this message.
             raise BadInputInWorker(what)
+        storage_fault = unreachable_storage(worker_exceptions)
+        if storage_fault is not None:
+            # The same: a ControllerError, never retried. The first fault, not a retry's.
+            raise StorageUnreachableInWorker(str(storage_fault))
         self.failures += 1
         if self.max_failures >= 0 and self.failures > self.max_failures:
             return  # no retry left: the job ends with one error line
