@@ -138,3 +138,57 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
     assert state["step"] == 8 and state["resumed_at"]
     history = storage.read_bytes(f"s3://{bucket}/runs/r/metrics.jsonl").decode().splitlines()
     assert [json.loads(h)["step"] for h in history] == list(range(1, 9))
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_fault(
+    own_moto, tmp_path, monkeypatch
+):
+    """Issue 40: with santa's default timeouts (connect 5 s, read 10 s, 2 attempts) and the
+    default --max-failures, moto stopped while every step writes its metrics and uploads a
+    checkpoint ends the job within (5 + 10) x 2 s and a few more, not retried (a new worker
+    group would wait the same timeouts on init_model), its line the first fault's URI."""
+    bucket = "silent-bound"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    data = _upload_pairs(own_moto, tmp_path, bucket)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env = {k: v for k, v in env.items() if not k.startswith("SANTA_S3_")}  # the defaults
+    env.update(
+        PYTHONPATH=str(REPO),
+        AWS_ENDPOINT_URL=own_moto.endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    args = [
+        sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
+        "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
+        "--num-workers", "1", "--cpus-per-worker", "0.5",
+        "--set", "train.log_every=1", "--set", "train.checkpoint_every=1",
+        "--max-steps", "12", "--address", "local",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    for line in proc.stdout:
+        if line.startswith("[train] step 3/"):  # every step uploads its checkpoint
+            os.kill(own_moto.process.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            break
+    _, stderr = proc.communicate(timeout=400)
+    assert "stopped" in locals(), stderr[-3000:]
+    seconds = time.monotonic() - stopped
+    os.kill(own_moto.process.pid, signal.SIGCONT)
+    assert proc.returncode == 1, stderr[-3000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr  # no retry's warning: the first fault ends the job
+    assert lines[0].startswith(
+        f"santa: error: cannot reach the S3 endpoint {own_moto.endpoint} to write "
+        f"s3://{bucket}/runs/r/"
+    ), lines[0]
+    assert "init_model" not in lines[0]
+    print(f"paused -> exit: {seconds:.1f} s; {lines[0]}")
+    assert seconds < (5 + 10) * 2 + 15, seconds
