@@ -1,6 +1,6 @@
 """Search an index built by ray_jobs.index: top-k per query as a table, or JSON.
 
-    python -m ray_jobs.search --index runs/default/index "read a file line by line"
+    python -m ray_jobs.search --index runs/default/index "get the size of the terminal window"
     python -m ray_jobs.search --index s3://b/indexes/csn --queries queries.txt -k 5 --json
     python -m ray_jobs.search --index runs/default/index --serve --replicas 2   # Ray Serve
 

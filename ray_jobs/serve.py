@@ -1,7 +1,7 @@
 """Serve an index over HTTP with Ray Serve: each replica holds the model and the index.
 
     python -m ray_jobs.serve --index runs/default/index             # http://127.0.0.1:8000
-    curl -s localhost:8000/search -d '{"query": "read a file line by line", "k": 5}'
+    curl -s localhost:8000/search -d '{"query": "get the size of the terminal window", "k": 5}'
     open http://127.0.0.1:8000/                                      # the search page
     curl -s localhost:8000/healthz
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m ray_jobs.serve \\
