@@ -143,3 +143,35 @@ def test_pretrain_logs_to_mlflow_and_wandb(ray_cluster, tmp_path, monkeypatch, c
     assert history["loss"] == [(h["step"], pytest.approx(h["loss"])) for h in logged]
     assert "artifact" in wandb_kinds(offline)  # the model folder
     assert wandb_config(offline)["train"]["global_batch_size"] == 8
+
+
+def test_a_resumed_run_logs_each_step_once_and_an_interrupt_marks_it_killed(tmp_path, monkeypatch):
+    """Steps repeated after a resume (those after the last checkpoint) are not logged twice
+    into MLflow's history, and a job ended by Ctrl-C leaves its run KILLED, not RUNNING;
+    the resume reopens it."""
+    from mlflow.tracking import MlflowClient
+
+    from santa.runtime.tracking import WorkerTracker
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = f"file://{tmp_path / 'mlruns'}"
+    run_uri = str(tmp_path / "runs" / "cut")
+    first = Tracking(mlflow_uri=store).begin(run_uri=run_uri, name="cut", params={"a": 1})
+    worker = WorkerTracker(first)
+    for step in range(1, 6):
+        worker.log({"loss": 10.0 - step, "step": step}, step)
+    first.end_early("KILLED")
+    client = MlflowClient(tracking_uri=store)
+    assert client.get_run(first.mlflow_run_id).info.status == "KILLED"
+
+    # The same command again: the checkpoint was at step 3, so steps 4 and 5 come again.
+    again = Tracking(mlflow_uri=store).begin(run_uri=run_uri, name="cut", params={"a": 1})
+    assert again.mlflow_run_id == first.mlflow_run_id
+    assert client.get_run(again.mlflow_run_id).info.status == "RUNNING"
+    worker = WorkerTracker(again)
+    for step in range(4, 8):
+        worker.log({"loss": 10.0 - step, "step": step}, step)
+    history = client.get_metric_history(again.mlflow_run_id, "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6, 7]
+    again.finish(metrics={"loss": 3.0})
+    assert client.get_run(again.mlflow_run_id).info.status == "FINISHED"

@@ -40,6 +40,9 @@ __all__ = [
 
 RUN_TAG = "santa.run"
 DEFAULT_EXPERIMENT = "santa"
+# How long a job that ends early (Ctrl-C, an error) waits for the tracking server to mark
+# its run; MLflow's client retries for minutes on its own.
+END_EARLY_WAIT_S = 10.0
 ENV_PREFIXES = ("MLFLOW_", "WANDB_")
 
 
@@ -197,6 +200,25 @@ class Tracking:
         except Exception as error:  # noqa: BLE001 - see above
             tracking_warning(f"could not close the tracked run {self.run_name!r}", error)
 
+    def end_early(self, status: str) -> None:
+        """Mark the tracked run ``KILLED`` (Ctrl-C) or ``FAILED`` (an error ended the job)
+        instead of leaving it ``RUNNING``; a resume under the same name reopens it. At most
+        a few seconds: a tracking server that does not answer costs a warning, not the
+        interrupt."""
+        if not (self.mlflow_uri and self.mlflow_run_id):
+            return
+        import threading
+
+        def terminate() -> None:
+            try:
+                self._mlflow_client().set_terminated(self.mlflow_run_id, status=status)
+            except Exception as error:  # noqa: BLE001 - the job is ending anyway
+                tracking_warning(f"could not mark the tracked run {self.run_name!r}", error)
+
+        closing = threading.Thread(target=terminate, name="santa-tracking-end", daemon=True)
+        closing.start()
+        closing.join(END_EARLY_WAIT_S)
+
     def _mlflow_client(self):
         _require("mlflow")
         from mlflow.tracking import MlflowClient
@@ -269,6 +291,9 @@ class WorkerTracker:
         self.tracking = tracking
         _set_env(tracking.env)  # the driver's MLFLOW_* / WANDB_*, here too
         self._mlflow = tracking._mlflow_client() if tracking.mlflow_run_id else None
+        # A resumed run repeats the steps after its checkpoint: MLflow keeps a metric's
+        # history as logged, so those steps are not logged twice.
+        self._logged_to = self._last_logged_step() if self._mlflow is not None else 0
         self._wandb = (
             tracking._wandb_init(config=config, worker=True) if tracking.wandb_run_id else None
         )
@@ -283,9 +308,22 @@ class WorkerTracker:
             self._mlflow = None
             self.close()
 
+    def _last_logged_step(self) -> int:
+        """The last step this run's MLflow history holds (0 for a new run)."""
+        run_id = self.tracking.mlflow_run_id
+        keys = [
+            k
+            for k in self._mlflow.get_run(run_id).data.metrics
+            if not k.startswith(("final/", "test/"))
+        ]
+        # "loss" is logged at every logged step; other keys (dev metrics) at some.
+        keys = ["loss"] if "loss" in keys else keys
+        history = [m.step for k in keys for m in self._mlflow.get_metric_history(run_id, k)]
+        return max(history, default=0)
+
     def _log(self, metrics: dict[str, Any], step: int) -> None:
         values = {k: float(v) for k, v in metrics.items() if _number(v) and k != "step"}
-        if self._mlflow is not None:
+        if self._mlflow is not None and int(step) > self._logged_to:
             import time
 
             from mlflow.entities import Metric
