@@ -90,7 +90,7 @@ def write_asst_pairs(
     Returns ``{"written": n, "skipped": {reason: count}}``. A rerun replaces the ASST files
     of the previous run instead of adding more.
     """
-    import ray.data
+    from santa.data.published import parquet_dataset
 
     files = storage.list_files(data_uri, suffixes=(".parquet",))
     for uri in files:
@@ -101,9 +101,7 @@ def write_asst_pairs(
     if not files:
         return {"written": 0, "skipped": {}}
     dataset = (
-        ray.data.read_parquet(
-            [storage.for_ray(f)[0] for f in files], filesystem=storage.for_ray(files[0])[1]
-        )
+        parquet_dataset(files)  # the pairs just written (staged, not published yet)
         .select_columns(PAIR_SCHEMA.names)
         .map_batches(
             build_asst_rows,

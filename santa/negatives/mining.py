@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind
-from santa.data.outputs import published_root
+from santa.data.published import iter_pairs
 from santa.method.duplicates import text_key
 from santa.runtime import storage
 
@@ -339,19 +339,10 @@ CORPUS_COLUMNS = ["dataset", "query_id", "query", "doc_id", "title", "document",
 def _corpus_rows(data_uri: str, doc_ids: set[str] | None = None):
     """Yield ``(kind, query_id, query, doc_id, embedded document, label)`` per pair row,
     only the rows of ``doc_ids`` when given (filtered while reading)."""
-    root = storage.join(published_root(data_uri), "data")
-    files = storage.list_files(root, suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {root}")
-    for uri in files:
-        filesystem, path = storage.resolve(uri)
-        schema = pq.read_schema(path, filesystem=filesystem)
-        columns = [*CORPUS_COLUMNS, "mep_target"]
-        if "kind" in schema.names:
-            columns.append("kind")
-        wanted = None if doc_ids is None else pc.field("doc_id").isin(sorted(doc_ids))
-        rows = pq.read_table(path, filesystem=filesystem, columns=columns, filters=wanted)
-        rows = rows.to_pydict()
+    wanted = None if doc_ids is None else pc.field("doc_id").isin(sorted(doc_ids))
+    columns = [*CORPUS_COLUMNS, "mep_target"]
+    for table in iter_pairs(data_uri, columns, optional=["kind"], filters=wanted):
+        rows = table.to_pydict()
         kinds = rows.pop("kind", [None] * len(rows["query_id"]))
         targets = rows.pop("mep_target")
         for kind, target, dataset, query_id, query, doc_id, title, document, label in zip(

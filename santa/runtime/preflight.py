@@ -80,15 +80,10 @@ def check_input(uri: str, what: str = "input") -> None:
 
 def check_pairs(uri: str, what: str = "--data") -> None:
     """``uri`` is preprocessed pairs: Parquet files under its (published) ``data/``."""
-    from santa.data.outputs import published_root
+    from santa.data.published import pair_files
 
     check_input(uri, what)
-    root = storage.join(published_root(uri), "data")
-    if not storage.exists(root) or not storage.list_files(root, suffixes=(".parquet",)):
-        raise StorageError(
-            f"{what} {uri} holds no preprocessed pairs (expected data/*.parquet, as "
-            "ray_jobs.preprocess writes them)"
-        )
+    pair_files(uri, what)  # one line: "--data URI holds no preprocessed pairs (...)"
 
 
 def check_beir(uri: str, split: str, what: str = "--eval-data") -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind
-from santa.data.outputs import published_root
+from santa.data.published import iter_pairs, parquet_dataset, read_parquet
 from santa.negatives.mining import MiningCorpus, NegativesTable
 from santa.runtime import storage
 from santa.scoder.discriminator import discriminator_kind
@@ -41,6 +41,7 @@ LISTWISE_SCHEMA = pa.schema(
     ]
 )
 ROWS_PER_FILE = 10_000
+LISTWISE = "listwise examples"  # what the readers' errors call them
 
 
 def is_heldout(query_id: str, fraction: float) -> bool:
@@ -53,17 +54,9 @@ def is_heldout(query_id: str, fraction: float) -> bool:
 
 def _pair_rows(data_uri: str):
     """The training pairs under ``data_uri/data``: (query id, query, doc id, kind) rows."""
-    root = storage.join(published_root(data_uri), "data")
-    files = storage.list_files(root, suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {root}")
-    for uri in files:
-        filesystem, path = storage.resolve(uri)
-        names = pq.read_schema(path, filesystem=filesystem).names
-        columns = ["dataset", "query_id", "query", "doc_id", "label", "mep_target"]
-        columns += ["kind"] if "kind" in names else []
-        rows = pq.read_table(path, filesystem=filesystem, columns=columns).to_pylist()
-        for row in rows:
+    columns = ["dataset", "query_id", "query", "doc_id", "label", "mep_target"]
+    for table in iter_pairs(data_uri, columns, optional=["kind"]):
+        for row in table.to_pylist():
             kind = row_kind(row.get("kind"), row["dataset"], row["mep_target"])
             if is_training_row(kind, row["label"]):
                 yield row["query_id"], row["query"], row["doc_id"], kind
@@ -132,32 +125,12 @@ def write_listwise(rows: list[dict[str, Any]], uri: str) -> str:
 
 def read_listwise(uri: str) -> pa.Table:
     """All listwise rows (and any extra columns, e.g. ``scores``) under ``uri/data``."""
-    files = storage.list_files(storage.join(uri, "data"), suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no listwise examples under {storage.join(uri, 'data')}")
-    tables = []
-    for file_uri in files:
-        filesystem, path = storage.resolve(file_uri)
-        tables.append(pq.read_table(path, filesystem=filesystem))
-    return pa.concat_tables(tables)
+    return read_parquet(storage.join(uri, "data"), LISTWISE)
 
 
 def read_listwise_dataset(uri: str):
     """The listwise Parquet rows under ``uri/data`` as a Ray Dataset (the training input)."""
-    import ray.data
-
-    from santa.train.data import DATA_TASK_CPUS
-
-    root = storage.join(uri, "data")
-    if not storage.list_files(root, suffixes=(".parquet",)):
-        raise FileNotFoundError(f"no listwise examples under {root}")
-    context = ray.data.DataContext.get_current()
-    use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
-    try:  # see santa.train.data: the V2 reader's listing task asks a whole CPU
-        path, filesystem = storage.for_ray(root)  # S3: santa's timeouts in the read tasks
-        return ray.data.read_parquet(path, filesystem=filesystem, num_cpus=DATA_TASK_CPUS)
-    finally:
-        context.use_datasource_v2 = use_v2
+    return parquet_dataset(storage.join(uri, "data"), LISTWISE)
 
 
 def pair_kinds(data_uri: str) -> set[str]:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from santa.data.kinds import ASST, document_text, embedded_document, row_kind
 from santa.data.outputs import published_root, read_manifest
+from santa.data.published import iter_pairs
 from santa.runtime import storage
 
 __all__ = ["CORPUS_FORMATS", "Corpus", "detect_format", "read_corpus"]
@@ -205,17 +205,9 @@ def _beir_text(row: dict[str, Any]) -> str | None:
 
 
 def _read_pairs(uri: str, collector: _Collector) -> None:
-    root = storage.join(published_root(uri), "data")
-    files = storage.list_files(root, suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {root}")
-    for file_uri in files:
-        filesystem, path = storage.resolve(file_uri)
-        names = pq.read_schema(path, filesystem=filesystem).names
-        columns = ("kind", "dataset", "mep_target", "doc_id", "title", "document")
-        table = pq.read_table(
-            path, filesystem=filesystem, columns=[c for c in columns if c in names]
-        )
+    # What a pair's kind is made of (older corpora lack some: santa.data.kinds infers it).
+    kind_columns = ("kind", "dataset", "mep_target")
+    for table in iter_pairs(uri, ["doc_id", "title", "document"], optional=kind_columns):
         rows = table.to_pydict()
         count = table.num_rows
         for i in range(count):

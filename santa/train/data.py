@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind
-from santa.data.outputs import published_root
+from santa.data.published import DATA_TASK_CPUS, pair_columns, pairs_dataset
 from santa.runtime import storage
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
@@ -223,17 +223,8 @@ def tokenize_pairs(
     return out
 
 
-# CPUs a training-input task asks for. Parquet reads of Ray Data's V2 datasource list files
-# in a task that asks a whole CPU, with no setting to lower it: beside two 0.5-CPU trainers
-# on two 1-CPU nodes (free CPUs split 0.5 + 0.5) it never runs and training waits forever.
-DATA_TASK_CPUS = 0.5
-
-
 def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, Any]):
     """The Ray Dataset of tokenized training pairs read from ``data_uri`` (Parquet)."""
-    import pyarrow.parquet as pq
-    import ray.data
-
     columns = [
         "dataset",
         "label",
@@ -245,25 +236,16 @@ def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, 
         "masked_document",
         "mep_target",
     ]
-    root = storage.join(published_root(data_uri), "data")
-    files = storage.list_files(root, suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {root}")
-    filesystem, first = storage.resolve(files[0])
-    if "kind" in pq.read_schema(first, filesystem=filesystem).names:
+    if "kind" in pair_columns(data_uri):
         columns.append("kind")  # corpora from before the kind column infer it (data.kinds)
-    context = ray.data.DataContext.get_current()
-    use_v2, context.use_datasource_v2 = context.use_datasource_v2, False
-    try:  # the dataset keeps a copy of the context it was created with
-        # On S3 with santa's filesystem: its timeouts reach Ray Data's read tasks.
-        path, filesystem = storage.for_ray(root)
-        dataset = ray.data.read_parquet(path, filesystem=filesystem, num_cpus=DATA_TASK_CPUS)
-    finally:
-        context.use_datasource_v2 = use_v2
-    return dataset.select_columns(columns).map_batches(
-        tokenize_pairs,
-        fn_kwargs={"tokenizer_path": tokenizer_path, **settings},
-        batch_format="pyarrow",
-        batch_size=256,
-        num_cpus=DATA_TASK_CPUS,
+    return (
+        pairs_dataset(data_uri)
+        .select_columns(columns)
+        .map_batches(
+            tokenize_pairs,
+            fn_kwargs={"tokenizer_path": tokenizer_path, **settings},
+            batch_format="pyarrow",
+            batch_size=256,
+            num_cpus=DATA_TASK_CPUS,
+        )
     )

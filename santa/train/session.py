@@ -140,22 +140,10 @@ class LocalSession:
 def local_shard(data_uri: str, tokenizer_path: str, config) -> ArrayShard:
     """The preprocessed pairs under ``data_uri`` tokenized as the streaming training input
     tokenizes them (:func:`santa.train.data.tokenize_pairs`), held in memory."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from santa.data.outputs import published_root
-    from santa.runtime import storage
+    from santa.data.published import read_pairs
     from santa.train.data import tokenization_settings, tokenize_pairs
 
-    root = storage.join(published_root(data_uri), "data")
-    files = storage.list_files(root, suffixes=(".parquet",))
-    if not files:
-        raise FileNotFoundError(f"no Parquet pairs under {root}")
-    tables = []
-    for uri in files:
-        filesystem, path = storage.resolve(uri)
-        tables.append(pq.read_table(path, filesystem=filesystem))
-    pairs = pa.concat_tables(tables)
+    pairs = read_pairs(data_uri)
     return ArrayShard(
         tokenize_pairs(pairs, tokenizer_path=tokenizer_path, **tokenization_settings(config))
     )
