@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from santa.config import SantaConfig
 from santa.data.outputs import published_root, read_manifest
 from santa.models.checkpoints import resolve_model
@@ -122,13 +120,10 @@ class RunSpec:
 
 def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
     """Query and document texts of the first ``limit`` pairs (to train a tokenizer)."""
-    files = storage.list_files(
-        storage.join(published_root(data_uri), "data"), suffixes=(".parquet",)
-    )
+    from santa.data.published import iter_pairs
+
     texts: list[str] = []
-    for uri in files:
-        fs, path = storage.resolve(uri)
-        table = pq.read_table(path, filesystem=fs, columns=["query", "document"])
+    for table in iter_pairs(data_uri, ["query", "document"]):
         for column in ("query", "document"):
             texts.extend(table.column(column).to_pylist())
         if len(texts) >= 2 * limit:
