@@ -361,20 +361,21 @@ class WorkerTrainer:
         return state
 
     def _announce_world_size(self) -> None:
-        """An elastic run that resumes with another number of workers says so (rank 0)."""
+        """An elastic run that resumes with another number of workers logs its batch split
+        (rank 0; the resize's ``santa:`` line is Ray Train's controller's, which knows why:
+        ``santa.train.recovery``)."""
         before = self.state.get("world_size")
         self.state["world_size"] = self.world_size
         if self.rank != 0 or before is None or before == self.world_size:
             return
-        from santa.runtime.console import say
-
         train = self.config.train
-        allowed = f" of {train.min_workers}-{train.num_workers}" if train.elastic else ""
-        say(
-            f"training goes on with {self.world_size} worker(s){allowed} from step "
-            f"{self.state['step']} (was {before}); the global "
-            f"batch stays {train.global_batch_size}: "
-            f"{train.per_worker_batch_size(self.world_size)} pairs per worker"
+        logger.info(
+            "%d worker(s) from step %d (was %d); the global batch stays %d: %d pairs per worker",
+            self.world_size,
+            self.state["step"],
+            before,
+            train.global_batch_size,
+            train.per_worker_batch_size(self.world_size),
         )
 
     def _reset_window(self) -> None:

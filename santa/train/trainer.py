@@ -392,7 +392,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             # One line per recovery (a dead worker, a lost node), not Ray's traceback.
             callbacks=[
                 *(callbacks or []),
-                RecoveryReporter(layout.root, spec.max_failures, placement_wait_s()),
+                *RecoveryReporter(layout.root, spec.max_failures, placement_wait_s()).callbacks(),
             ],
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
