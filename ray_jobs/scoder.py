@@ -99,13 +99,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_beir(args.eval_data, args.eval_split)
     check_writable(args.storage, "--storage")
     tracking = Tracking.from_args(args).to_dict()  # --mlflow / --wandb: each run tracked
-    run_uri = RunLayout.of(args.storage, args.name).root
-    with RunLock(run_uri, force=args.force, description="ray_jobs.scoder"):
+    layout = RunLayout.of(args.storage, args.name)
+    with RunLock(layout.root, force=args.force, description="ray_jobs.scoder"):
         print(init_ray(args.address, verbose=args.verbose, progress=args.progress), flush=True)
         return run_algorithm(
             config,
             data=args.data,
-            run_uri=run_uri,
+            layout=layout,
             recipe=args.recipe,
             eval_data=args.eval_data,
             eval_split=args.eval_split,

@@ -8,6 +8,7 @@ import logging
 from ray_jobs.args import recipe_config, run_parser
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import with_exit_codes
+from santa.runtime.layout import RunLayout
 from santa.runtime.preflight import (
     check_beir,
     check_model,
@@ -73,16 +74,15 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
         check_negatives_table(args.hard_negatives.removeprefix("table:"))
 
     tracking = Tracking.from_args(args)  # a missing package: one line before Ray starts
-    run_uri = storage.join(storage.absolute(args.storage), args.name)
+    layout = RunLayout.of(args.storage, args.name)
     kept = interrupts.keeping(lambda: "", hint=RESUME_HINT)  # fit() says what was kept
-    with kept, RunLock(run_uri, force=args.force, description=f"ray_jobs.{stage}"):
+    with kept, RunLock(layout.root, force=args.force, description=f"ray_jobs.{stage}"):
         from santa.runtime.ray_utils import init_ray
         from santa.train.trainer import FIT_IMPORTS, RunSpec, fit
 
         spec = RunSpec(
             data=args.data,
-            storage=args.storage,
-            name=args.name,
+            layout=layout,
             cpus_per_worker=args.cpus_per_worker,
             max_failures=args.max_failures,
             num_to_keep=args.num_to_keep,

@@ -210,7 +210,8 @@ def test_jobs_start_on_the_head_alone_and_run_on_added_workers(autoscaling_clust
     # Training: two 1-CPU workers; the head has one CPU, so a worker lands on an added node.
     config = tiny_config(max_steps=2, log_every=1, num_workers=2)
     result = fit(
-        config, RunSpec(data=str(tmp_path / "pairs"), storage=str(tmp_path / "runs"), name="scale")
+        config,
+        RunSpec.of(data=str(tmp_path / "pairs"), storage=str(tmp_path / "runs"), name="scale"),
     )
     assert result.error is None and result.metrics["step"] == 2
     trainers = actors("RayTrainWorker")

@@ -511,7 +511,7 @@ def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
     losses = {}
     for name, chunk in (("plain", 0), ("cached", CHUNK)):
         config = tiny_config(**overrides, grad_cache_chunk_size=chunk)
-        result = fit(config, RunSpec(name=name, **common))
+        result = fit(config, RunSpec.of(name=name, **common))
         assert result.error is None and result.metrics["step"] == 20
         lines = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
         losses[name] = {

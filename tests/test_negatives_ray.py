@@ -45,7 +45,7 @@ def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
         negatives={"source": "async", "per_query": 1, "refresh_every": 5, "wait_for_first": True},
         num_workers=2,
     )
-    spec = RunSpec(data=train_data, storage=str(tmp_path), name="async", cpus_per_worker=0.5)
+    spec = RunSpec.of(data=train_data, storage=str(tmp_path), name="async", cpus_per_worker=0.5)
     result = fit(config, spec)
     assert result.error is None
     metrics = result.metrics
@@ -72,7 +72,7 @@ def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, t
         negatives={"source": "async", "per_query": 1, "refresh_every": 5},
         num_workers=2,
     )
-    spec = RunSpec(data=train_data, storage=str(tmp_path), name="killminer", cpus_per_worker=0.5)
+    spec = RunSpec.of(data=train_data, storage=str(tmp_path), name="killminer", cpus_per_worker=0.5)
     killed: list[dict] = []
 
     def kill_the_miner_once_trainers_use_its_tables() -> None:
@@ -112,7 +112,7 @@ def test_offline_mining_then_finetuning_on_the_table(
     init = tmp_path / "ckpt"
     warm = fit(
         tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
-        RunSpec(data=train_data, storage=str(init), name="warm"),
+        RunSpec.of(data=train_data, storage=str(init), name="warm"),
     )
     assert warm.error is None
     checkpoint = warm.checkpoint.path

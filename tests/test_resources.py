@@ -115,7 +115,7 @@ def test_fit_refuses_a_miner_and_trainers_larger_than_the_cluster_before_any_wor
     )
     started = time.perf_counter()
     with pytest.raises(ResourceError) as raised:
-        fit(config, RunSpec(data=pairs, storage=str(tmp_path), name="too-big"))
+        fit(config, RunSpec.of(data=pairs, storage=str(tmp_path), name="too-big"))
     assert time.perf_counter() - started < 60
     assert "3 miner encoder actors × {1 CPU}" in str(raised.value)
     assert str(raised.value).endswith(
@@ -167,7 +167,7 @@ def test_a_trainer_and_the_miners_encoder_share_one_fake_gpu(ray_cluster, pairs,
             max_steps=4,
             log_every=2,
         )
-        spec = RunSpec(data=pairs, storage=str(tmp_path), name="shared", cpus_per_worker=0.5)
+        spec = RunSpec.of(data=pairs, storage=str(tmp_path), name="shared", cpus_per_worker=0.5)
         result = fit(config, spec)
         assert result.error is None, result.error
         bundles = [

@@ -33,7 +33,7 @@ def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:200])
     config = tiny_config(max_steps=4, log_every=1, checkpoint_every=1)
     common = {"data": data, "storage": str(tmp_path), "cpus_per_worker": 0.5, "num_to_keep": 10}
-    first = fit(config, RunSpec(name="run", stop_at_step=3, **common))
+    first = fit(config, RunSpec.of(name="run", stop_at_step=3, **common))
     assert first.metrics["step"] == 3
     run = tmp_path / "run"
     registered = registered_checkpoints(str(run))
@@ -46,7 +46,7 @@ def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):
     (half / "model").mkdir(parents=True)
     (half / "trainer_state.json").write_text('{"step": 99}')
 
-    second = fit(config, RunSpec(name="run", **common))
+    second = fit(config, RunSpec.of(name="run", **common))
     assert second.metrics["step"] == 4
     state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
     assert state["resumed_at"] == [2]

@@ -326,20 +326,22 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
     common = {"data": str(tmp_path / "examples"), "storage": str(tmp_path / "runs")}
     common |= {"cpus_per_worker": 0.5, "num_to_keep": 10}
     discriminators = dict(objective="discriminators", warm_start=str(tmp_path / "discriminators"))
-    first = fit(config, RunSpec(name="d", stop_at_step=2, **discriminators, **common))
+    first = fit(config, RunSpec.of(name="d", stop_at_step=2, **discriminators, **common))
     assert first.error is None and first.metrics["step"] == 2
     assert 0.0 <= first.metrics["accuracy"] <= 1.0 and math.isfinite(first.metrics["loss"])
     newest = registered_checkpoints(str(tmp_path / "runs" / "d"))[0]
     optimizer = Path(newest, "optimizer.pt")
     optimizer.write_bytes(optimizer.read_bytes()[:100])
     capsys.readouterr()
-    second = fit(config, RunSpec(name="d", **discriminators, **common))
+    second = fit(config, RunSpec.of(name="d", **discriminators, **common))
     assert second.error is None and second.metrics["step"] == 3
     state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
     assert state["resumed_at"] == [1]  # the broken step-2 checkpoint skipped
     DiscriminatorPair.from_pretrained(str(Path(second.checkpoint.path, "discriminators")))
 
-    dual = fit(config, RunSpec(name="g", objective="dual_encoder", warm_start=backbone, **common))
+    dual = fit(
+        config, RunSpec.of(name="g", objective="dual_encoder", warm_start=backbone, **common)
+    )
     assert dual.error is None and dual.metrics["step"] == 3
     assert math.isfinite(dual.metrics["loss_distill"]) and dual.metrics["soft_label_entropy"] > 0
     history = [json.loads(line) for line in (tmp_path / "runs" / "g" / "metrics.jsonl").open()]

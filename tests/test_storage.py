@@ -55,6 +55,7 @@ def test_absolute_makes_local_paths_absolute_and_leaves_uris(tmp_path, monkeypat
     assert storage.absolute("runs") == str(tmp_path / "runs")
     assert storage.absolute("s3://bucket/runs") == "s3://bucket/runs"
     assert storage.absolute("") == ""
-    spec = RunSpec(data="data/pairs", storage="./runs", name="x", eval_data="s3://b/dev")
-    assert spec.storage == str(tmp_path / "runs") and spec.data == str(tmp_path / "data" / "pairs")
-    assert spec.eval_data == "s3://b/dev" and spec.run_uri == str(tmp_path / "runs" / "x")
+    spec = RunSpec.of(data="data/pairs", storage="./runs", name="x", eval_data="s3://b/dev")
+    assert spec.layout.storage_path == str(tmp_path / "runs")
+    assert spec.data == str(tmp_path / "data" / "pairs")
+    assert spec.eval_data == "s3://b/dev" and spec.layout.root == str(tmp_path / "runs" / "x")

@@ -333,7 +333,7 @@ def test_the_loop_trains_with_adam_and_eq7(tmp_path: Path, ray_cluster) -> None:
     config = tiny_config(
         max_steps=2, log_every=1, optimizer="adam", weight_decay=0.0, mep_reduction="sum"
     )
-    result = fit(config, RunSpec(data=data, storage=str(tmp_path / "runs"), name="adam"))
+    result = fit(config, RunSpec.of(data=data, storage=str(tmp_path / "runs"), name="adam"))
     assert result.error is None
     with result.checkpoint.as_directory() as directory:
         state = torch.load(Path(directory) / "optimizer.pt", weights_only=False)

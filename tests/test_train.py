@@ -81,7 +81,7 @@ def test_tiny_run_on_two_workers_lowers_the_loss(stdlib_splits, tmp_path, monkey
         ]
     )
     monkeypatch.chdir(tmp_path)  # a relative storage path, as the pipeline's default ./runs
-    spec = RunSpec(
+    spec = RunSpec.of(
         data=stdlib_splits["train"],
         storage="runs",
         name="learn",
@@ -134,10 +134,10 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
         "cpus_per_worker": 0.5,
         "num_to_keep": 10,
     }
-    straight = fit(config, RunSpec(name="straight", **common))
-    first = fit(config, RunSpec(name="resumed", stop_at_step=3, **common))
+    straight = fit(config, RunSpec.of(name="straight", **common))
+    first = fit(config, RunSpec.of(name="resumed", stop_at_step=3, **common))
     assert first.metrics["step"] == 3
-    second = fit(config, RunSpec(name="resumed", **common))
+    second = fit(config, RunSpec.of(name="resumed", **common))
     assert second.metrics["step"] == 6
     with second.checkpoint.as_directory() as directory:
         state = json.loads(Path(directory, "trainer_state.json").read_text())
@@ -165,10 +165,10 @@ def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
     ``inductor`` (bench/perf/gpu.py)."""
     common = {"data": pairs["train"], "storage": str(tmp_path), "cpus_per_worker": 0.5}
     overrides = {"max_steps": 3, "log_every": 1, "checkpoint_every": 3, "num_workers": 2}
-    eager = fit(tiny_config(**overrides, compile="never"), RunSpec(name="eager", **common))
+    eager = fit(tiny_config(**overrides, compile="never"), RunSpec.of(name="eager", **common))
     assert eager.error is None
     compiled_config = tiny_config(**overrides, compile="always", compile_backend="aot_eager")
-    compiled = fit(compiled_config, RunSpec(name="compiled", **common))
+    compiled = fit(compiled_config, RunSpec.of(name="compiled", **common))
     assert compiled.error is None and compiled.metrics["step"] == 3
     expected, got = (history_losses(tmp_path / name) for name in ("eager", "compiled"))
     assert sorted(got) == [1, 2, 3]
@@ -189,7 +189,7 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
 
     # Long enough that the kill lands mid-run, whatever this machine's speed.
     config = tiny_config(max_steps=160, log_every=10, checkpoint_every=10, num_workers=2)
-    spec = RunSpec(
+    spec = RunSpec.of(
         data=pairs["train"],
         storage=str(tmp_path),
         name="killed",
@@ -235,7 +235,7 @@ def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
 def test_checkpoints_on_s3_load_back(pairs, moto_s3):
     bucket = moto_s3.create_bucket("santa-train")
     config = tiny_config(max_steps=4, log_every=2, checkpoint_every=4, num_workers=2)
-    spec = RunSpec(
+    spec = RunSpec.of(
         data=pairs["train"],
         storage=f"{bucket}/runs",
         name="s3run",

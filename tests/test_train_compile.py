@@ -134,7 +134,7 @@ def test_a_run_reports_a_constant_compile_count_when_the_miners_table_arrives(
         log_every=1,
         checkpoint_every=60,
     )
-    result = fit(config, RunSpec(data=data, storage=str(tmp_path), name="compiled"))
+    result = fit(config, RunSpec.of(data=data, storage=str(tmp_path), name="compiled"))
     assert result.error is None, result.error
     history = [json.loads(line) for line in (tmp_path / "compiled" / "metrics.jsonl").open()]
     arrived = [h["step"] for h in history if h["negatives_step"] >= 0]

@@ -88,7 +88,9 @@ def test_the_tokenize_task_runs_once_however_many_epochs(tmp_path) -> None:
     rows = stdlib_pair_rows()[:96]
     data = write_pairs(tmp_path / "pairs", rows)
     config = tiny_config(num_workers=2, max_steps=30)
-    init_model = prepare_initial_model(config, RunSpec(data=data, storage=str(tmp_path), name="r"))
+    init_model = prepare_initial_model(
+        config, RunSpec.of(data=data, storage=str(tmp_path), name="r")
+    )
 
     @ray.remote(num_cpus=0)
     class Counter:

@@ -30,7 +30,7 @@ def pairs(tmp_path_factory) -> str:
 
 def test_a_tiny_tokenizer_is_trained_once_per_corpus(pairs, tmp_path, monkeypatch) -> None:
     config = tiny_config()
-    first = prepare_initial_model(config, RunSpec(data=pairs, storage=str(tmp_path), name="a"))
+    first = prepare_initial_model(config, RunSpec.of(data=pairs, storage=str(tmp_path), name="a"))
     cache = RunLayout.of(str(tmp_path), "a").cache
     key = tokenizer_key(pairs, config.model.tiny_vocab_size)
     assert storage.exists(storage.join(cache.tokenizer(key), "tokenizer.json"))
@@ -39,7 +39,7 @@ def test_a_tiny_tokenizer_is_trained_once_per_corpus(pairs, tmp_path, monkeypatc
         raise AssertionError("the tokenizer was trained again")
 
     monkeypatch.setattr(tokenizer_module, "train_tokenizer", no_training)
-    second = prepare_initial_model(config, RunSpec(data=pairs, storage=str(tmp_path), name="b"))
+    second = prepare_initial_model(config, RunSpec.of(data=pairs, storage=str(tmp_path), name="b"))
     assert first != second  # each run keeps its own initial model ...
     for name in ("tokenizer.json", "config.json"):  # ... built from the same tokenizer
         assert storage.read_bytes(storage.join(first, name)) == storage.read_bytes(
@@ -54,9 +54,11 @@ def test_a_tiny_tokenizer_is_trained_once_per_corpus(pairs, tmp_path, monkeypatc
 def test_a_tokenizer_cache_on_s3_is_reused(moto_s3, pairs, monkeypatch) -> None:
     bucket = moto_s3.create_bucket("santa-tokenizer-cache")
     config = tiny_config()
-    prepare_initial_model(config, RunSpec(data=pairs, storage=f"{bucket}/runs", name="a"))
+    prepare_initial_model(config, RunSpec.of(data=pairs, storage=f"{bucket}/runs", name="a"))
     monkeypatch.setattr(tokenizer_module, "train_tokenizer", None)  # calling it would fail
-    second = prepare_initial_model(config, RunSpec(data=pairs, storage=f"{bucket}/runs", name="b"))
+    second = prepare_initial_model(
+        config, RunSpec.of(data=pairs, storage=f"{bucket}/runs", name="b")
+    )
     assert storage.exists(storage.join(second, "tokenizer.json"))
 
 

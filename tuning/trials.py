@@ -92,7 +92,8 @@ def train_trial(params: dict[str, Any]) -> None:
     if sweep.get("objective") == "scoder":
         train_scoder_trial(config, sweep, layout)
         return
-    spec = RunSpec(**sweep["run"], name=layout.name)
+    run = {key: value for key, value in sweep["run"].items() if key != "storage"}
+    spec = RunSpec(layout=layout, **run)  # the trial's folder: trial_layout's, as is
     result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
     if result.error is not None:
         raise result.error
@@ -123,7 +124,7 @@ def train_scoder_trial(config: SantaConfig, sweep: dict[str, Any], layout: RunLa
     run_algorithm(
         config,
         data=run["data"],
-        run_uri=layout.root,
+        layout=layout,
         recipe=sweep.get("recipe", ""),
         eval_data=run["eval_data"],
         eval_split=run["eval_split"],

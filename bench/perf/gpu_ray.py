@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.skip_ray:
         from santa.train.trainer import RunSpec, prepare_initial_model
 
-        spec = RunSpec(data=data, storage=str(args.workdir / "runs"), name="plain-init")
+        spec = RunSpec.of(data=data, storage=str(args.workdir / "runs"), name="plain-init")
         init_model = prepare_initial_model(config, spec)
     else:
         print(f"[bench] ray_jobs.pretrain, {args.steps} steps ...", flush=True)

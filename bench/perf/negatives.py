@@ -114,7 +114,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     }
     warm = fit(
         tiny_config(max_steps=2, checkpoint_every=2, global_batch_size=8, stage="finetune"),
-        RunSpec(data=data, storage=str(work), name="warm"),
+        RunSpec.of(data=data, storage=str(work), name="warm"),
     )
     table_dir = work / "table"
     mine_negatives.main(
@@ -137,7 +137,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
             num_workers=2,
             **settings,
         )
-        spec = RunSpec(
+        spec = RunSpec.of(
             data=data,
             storage=str(work),
             name=label.replace(" ", "-"),

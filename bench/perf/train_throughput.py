@@ -77,7 +77,7 @@ def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: in
             f"train.checkpoint_every={window}",
         ]
     )
-    spec = RunSpec(
+    spec = RunSpec.of(
         data=data,
         storage=str(workdir / "runs"),
         name=name,
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     # A new initial model each time: a cached one may come from an older recipe.
     init_model = prepare_initial_model(
         config,
-        RunSpec(data=data, storage=str(args.workdir / "runs"), name=f"init-{int(time.time())}"),
+        RunSpec.of(data=data, storage=str(args.workdir / "runs"), name=f"init-{int(time.time())}"),
     )
     results = [plain_loop(config, init_model, data, args.steps, args.window)]
     print(f"plain: {results[0]['pairs_per_s']:.1f} pairs/s", flush=True)

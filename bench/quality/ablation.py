@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # One initial model (weights and tokenizer) for every variant.
     init = prepare_initial_model(
-        base, RunSpec(data=data["entity"], storage=str(work / "runs"), name="init")
+        base, RunSpec.of(data=data["entity"], storage=str(work / "runs"), name="init")
     )
     base = base.with_overrides([f"model.backbone={init}"])
     models, seconds = {}, {}
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = time.time()
         result = fit(
             base.with_overrides(overrides),
-            RunSpec(
+            RunSpec.of(
                 data=data[mask],
                 storage=str(work / "runs"),
                 name=slug(name),

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 *overrides,
             ]
         )
-        spec = RunSpec(
+        spec = RunSpec.of(
             data=pairs, storage=str(work / "runs"), name=name.split(",")[0], cpus_per_worker=0.5
         )
         started = time.time()

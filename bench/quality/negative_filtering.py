@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = time.time()
         result = fit(
             config,
-            RunSpec(
+            RunSpec.of(
                 data=pairs,
                 storage=str(work / "runs"),
                 name=name,

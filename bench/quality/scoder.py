@@ -40,6 +40,7 @@ from santa.data.source import default_source_root
 from santa.eval import EvalConfig, evaluate
 from santa.recipes import get_recipe
 from santa.runtime import storage
+from santa.runtime.layout import RunLayout
 from santa.runtime.ray_utils import init_ray
 from santa.scoder.algorithm import format_table, run_algorithm
 from santa.train.trainer import RunSpec, fit
@@ -114,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             *args.overrides,
         ]
     )
-    run_uri = str(work / "runs" / "scoder")
+    layout = RunLayout(str(work / "runs" / "scoder"))
     report = run_algorithm(
-        config, data=pairs, run_uri=run_uri, recipe=args.recipe, cpus_per_worker=0.5
+        config, data=pairs, layout=layout, recipe=args.recipe, cpus_per_worker=0.5
     )
     scoder_s = report["total_s"]
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.time()
     baseline = fit(
         config.with_overrides([f"train.max_steps={extra}", f"train.checkpoint_every={extra}"]),
-        RunSpec(
+        RunSpec.of(
             data=pairs,
             storage=str(work / "runs"),
             name="in-batch",

@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             *args.overrides,
         ]
     )
-    init = prepare_initial_model(base, RunSpec(data=pairs, storage=str(work / "runs"), name="init"))
+    init = prepare_initial_model(
+        base, RunSpec.of(data=pairs, storage=str(work / "runs"), name="init")
+    )
     base = base.with_overrides([f"model.backbone={init}"])
     mix = batch_mix(base, pairs, init, args.check_batches)
     print("\n" + format_mix(mix, args) + "\n", flush=True)
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{shuffle}-s{seed}"
             config = base.with_overrides([f"train.shuffle={shuffle}", f"train.seed={seed}"])
             clock = time.time()
-            result = fit(config, RunSpec(data=pairs, storage=str(work / "runs"), name=name))
+            result = fit(config, RunSpec.of(data=pairs, storage=str(work / "runs"), name=name))
             if result.error is not None:
                 raise RuntimeError(f"{name}: {result.error}")
             seconds = time.time() - clock

@@ -392,7 +392,7 @@ def train_stage(
     warm_start: str,
 ) -> dict[str, Any]:
     """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
-    from santa.train.trainer import RunSpec, fit
+    from santa.train.trainer import fit
 
     train = config.train
     print(
@@ -403,16 +403,7 @@ def train_stage(
         flush=True,
     )
     stage_layout = spec.layout.stage(stage)
-    run = RunSpec(
-        data=data,
-        storage=stage_layout.storage_path,
-        name=stage_layout.name,
-        cpus_per_worker=spec.cpus_per_worker,
-        eval_data=dev_uri,
-        eval_split="valid",
-        warm_start=warm_start,
-        tracking=spec.tracking,
-    )
+    run = stage_run(spec, stage_layout, data, dev_uri, warm_start)
     started = time.time()
     result = fit(config, run)
     if result.error is not None or result.checkpoint is None:
@@ -426,6 +417,23 @@ def train_stage(
         "history": read_history(stage_layout.root),
         "seconds": time.time() - started,
     }
+
+
+def stage_run(
+    spec: PipelineSpec, stage_layout: RunLayout, data: str, dev_uri: str, warm_start: str
+):
+    """The Ray Train run of a stage: in the stage's folder of the pipeline run, as is."""
+    from santa.train.trainer import RunSpec
+
+    return RunSpec(
+        data=data,
+        layout=stage_layout,
+        cpus_per_worker=spec.cpus_per_worker,
+        eval_data=dev_uri,
+        eval_split="valid",
+        warm_start=warm_start,
+        tracking=spec.tracking,
+    )
 
 
 def evaluate_systems(

@@ -39,7 +39,7 @@ def run_algorithm(
     config: SantaConfig,
     *,
     data: str,
-    run_uri: str,
+    layout: RunLayout,
     recipe: str = "",
     eval_data: str = "",
     eval_split: str = "test",
@@ -47,9 +47,9 @@ def run_algorithm(
     on_iteration: Callable[[dict[str, Any]], None] | None = None,  # gets the manifest
     tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Algorithm 2 on the current Ray cluster, resuming what ``run_uri`` holds already."""
+    """Algorithm 2 on the current Ray cluster, resuming what the run folder ``layout``
+    holds already."""
     started = time.time()
-    layout = RunLayout(run_uri)
     # Before the warm-up: a dual encoder the cluster can never hold fails in one line.
     from santa.runtime.resources import check_plan
     from santa.train.trainer import run_plan
@@ -158,8 +158,7 @@ def _warmup(
     started = time.time()
     spec = RunSpec(
         data=data,
-        storage=layout.warmup.storage_path,
-        name=layout.warmup.name,
+        layout=layout.warmup,
         cpus_per_worker=cpus_per_worker,
         eval_data=eval_data,
         eval_split=eval_split,
@@ -357,8 +356,7 @@ def _fit_stage(
     )
     spec = RunSpec(
         data=data,
-        storage=stage.storage_path,
-        name=stage.name,
+        layout=stage,
         objective=objective,
         warm_start=init,
         discriminators=discriminators,

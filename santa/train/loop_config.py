@@ -6,19 +6,73 @@ Light to import (no torch): the driver and Ray Train's controller pickle and unp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from santa.config import SantaConfig
 
-# What the one worker loop (santa.train.loop) can train, by name: the objective class (its
-# model, a batch's losses, the saved model), imported in the worker only, and the format of
-# the batches it takes (numpy: tokenized by Ray Data; pyarrow: raw rows it tokenizes itself).
-OBJECTIVES: dict[str, tuple[str, str]] = {
-    "santa": ("santa.train.objectives:SantaObjective", "numpy"),
-    "discriminators": ("santa.scoder.objectives:DiscriminatorObjective", "pyarrow"),
-    "dual_encoder": ("santa.scoder.objectives:SoftLabelObjective", "pyarrow"),
+
+def tokenized_pairs(config: SantaConfig, data_uri: str, init_model: str) -> Any:
+    """SANTA's data: the preprocessed pairs, tokenized by Ray Data for ``init_model``."""
+    from santa.train.data import build_train_dataset, tokenization_settings
+
+    return build_train_dataset(data_uri, init_model, tokenization_settings(config))
+
+
+def listwise_rows(config: SantaConfig, data_uri: str, init_model: str) -> Any:
+    """SCodeR's data: listwise examples as raw rows, which the objective tokenizes in the
+    worker."""
+    from santa.scoder.examples import read_listwise_dataset
+
+    return read_listwise_dataset(data_uri)
+
+
+class TrainData(NamedTuple):
+    """What an objective trains on: how the driver builds it, and the batches it makes."""
+
+    build_dataset: Callable[[SantaConfig, str, str], Any]
+    """``(config, data_uri, init_model) -> ray.data.Dataset``, called by ``trainer.fit`` on
+    the driver (so it imports neither torch's model side nor transformers)."""
+    batch_format: str
+    """The batches the workers read: ``numpy`` (tokenized by Ray Data) or ``pyarrow`` (raw
+    rows the objective tokenizes itself)."""
+
+
+TOKENIZED_PAIRS = TrainData(tokenized_pairs, "numpy")
+LISTWISE_ROWS = TrainData(listwise_rows, "pyarrow")
+
+
+class ObjectiveEntry(NamedTuple):
+    """One objective the worker loop can train: everything the driver and the loop need to
+    know of it, so that neither names an objective."""
+
+    objective: str
+    """``module:Class`` of its :class:`santa.train.loop.Objective` (its model, a batch's
+    losses, the saved model), imported in the worker only."""
+    data: TrainData
+    """Its training data (``trainer.fit`` calls ``data.build_dataset``)."""
+    own_start: bool = False
+    """True: it starts from a folder of its own (``RunSpec.warm_start``, required), handed
+    to it as is; False: from a model (a warm start, the backbone or a new tiny T5)."""
+
+
+# What the one worker loop (santa.train.loop) can train, by name. Adding a loss: its
+# objective module, and its line here (with the data it trains on).
+OBJECTIVES: dict[str, ObjectiveEntry] = {
+    "santa": ObjectiveEntry("santa.train.objectives:SantaObjective", TOKENIZED_PAIRS),
+    "discriminators": ObjectiveEntry(
+        "santa.scoder.objectives:DiscriminatorObjective", LISTWISE_ROWS, own_start=True
+    ),
+    "dual_encoder": ObjectiveEntry("santa.scoder.objectives:SoftLabelObjective", LISTWISE_ROWS),
 }
+
+
+def objective_entry(name: str) -> ObjectiveEntry:
+    """The registered objective ``name``, or one line naming those there are."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {name!r}")
+    return OBJECTIVES[name]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +131,7 @@ class LoopConfig:
     """MLflow / W&B (``santa.runtime.tracking.Tracking``): rank 0 logs every logged step."""
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}"
-            )
+        objective_entry(self.objective)
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be at least 1, got {self.torch_threads}")
         if self.stop_at_step < 0:
@@ -95,7 +146,7 @@ class LoopConfig:
     @property
     def batch_format(self) -> str:
         """The format of the batches the objective takes."""
-        return OBJECTIVES[self.objective][1]
+        return objective_entry(self.objective).data.batch_format
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> LoopConfig:

@@ -27,11 +27,10 @@ from santa.runtime.resources import (
     training_plan,
 )
 from santa.runtime.tracking import Tracking, finish_tracking
-from santa.train.data import build_train_dataset, tokenization_settings
 from santa.train.entry import train_loop_per_worker
 from santa.train.ingest import PreparedSplits
 from santa.train.kept import describe_run
-from santa.train.loop_config import OBJECTIVES, LoopConfig
+from santa.train.loop_config import LoopConfig, objective_entry
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -56,10 +55,10 @@ class RunSpec:
 
     data: str
     """Preprocessed pairs (the ``--output`` of ray_jobs.preprocess): local or s3://."""
-    storage: str
-    """Ray Train storage path (checkpoints, results): local or s3://."""
-    name: str
-    """Run name; re-running with the same name resumes from its latest checkpoint."""
+    layout: RunLayout
+    """The run folder (checkpoints, metrics): Ray Train's ``storage_path`` is the folder
+    holding it, its name the run's name; a rerun in the same folder resumes from its latest
+    checkpoint. :meth:`of` makes one from a storage path and a name."""
     cpus_per_worker: float = 0.0
     """CPUs reserved per worker; 0 leaves one CPU of the cluster to Ray Data."""
     max_failures: int = 1
@@ -82,8 +81,8 @@ class RunSpec:
     """How often Ray Train retries a worker group that does not start (-1: forever; None:
     ``SANTA_PLACEMENT_RETRIES``, see :mod:`santa.runtime.placement`)."""
     objective: str = "santa"
-    """What the loop trains (``santa.train.loop_config.OBJECTIVES``): SANTA's SDA/DR + MEP on
-    tokenized pairs, or SCodeR's ``discriminators`` / ``dual_encoder`` on listwise rows."""
+    """What the loop trains: a name in ``santa.train.loop_config.OBJECTIVES``, whose entry
+    says what data it trains on and where it starts from."""
     discriminators: str = ""
     """``dual_encoder`` with online soft labels: the discriminators' folder."""
     cache: str = ""
@@ -95,22 +94,23 @@ class RunSpec:
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
         # (and Train V2 rejects a relative storage_path outright).
-        for name in ("data", "storage", "eval_data", "cache"):
+        # (A RunLayout's root is absolute already.)
+        for name in ("data", "eval_data", "cache"):
             object.__setattr__(self, name, storage.absolute(getattr(self, name)))
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}"
-            )
+        if not isinstance(self.layout, RunLayout):
+            raise TypeError(f"layout must be a RunLayout, got {self.layout!r}")
+        objective_entry(self.objective)
+
+    @classmethod
+    def of(cls, *, storage: str, name: str, **fields: Any) -> RunSpec:
+        """The run ``name`` under the storage path ``storage`` (a command line's
+        ``--storage`` and ``--name``); the other fields as :class:`RunSpec` takes them."""
+        return cls(layout=RunLayout.of(storage, name), **fields)
 
     @property
-    def layout(self) -> RunLayout:
-        """Where the run keeps its files."""
-        return RunLayout.of(self.storage, self.name)
-
-    @property
-    def run_uri(self) -> str:
-        """The run's folder under the storage path."""
-        return self.layout.root
+    def name(self) -> str:
+        """The run's name (its folder's)."""
+        return self.layout.name
 
     @property
     def cache_layout(self) -> CacheLayout:
@@ -140,12 +140,12 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     saved once under the run folder, so every worker (and every resume) starts from the
     same weights.
     """
+    if objective_entry(spec.objective).own_start:  # e.g. the discriminators' own folder
+        if not spec.warm_start:
+            raise ValueError(f"training {spec.objective} needs its starting folder (warm_start)")
+        return spec.warm_start
     if spec.warm_start:
-        if spec.objective == "discriminators":  # their own folder (DiscriminatorPair)
-            return spec.warm_start
         return resolve_model(spec.warm_start).model_uri
-    if spec.objective == "discriminators":
-        raise ValueError("training discriminators needs their starting folder (warm_start)")
     if not config.model.is_tiny:
         return config.model.backbone
     init_uri = spec.layout.init_model
@@ -287,7 +287,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     # Before anything is built or submitted: a request the cluster can never hold fails
     # here in one line instead of waiting forever in Ray Train's retries.
     check_plan(
-        run_plan(config, cpus, spec.miner_gpu), job=f"the {spec.objective} run {spec.name!r}"
+        run_plan(config, cpus, spec.miner_gpu), job=f"the {spec.objective} run {layout.name!r}"
     )
     # The fixed cost before the first step, phase by phase (the workers add theirs).
     startup: dict[str, float] = {}
@@ -297,12 +297,9 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     started = time.time()
     # Same order every run: what makes a resumed run repeat the uninterrupted one.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    if OBJECTIVES[spec.objective][1] == "numpy":  # tokenized pairs, streamed by Ray Data
-        dataset = build_train_dataset(spec.data, init_model, tokenization_settings(config))
-    else:  # listwise rows the objective tokenizes in the worker
-        from santa.scoder.examples import read_listwise_dataset
-
-        dataset = read_listwise_dataset(spec.data)
+    # The objective's own data (santa.train.loop_config.OBJECTIVES): tokenized pairs
+    # streamed by Ray Data, listwise rows tokenized in the worker, ...
+    dataset = objective_entry(spec.objective).data.build_dataset(config, spec.data, init_model)
     rows = None
     if not train.max_steps:
         # An epoch-based schedule needs the row count: tokenize now, once (the workers'
@@ -314,7 +311,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     remove_unregistered_checkpoints(layout.root)
     started = time.time()
     miner = None
-    miner_name = f"santa-miner-{spec.name}"
+    miner_name = f"santa-miner-{layout.name}"
     if config.negatives.source == "async":
         from santa.negatives.miner import start_miner
 

@@ -1,0 +1,101 @@
+"""Objectives own their data and their start (``santa.train.loop_config.OBJECTIVES``), so
+``fit`` trains one it has never heard of; a run's folder reaches Ray Train as the layout
+its caller made (``RunSpec.layout``), not split into a storage path and a name and rebuilt."""
+
+from __future__ import annotations
+
+import pytest
+
+from santa.runtime.layout import RunLayout
+from santa.train.loop_config import (
+    LISTWISE_ROWS,
+    OBJECTIVES,
+    TOKENIZED_PAIRS,
+    LoopConfig,
+    ObjectiveEntry,
+    TrainData,
+    objective_entry,
+)
+from tests.training import tiny_config
+
+
+class Reached(Exception):
+    """Raised by the toy objective's data hook: fit got that far, through the hook."""
+
+
+def toy_entry(calls: list[tuple], **kwargs) -> ObjectiveEntry:
+    def build_dataset(config, data_uri: str, init_model: str):
+        calls.append((config, data_uri, init_model))
+        raise Reached
+
+    return ObjectiveEntry("tests.nowhere:Toy", TrainData(build_dataset, "pyarrow"), **kwargs)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_fit_builds_the_data_and_the_start_that_a_new_objectives_entry_names(
+    tmp_path, monkeypatch
+) -> None:
+    """A toy objective, registered with one line: fit starts it from its own folder and
+    asks its hook for the dataset, with no branch of its own for it."""
+    from santa.train.trainer import RunSpec, fit
+
+    calls: list[tuple] = []
+    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry(calls, own_start=True))
+    config = tiny_config(num_workers=1, max_steps=1)
+    start = tmp_path / "start"  # handed over as is: never read as a model folder
+    spec = RunSpec.of(
+        data=str(tmp_path / "examples"),
+        storage=str(tmp_path / "runs"),
+        name="toy",
+        objective="toy",
+        warm_start=str(start),
+        cpus_per_worker=0.5,
+    )
+    with pytest.raises(Reached):
+        fit(config, spec)
+    assert calls == [(config, str(tmp_path / "examples"), str(start))]
+    assert LoopConfig(santa=config, init_model=str(start), objective="toy").batch_format == (
+        "pyarrow"
+    )
+
+
+def test_an_objective_with_its_own_start_needs_one_and_names_itself(tmp_path, monkeypatch) -> None:
+    from santa.train.trainer import RunSpec, prepare_initial_model
+
+    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry([], own_start=True))
+    spec = RunSpec.of(data=str(tmp_path), storage=str(tmp_path), name="r", objective="toy")
+    with pytest.raises(ValueError, match="training toy needs its starting folder"):
+        prepare_initial_model(tiny_config(), spec)
+
+
+def test_the_registered_objectives_data_and_an_unknown_name() -> None:
+    assert objective_entry("santa").data is TOKENIZED_PAIRS
+    assert TOKENIZED_PAIRS.batch_format == "numpy"
+    assert objective_entry("dual_encoder").data is LISTWISE_ROWS
+    assert objective_entry("discriminators").own_start
+    assert not objective_entry("dual_encoder").own_start
+    with pytest.raises(ValueError, match="objective must be one of .*got 'nope'"):
+        objective_entry("nope")
+
+
+def test_a_run_spec_keeps_the_layout_it_is_given(tmp_path) -> None:
+    from santa.train.trainer import RunSpec
+
+    layout = RunLayout.of(str(tmp_path / "runs"), "parent").child("stage")
+    spec = RunSpec(data="pairs", layout=layout)
+    assert spec.layout is layout and spec.name == "stage"
+    made = RunSpec.of(data="pairs", storage=str(tmp_path / "runs"), name="x")
+    assert made.layout == RunLayout(str(tmp_path / "runs" / "x"))
+    with pytest.raises(TypeError, match="layout must be a RunLayout"):
+        RunSpec(data="pairs", layout=str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_a_pipeline_stage_trains_in_the_stage_layout_the_pipeline_made(tmp_path) -> None:
+    from santa.pipeline.stages import PipelineSpec, stage_run
+
+    spec = PipelineSpec(storage=str(tmp_path / "runs"), name="p", recipe="tiny")
+    for stage in ("pretrain", "finetune", "ance"):
+        stage_layout = spec.layout.stage(stage)
+        run = stage_run(spec, stage_layout, str(tmp_path / "pairs"), "", "")
+        assert run.layout is stage_layout  # no split into storage path and name, no rebuild
+        assert run.layout.storage_path == spec.layout.root
