@@ -5,6 +5,7 @@ re-run resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -32,6 +33,26 @@ def own_moto():
     yield server
     os.kill(server.process.pid, signal.SIGCONT)
     server.stop()
+
+
+def _job_env(server: MotoServer, **extra: str) -> dict[str, str]:
+    """A job subprocess's environment: this test's moto, its keys, santa's default S3
+    timeouts unless ``extra`` sets them, no cluster address or debug of the caller's."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "SANTA_DEBUG") and not k.startswith("SANTA_S3_")
+    }
+    env.update(
+        PYTHONPATH=str(REPO),
+        AWS_ENDPOINT_URL=server.endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        RAY_DATA_DISABLE_PROGRESS_BARS="1",
+        **extra,
+    )
+    return env
 
 
 def _upload_pairs(server: MotoServer, tmp_path: Path, bucket: str) -> str:
@@ -81,6 +102,100 @@ def test_a_silent_endpoint_during_a_ray_data_read_ends_in_one_line(
     assert seconds < 120, seconds
 
 
+def _upload_code(server: MotoServer, bucket: str, files: int = 4) -> str:
+    """A CodeSearchNet layout of ``files`` gzipped JSON-lines files on moto; its URI."""
+    import gzip
+
+    from bench.corpora import stdlib_python_records
+
+    body = gzip.compress(
+        "".join(json.dumps(r) + "\n" for r in stdlib_python_records(limit=400)).encode()
+    )
+    client = server.client()
+    client.create_bucket(Bucket=bucket)
+    for k in range(files):
+        key = f"csn/python/final/jsonl/train/python_train_{k}.jsonl.gz"
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+    return f"s3://{bucket}/csn"
+
+
+def test_a_silent_endpoint_while_reading_json_lines_is_a_fault_not_a_corrupt_file(
+    own_moto, monkeypatch
+):
+    """Issue 40: the JSON-lines reader of Ray Data's read tasks counted an S3 endpoint that
+    stopped answering as a corrupt file (0 rows kept) and preprocess published what the
+    other files held, exit 0. It raises the one-line storage fault instead."""
+    from santa.data.readers import read_lines_part
+    from santa.runtime.storage import StorageError
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
+    for name, value in {**TIMEOUTS, "SANTA_S3_READ_TIMEOUT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SANTA_S3_MAX_ATTEMPTS", "1")
+    uri = f"{_upload_code(own_moto, 'silent-lines', files=1)}/python/final/jsonl/train"
+    path = f"{uri}/python_train_0.jsonl.gz"
+    (whole,) = read_lines_part(path, "train", 0, 1, 1000)  # one block: every line, read
+    assert whole.num_rows > 100 and set(whole.column("drop_reason").to_pylist()) == {""}
+    os.kill(own_moto.process.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(StorageError) as failed:
+        list(read_lines_part(path, "train", 0, 1, 1000))
+    assert failed.value.transient
+    assert str(failed.value) == (
+        f"cannot reach the S3 endpoint {own_moto.endpoint} to read {path} (no answer in time)"
+    )
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
+    own_moto, tmp_path, monkeypatch
+):
+    """Issue 40: ray_jobs.preprocess reading s3:// JSON lines, moto stopped once Ray Data's
+    readers (fused into the parser actors) start: with santa's default timeouts (connect 5 s,
+    read 10 s, 2 attempts) the job ends within (5 + 10) x 2 s and a few more, exit 1, its
+    last line the santa line naming the file read; nothing is published."""
+    import psutil
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    data = _upload_code(own_moto, "silent-preprocess")
+    output = tmp_path / "out"
+    args = [
+        sys.executable, "-m", "ray_jobs.preprocess", "--dataset", "codesearchnet",
+        "--input", data, "--output", str(output), "--address", "local",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_job_env(own_moto)
+    )
+    stopped = None
+    deadline = time.monotonic() + 300
+    while stopped is None and proc.poll() is None and time.monotonic() < deadline:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "CodePairBuilder" in " ".join(child.cmdline()):  # the readers' actors
+                    os.kill(own_moto.process.pid, signal.SIGSTOP)
+                    stopped = time.monotonic()
+                    break
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert stopped is not None, stderr[-3000:]
+    seconds = time.monotonic() - stopped
+    assert proc.returncode == 1, stdout + stderr[-3000:]
+    terminal = [line for line in (stdout + stderr).splitlines() if line.strip()]
+    errors = [line for line in stderr.splitlines() if line.startswith("santa: error:")]
+    assert len(errors) == 1 and terminal[-1] == errors[0], stdout + stderr
+    assert errors[0].startswith(
+        f"santa: error: cannot reach the S3 endpoint {own_moto.endpoint} to read {data}/python/"
+    ), errors[0]
+    assert not output.exists()
+    print(f"paused -> exit: {seconds:.1f} s; {errors[0]}")
+    assert seconds < (5 + 10) * 2 + 15, seconds
+
+
 @pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resumes(
@@ -91,15 +206,7 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(name, value)
     data = _upload_pairs(own_moto, tmp_path, bucket)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env.update(
-        PYTHONPATH=str(REPO),
-        AWS_ENDPOINT_URL=own_moto.endpoint,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        **TIMEOUTS,
-    )
+    env = _job_env(own_moto, **TIMEOUTS)
     args = [
         sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
         "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
@@ -154,15 +261,7 @@ def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_faul
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(name, value)
     data = _upload_pairs(own_moto, tmp_path, bucket)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env = {k: v for k, v in env.items() if not k.startswith("SANTA_S3_")}  # the defaults
-    env.update(
-        PYTHONPATH=str(REPO),
-        AWS_ENDPOINT_URL=own_moto.endpoint,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+    env = _job_env(own_moto)  # santa's default timeouts
     args = [
         sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
         "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",

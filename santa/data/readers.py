@@ -138,6 +138,8 @@ def read_lines_part(
                     first_line = index + 1
                 rows.append(line)
     except (OSError, EOFError, zlib.error) as error:
+        if storage.unreachable(error) is not None:  # S3 silent past santa's timeouts
+            raise storage.classify_error(error, path, "read") from None  # a fault, not data
         # A truncated or corrupt file: keep what was read, count the rest once (part 0).
         if rows:
             yield _raw_block(path, first_line, rows, split)
