@@ -18,7 +18,14 @@ from santa.data.beir import write_beir_files
 from santa.data.kinds import CODE_PAIR
 from santa.runtime import storage
 
-__all__ = ["CosqaBeir", "cosqa_beir", "read_cosqa", "write_cosqa_beir"]
+__all__ = [
+    "CosqaBeir",
+    "cosqa_beir",
+    "preprocess",
+    "publish_cosqa_beir",
+    "read_cosqa",
+    "write_cosqa_beir",
+]
 
 LANGUAGE = "python"
 
@@ -112,3 +119,9 @@ def publish_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict
             {**report, "config": {"dataset": "cosqa", "input": input_uri, "split": split}}
         )
     return report
+
+
+def preprocess(config) -> dict[str, Any]:
+    """The registry's entry (:mod:`santa.data.datasets`): ``config.input`` → the BEIR
+    folder ``config.output`` (split ``config.split``, default test), published whole."""
+    return publish_cosqa_beir(config.input, config.output, config.split or "test")

@@ -36,7 +36,14 @@ from santa.data.records import DropRow, Reason, parse_json_line, stable_hash
 from santa.data.schema import PAIR_SCHEMA
 from santa.runtime import storage
 
-__all__ = ["DATASET", "PAIR_REASONS", "pair_rows_from_record", "run_pairs_preprocess"]
+__all__ = [
+    "DATASET",
+    "PAIR_REASONS",
+    "format_pairs_report",
+    "pair_rows_from_record",
+    "preprocess",
+    "run_pairs_preprocess",
+]
 
 DATASET = "pairs"
 MISSING_QUERY = "missing_query"
@@ -263,3 +270,25 @@ def run_pairs_preprocess(
             "config": {"dataset": DATASET, "input": input_uri, "stage": "finetune"},
         }
         return staged.publish(report)
+
+
+def preprocess(config) -> dict[str, Any]:
+    """The registry's entry (:mod:`santa.data.datasets`): :func:`run_pairs_preprocess` of
+    ``config.input`` into ``config.output`` with the config's length limits."""
+    return run_pairs_preprocess(
+        config.input,
+        config.output,
+        max_query_chars=config.max_query_chars,
+        max_document_chars=config.max_document_chars,
+        lines_per_block=config.lines_per_block,
+    )
+
+
+def format_pairs_report(report: dict[str, Any]) -> str:
+    """What the job prints: the preprocess report's text, then the counts as JSON."""
+    import json
+
+    from santa.data.report import format_text
+
+    counts = {key: report[key] for key in ("queries", "documents", "negatives")}
+    return f"{format_text({**report, 'entity_ratio': {}})}\n{json.dumps(counts)}"

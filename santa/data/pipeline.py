@@ -1,5 +1,8 @@
 """The Ray Data preprocessing pipeline: read → validate → entities → masking → Parquet.
 
+It preprocesses the registry's raw datasets (codesearchnet, advtest, esci, source:
+:mod:`santa.data.datasets`); ``run_preprocess``, re-exported here, dispatches any dataset.
+
 The per-record work is plain Python (``santa.data.records``), wrapped in Ray Data operators
 (``santa.data.operators``) that run on every node. This driver plans the datasets and
 accounts for every input row: each one is written, dropped for a reason, or filtered out of
@@ -23,6 +26,7 @@ import ray.data
 
 from santa.data import esci
 from santa.data.beir import write_beir
+from santa.data.datasets import run_preprocess  # noqa: F401 (re-exported: any dataset)
 from santa.data.operators import (
     HELDOUT_MARK,
     CodePairBuilder,
@@ -313,8 +317,9 @@ def _esci_heldout_products(config: PreprocessConfig) -> set[str]:
     return set(examples.loc[in_locale & (examples["split"] == "test"), "product_id"].astype(str))
 
 
-def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
-    """Run the pipeline on the current Ray cluster; return (and publish) its report.
+def run_plan(config: PreprocessConfig) -> dict[str, Any]:
+    """Run the pipeline (codesearchnet, advtest, esci, source) on the current Ray cluster;
+    return (and publish) its report. :func:`run_preprocess` takes any dataset.
 
     The output is staged and published whole (:mod:`santa.data.outputs`): an interrupted
     or failed run leaves the previous output as it was.

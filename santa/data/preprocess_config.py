@@ -7,13 +7,15 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from santa.data import esci
+from santa.data.datasets import DATASETS as REGISTRY
+from santa.data.datasets import dataset as dataset_entry
 from santa.data.records import PairOptions
 from santa.data.schema import CODE_LANGUAGES
 from santa.method.entities import PRODUCT_ENTITY_RULES
 
 __all__ = ["DATASETS", "STAGES", "PreprocessConfig"]
 
-DATASETS = ("codesearchnet", "advtest", "esci", "source")
+DATASETS = tuple(REGISTRY)  # the registry's names (santa.data.datasets)
 STAGES = ("pretrain", "finetune", "eval")
 
 
@@ -22,13 +24,15 @@ class PreprocessConfig:
     """What to preprocess and how; plain values so it travels as a dict through Ray."""
 
     dataset: str
-    """One of codesearchnet, advtest, esci, source."""
+    """A dataset of the registry (:mod:`santa.data.datasets`): codesearchnet, advtest, esci,
+    source, cosqa, pairs."""
     input: str
     """Local path or s3:// URI of the raw data (a directory or a file)."""
     output: str
     """Local path or s3:// URI; Parquet shards go to ``data/``, BEIR files for ``eval``."""
-    stage: str = "pretrain"
-    """pretrain (SDA + MEP pairs), finetune (query–document pairs) or eval (BEIR)."""
+    stage: str = ""
+    """pretrain (SDA + MEP pairs), finetune (query–document pairs) or eval (BEIR); the
+    dataset's first stage when empty (pretrain; cosqa: eval; pairs: finetune)."""
     split: str = ""
     """Split to process; default train for pretrain/finetune and test for eval."""
     languages: tuple[str, ...] = ()
@@ -81,10 +85,19 @@ class PreprocessConfig:
     Algorithm 1) of the written code pairs beside them (``santa.data.asst_pairs``)."""
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {DATASETS}, not {self.dataset!r}")
+        entry = dataset_entry(self.dataset)
+        if not self.stage:
+            object.__setattr__(self, "stage", entry.stages[0])
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, not {self.stage!r}")
+        if self.stage not in entry.stages:
+            raise ValueError(
+                f"{self.dataset} has the stage(s) {', '.join(entry.stages)}, not {self.stage}"
+            )
+        if self.asst and (not entry.asst or self.stage == "eval"):
+            raise ValueError(
+                "--asst makes code–code training pairs: a code dataset, not --stage eval"
+            )
         if self.split and self.split not in ("train", "valid", "test"):
             raise ValueError(f"split must be train, valid or test, not {self.split!r}")
         unknown = set(self.languages) - set(CODE_LANGUAGES)
