@@ -19,9 +19,7 @@ from santa.method.entities import (
     extract_product_entities,
     token_spans,
 )
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-RUBY_FIXTURE = SHARED / "fixtures" / "csn" / "ruby" / "valid.jsonl.gz"
+from tests.conftest import SHARED
 
 RUBY_KEYWORDS = frozenset(
     re.findall(
@@ -262,10 +260,10 @@ def test_empty_code(language: str) -> None:
     assert extract_code_entities("", language) == []
 
 
-def test_codesearchnet_ruby_sample() -> None:
-    if not RUBY_FIXTURE.exists():
-        pytest.skip(f"CodeSearchNet Ruby fixture not found at {RUBY_FIXTURE}")
-    with gzip.open(RUBY_FIXTURE, "rt", encoding="utf-8") as lines:
+def test_codesearchnet_ruby_sample(shared_fixtures: Path) -> None:
+    """../shared's 1,400 Ruby functions (or their stand-in on a clone without it)."""
+    ruby = shared_fixtures / "csn" / "ruby" / "valid.jsonl.gz"
+    with gzip.open(ruby, "rt", encoding="utf-8") as lines:
         codes = [json.loads(line)["code"] for line in lines]
     # $0, $1, ...: numbered globals; punctuation globals ($!, $$) are excluded.
     identifier = re.compile(r"(?:@@?|\$)?[A-Za-z_]\w*[!?=]?|\$\d+")
