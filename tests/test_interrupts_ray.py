@@ -39,6 +39,7 @@ def data(tmp_path_factory) -> dict[str, str]:
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env["PYTHONPATH"] = str(REPO)
+    env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 asks for a database otherwise
     return subprocess.Popen(
         [sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
@@ -78,7 +79,11 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     assert reference.returncode == 0, stderr[-3000:]
     assert not stderr.strip(), stderr  # a successful run: santa's lines only, on stdout
 
-    proc = _start([*train, "--name", "cut"], tmp_path)
+    # Tracked in MLflow: the interrupted run is marked KILLED, the resumed one FINISHED,
+    # with each step logged once.
+    store = f"file://{tmp_path / 'mlruns'}"
+    cut = [*train, "--name", "cut", "--mlflow", store]
+    proc = _start(cut, tmp_path)
     started = time.monotonic()
     stdout, stderr = _interrupt_after(proc, "[train] step 5/8")
     assert proc.returncode == 130, stderr[-3000:]
@@ -94,11 +99,20 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     with RunLock(str(runs / "cut")):  # released (a flock the kernel would free anyway)
         pass
 
-    rerun = _start([*train, "--name", "cut"], tmp_path)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("santa").experiment_id])
+    assert tracked.info.status == "KILLED"
+
+    rerun = _start(cut, tmp_path)
     stdout, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
     assert "[train] step 8/8" in stdout
     assert _losses(runs / "cut") == _losses(runs / "reference")
+    assert client.get_run(tracked.info.run_id).info.status == "FINISHED"
+    history = client.get_metric_history(tracked.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 9))
 
 
 @pytest.mark.long

@@ -401,8 +401,13 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     try:
         # In a helper thread: from the main thread, Ray Train takes SIGINT over (and ends
         # the process with status 1 and no message); santa's handler answers instead.
-        with interrupts.keeping(lambda: describe_run(layout.root)):
-            result = call_in_thread(trainer.fit, name="santa-fit")
+        try:
+            with interrupts.keeping(lambda: describe_run(layout.root)):
+                result = call_in_thread(trainer.fit, name="santa-fit")
+        except BaseException as error:
+            # Not left RUNNING in MLflow: the same command resumes it.
+            tracked.end_early("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            raise
         finish_tracking(tracked, result, config, layout)
         # A checkpoint upload cut short and retried leaves its folder behind: a finished
         # run holds registered checkpoints only.
