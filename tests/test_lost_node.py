@@ -1,7 +1,9 @@
 """A lost node (issue 33): on a two-node ``ray.cluster_utils.Cluster``, the node holding a
-training worker is removed mid-run. At a fixed size the run waits for the workers a bounded
-time and ends in one line; with ``--num-workers 1-2`` (elastic) it goes on with the worker
-left, at the same global batch, and grows back when a node returns.
+training worker is removed mid-run. At a fixed size the run names the lost node, waits for
+the workers a bounded time and ends in one line; with ``--num-workers 1-2`` (elastic) the
+node's processes are killed outright (a crashed host, as Ray sees it) and the run goes on
+with the worker left, at the same global batch, within seconds of Ray marking the node
+DEAD, and grows back when a node returns: one line for each resize.
 
 Each scenario (``bench/robustness/lost_node.py``) runs in a process of its own (it starts
 its own cluster, apart from the test session's), which runs the real ``ray_jobs.pretrain``
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.robustness.lost_node import ELASTIC_STEPS
+from bench.robustness.lost_node import ELASTIC_STEPS, goes_on_after
 from tests.training import stdlib_pair_rows, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,9 +52,14 @@ def test_a_lost_node_at_a_fixed_size_waits_a_bounded_time_then_ends_in_one_line(
     assert result["returncode"] == 1, result["stderr"][-3000:]
     lines = result["stderr"].strip().splitlines()
     assert [line.split(":")[1].strip() for line in lines] == ["warning", "error"], lines
-    assert lines[0].startswith("santa: warning: a training worker died"), lines[0]
-    waits = r"resumes from checkpoint step [24] once 2 workers fit \(waiting up to 40 s\)"
-    assert re.search(waits, lines[0]), lines[0]
+    # The lost node and the rank on it, not the survivor's gloo error.
+    lost = (
+        r"^santa: warning: node [\d.]+ lost \(Ray node [0-9a-f]{8}: DEAD\) with training "
+        r"worker rank [01]; training resumes from checkpoint step [24] once 2 workers fit "
+        r"\(waiting up to 40 s\) \(retry 1 of 2\)$"
+    )
+    assert re.search(lost, lines[0]), lines[0]
+    assert "Connection reset" not in result["stderr"] and "gloo" not in result["stderr"]
     assert lines[1].startswith(
         "santa: error: the cluster could not place 2 training workers within 40 s"
     )
@@ -64,19 +71,25 @@ def test_a_lost_node_at_a_fixed_size_waits_a_bounded_time_then_ends_in_one_line(
 @pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
-    result = _run_scenario("elastic", tmp_path)
+    result = _run_scenario("elastic-kill", tmp_path)
     assert [name for name, _ in result["events"]] == ["removed", "added"], result["stdout"][-2000:]
     assert result["returncode"] == 0, result["stderr"][-3000:]
-    lines = result["stderr"].strip().splitlines()
-    assert "with the workers that fit (1-2)" in lines[0], lines
-    shrunk = [line for line in lines if "training goes on with 1 worker(s) of 1-2" in line]
-    grown = [line for line in lines if "training goes on with 2 worker(s) of 1-2" in line]
-    assert shrunk and grown, lines
-    assert "the global batch stays 8: 8 pairs per worker" in shrunk[0]
-    assert "the global batch stays 8: 4 pairs per worker" in grown[0]
+    # (The killed group's checkpoint upload, cut short, is removed at the end: a line too.)
+    lines = [line for line in result["stderr"].strip().splitlines() if "checkpoint_" not in line]
+    shrunk = (
+        r"^santa: training goes on with 1 of 1-2 workers from step [24]: node [\d.]+ lost "
+        r"\(Ray node [0-9a-f]{8}: DEAD\) with training worker rank [01] \(retry 1 of 2\)$"
+    )
+    grown = r"^santa: training is back to 2 of 1-2 workers from step \d+$"
+    # One line per resize, and nothing else (no failure line quoting gloo).
+    assert len(lines) == 2 and re.search(shrunk, lines[0]) and re.search(grown, lines[1]), lines
+    # The shrink is decided within seconds of the kill: Ray's health checks mark the node
+    # DEAD (about 15 s with Ray's defaults), not a placement timeout (20 s here, 60 s by
+    # default) for a node that is gone. Measured: 13.5 s at load 22 on 2 cores.
+    assert goes_on_after(result)["said"] < 45, goes_on_after(result)
     history = [
         json.loads(line)
-        for line in (tmp_path / "runs" / "elastic" / "metrics.jsonl").read_text().splitlines()
+        for line in (tmp_path / "runs" / "elastic-kill" / "metrics.jsonl").read_text().splitlines()
     ]
     # every step once, to the end
     assert [h["step"] for h in history] == list(range(1, ELASTIC_STEPS + 1))

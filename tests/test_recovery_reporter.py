@@ -181,9 +181,12 @@ def two_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    worker = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
+    from santa.runtime.ray_utils import _node_start_wait
+
+    with _node_start_wait(120):  # a loaded machine starts a node slowly
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        worker = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     try:
         yield cluster, worker
@@ -200,6 +203,8 @@ def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
     import ray
     from ray.train import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+
+    from santa.runtime.ray_utils import _node_start_wait
 
     cluster, worker = two_nodes
     ids = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
@@ -237,8 +242,9 @@ def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
         f"node {worker_id[:8]}: DEAD) with training worker rank 1 (retry 1 of 2)"
     ]
     # The node back (a new one): the next decision grows the group, in one line.
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
+    with _node_start_wait(120):
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
     elastic.size, elastic.checkpoint_step = 1, 70
     grow = ResizeDecision(num_workers=2, resources_per_worker={"CPU": 1.0})
     elastic.resizing(grow)

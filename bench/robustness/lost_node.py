@@ -1,9 +1,11 @@
 """The lost-node scenario (issue 33), in a process of its own: a two-node
 ``ray.cluster_utils.Cluster`` (its own, apart from any other Ray on the machine), the real
 ``ray_jobs.pretrain`` command joined to it, and the node holding a training worker removed
-mid-run (``elastic``: a node added back a little later).
+mid-run (``elastic``: a node added back a little later). ``elastic-kill`` kills the node's
+processes outright (its raylet SIGKILLed, as a crashed host looks to Ray: the GCS marks it
+DEAD after its health checks) instead of shutting them down.
 
-    python -m bench.robustness.lost_node {fixed,elastic} PAIRS STORAGE
+    python -m bench.robustness.lost_node {fixed,elastic,elastic-kill} PAIRS STORAGE
 
 prints the job's own output and ends with its exit status, as if it had been run directly
 (the faults bench runs it so); ``tests/test_lost_node.py`` checks what it returns.
@@ -15,10 +17,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from santa.runtime.ray_utils import _node_start_wait
+
 REPO = Path(__file__).resolve().parents[2]
+NODE_START_WAIT_S = 120.0
 ELASTIC_STEPS = 150
 TINY = [
     "--recipe", "tiny-ci", "--cpus-per-worker", "1.5", "--max-failures", "2",
@@ -27,19 +33,37 @@ TINY = [
 ]  # fmt: skip
 
 
+def _start_cluster(attempts: int = 2):
+    """A head and a worker node (2 CPUs each). A loaded machine starts a node slowly: Ray's
+    30 s for a raylet is stretched, and a start that still times out is tried once more."""
+    from ray.cluster_utils import Cluster
+
+    for attempt in range(attempts):
+        cluster = Cluster()
+        try:
+            with _node_start_wait(NODE_START_WAIT_S):
+                cluster.add_node(num_cpus=2)  # the head
+                node = cluster.add_node(num_cpus=2)
+                cluster.wait_for_nodes()
+            return cluster, node
+        except Exception:
+            cluster.shutdown()
+            if attempt == attempts - 1:
+                raise
+            print("lost_node: the cluster did not start in time; once more", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
     """Run in its own process: a head and a worker node (2 CPUs each; a 1.5-CPU trainer
     fits once per node), the pretrain job joined to it, the worker node removed at step 5
     and (``elastic``) a node added back a little later."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    node = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    workers = "1-2" if mode == "elastic" else "2"
+    cluster, node = _start_cluster()
+    elastic = mode.startswith("elastic")
+    workers = "1-2" if elastic else "2"
     # Elastic: long enough that the node added at step 12 is found (every 5 s) and joins
     # before the end (a tiny step takes a fraction of a second).
-    steps = str(ELASTIC_STEPS) if mode == "elastic" else "16"
+    steps = str(ELASTIC_STEPS) if elastic else "16"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env.update(
         PYTHONPATH=str(REPO),
@@ -58,28 +82,61 @@ def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
     )
     events: list[tuple[str, float]] = []
     stdout: list[str] = []
+    timed: list[tuple[float, str, str]] = []  # (seconds, stream, line)
     started = time.monotonic()
+    stderr: list[str] = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            stderr.append(line)
+            timed.append((time.monotonic() - started, "stderr", line.rstrip("\n")))
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     for line in proc.stdout:
         stdout.append(line)
+        timed.append((time.monotonic() - started, "stdout", line.rstrip("\n")))
         if line.startswith("[train] step 5/") and not events:
-            cluster.remove_node(node)  # the worker on it dies with it
+            # The worker on it dies with it; SIGKILL when the mode says so.
+            cluster.remove_node(node, allow_graceful=mode != "elastic-kill")
             events.append(("removed", time.monotonic() - started))
-        if mode == "elastic" and line.startswith("[train] step 12/") and len(events) == 1:
-            cluster.add_node(num_cpus=2)
+        if elastic and line.startswith("[train] step 12/") and len(events) == 1:
+            with _node_start_wait(NODE_START_WAIT_S):
+                cluster.add_node(num_cpus=2)
             events.append(("added", time.monotonic() - started))
-    stderr = proc.stderr.read()
     proc.wait()
+    reader.join(timeout=30)
     result = {
         "returncode": proc.returncode,
         "stdout": "".join(stdout),
-        "stderr": stderr,
+        "stderr": "".join(stderr),
         "events": events,
+        "timed": timed,
         "seconds": time.monotonic() - started,
     }
     if result_file:
         Path(result_file).write_text(json.dumps(result))
     cluster.shutdown()
     return result
+
+
+def goes_on_after(result: dict) -> dict[str, float]:
+    """Seconds from the node's removal to santa's first line after it (``said``) and to the
+    first training step printed after that line (``trains``: the restarted group, past the
+    steps it repeats); a key is missing where that never came."""
+    removed = dict(result["events"]).get("removed")
+    found: dict[str, float] = {}
+    if removed is None:
+        return found
+    for seconds, stream, line in result["timed"]:
+        if seconds < removed:
+            continue
+        if "said" not in found and stream == "stderr" and line.startswith("santa: "):
+            found["said"] = seconds - removed
+        elif "said" in found and stream == "stdout" and line.startswith("[train] step "):
+            found["trains"] = seconds - removed
+            break
+    return found
 
 
 if __name__ == "__main__":
