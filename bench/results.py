@@ -771,36 +771,53 @@ def negative_filtering_differences(results: Path) -> str:
 FAULTS_SCRATCH = re.compile(r"(?:/[\w.-]+)*/santa-faults-[\w-]+")
 
 
+def faults_table(rows: list[dict]) -> str:
+    """The markdown table of fault rows (bench/robustness/faults.py prints it too): the
+    scratch folder written W, long lines cut at 160 characters; the seconds from the fault
+    to the end beside those from the start; "same" when the last terminal line is the line
+    the fault ended with; "-" for what a row did not record."""
+
+    def cut(text: str, width: int) -> str:
+        text = FAULTS_SCRATCH.sub("W", text)
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    table = []
+    for row in rows:
+        message = cut(row["message"], 160) or "(no message)"
+        last = row.get("last_line")
+        resume = row.get("resume_exact")
+        table.append(
+            [
+                row["fault"],
+                f"{row['exit']} ({row['expected']})",
+                f"{row['seconds']:.1f}"
+                + (f" ({after:.1f} after)" if (after := row.get("after_fault_s")) else ""),
+                row.get("terminal_lines", "-"),
+                message,
+                "-" if last is None else "same" if last == row["message"] else cut(last, 80),
+                "yes" if row["data_safe"] else "NO",
+                "-" if resume is None else "yes" if resume else "NO",
+            ]
+        )
+    header = [
+        "fault",
+        "exit (want)",
+        "s to the end",
+        "terminal lines",
+        "how it ended",
+        "last line",
+        "data safe",
+        "resume exact",
+    ]
+    return common.format_table(header, table, align="lrrrllll")
+
+
 def _faults(running: bool) -> Callable[[Path], str]:
     """bench/robustness/faults.py's rows, those met while a job runs or those before."""
 
     def render(results: Path) -> str:
-        rows = []
-        for row in load(results, "faults.json")["faults"]:
-            if bool(row.get("running")) != running:
-                continue
-            message = FAULTS_SCRATCH.sub("W", row["message"]) or "(no message)"
-            if len(message) > 160:
-                message = message[:157] + "..."
-            rows.append(
-                [
-                    row["fault"],
-                    f"{row['exit']} ({row['expected']})",
-                    f"{row['seconds']:.1f}",
-                    row["terminal_lines"],
-                    message,
-                    "yes" if row["data_safe"] else "NO",
-                ]
-            )
-        header = [
-            "fault",
-            "exit (want)",
-            "s to the end",
-            "terminal lines",
-            "how it ended",
-            "data safe",
-        ]
-        return common.format_table(header, rows, align="lrrrll")
+        rows = load(results, "faults.json")["faults"]
+        return faults_table([row for row in rows if bool(row.get("running")) == running])
 
     render.__doc__ = f"The faults {'while a job runs' if running else 'before or at its start'}."
     return render

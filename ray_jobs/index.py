@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Check inputs, start or join Ray, build and publish the index."""
-    from santa.runtime import storage
+    from santa.runtime import interrupts, storage
     from santa.runtime.preflight import check_input, check_writable
     from santa.runtime.ray_utils import init_ray
     from santa.search.indexing import IndexConfig, build_index
@@ -81,7 +81,11 @@ def run(args: argparse.Namespace) -> dict:
     check_input(config.corpus, "--corpus")
     check_writable(config.output, "--output")
     print(init_ray(args.address, progress=args.progress), flush=True)
-    manifest = build_index(config)
+    with interrupts.keeping(
+        lambda: f"nothing was published; {config.output} is as it was",
+        hint="run the same command to resume (the encoded shards are kept)",
+    ):
+        manifest = build_index(config)
     summary = {key: manifest.get(key) for key in ("count", "dimension", "similarity", "pooling")}
     print(
         json.dumps(

@@ -68,19 +68,31 @@ def test_faults_rows_name_the_scratch_folder_w_and_cut_long_lines(tmp_path: Path
             "exit": 130,
             "expected": 130,
             "seconds": 52.64,
+            "after_fault_s": 20.31,
             "terminal_lines": 8,
             "message": "santa: interrupted: run /tmp/santa-faults-ab_1/running/cut kept "
             + "x" * 200,
             "data_safe": True,
+            "last_line": "[train] step 6/8 loss 8.1 in /tmp/santa-faults-ab_1/running/cut",
+            "resume_exact": True,
         },
         {"fault": "a bad path", "exit": 2, "expected": 2, "seconds": 0.5, "terminal_lines": 1}
         | {"message": "", "data_safe": False},
+        {"fault": "a re-run", "exit": 0, "expected": 0, "seconds": 9.0, "terminal_lines": 3}
+        | {"message": "santa: error: x", "last_line": "santa: error: x", "resume_exact": False}
+        | {"data_safe": True, "running": True},
     ]
     (tmp_path / "faults.json").write_text(json.dumps({"faults": rows}))
     (running,) = parse_tables(results.RENDERERS["faults_running"](tmp_path))
-    (row,) = running
+    row, rerun = running
     assert row["how it ended"].startswith("santa: interrupted: run W/running/cut kept xx")
     assert len(row["how it ended"]) == 160 and row["how it ended"].endswith("...")
-    assert row["exit (want)"] == "130 (130)" and row["s to the end"] == "52.6"
+    assert row["exit (want)"] == "130 (130)" and row["s to the end"] == "52.6 (20.3 after)"
+    assert rerun["s to the end"] == "9.0"  # no fault injected: from the start only
+    # A worker's line after the santa line shows as the last line, the scratch folder W.
+    assert row["last line"] == "[train] step 6/8 loss 8.1 in W/running/cut"
+    assert row["resume exact"] == "yes"
+    assert rerun["last line"] == "same" and rerun["resume exact"] == "NO"
     ((before,),) = parse_tables(results.RENDERERS["faults_before"](tmp_path))
     assert before["how it ended"] == "(no message)" and before["data safe"] == "NO"
+    assert before["last line"] == "-" and before["resume exact"] == "-"  # not recorded

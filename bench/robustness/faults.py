@@ -42,6 +42,7 @@ if not __package__:  # run as a file (python bench/robustness/faults.py): the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+from bench.results import faults_table
 from bench.robustness.lost_node import ELASTIC_STEPS
 
 ROOT = common.ROOT
@@ -82,6 +83,9 @@ class Fault:
     """Without ``at_line``: run ``action`` this long after the job started."""
     timeout_s: float = 540.0
     running: bool = False
+    resume: Callable[[], bool] | None = None
+    """For a re-run after a fault: whether it ended as an uninterrupted run would have
+    (recorded as ``resume_exact``; None when the row does not compare)."""
     santa_lines: int = 1
     """santa's lines on stderr for a failure: its one error line, after any line that said
     what a recovery waits for (a lost node at a fixed size: the loss, then the end)."""
@@ -495,10 +499,16 @@ def snapshot(paths: list[Path]) -> dict[str, bytes]:
     return files
 
 
+def job_env(extra: dict[str, str]) -> dict[str, str]:
+    """A job's environment: this one's without a cluster address or debug, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env.update(PYTHONPATH=str(ROOT), RAY_DATA_DISABLE_PROGRESS_BARS="1", **extra)
+    return env
+
+
 def run_fault(fault: Fault) -> dict:
     """Run one fault's command in a subprocess and judge its exit, message and data."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env.update(PYTHONPATH=str(ROOT), RAY_DATA_DISABLE_PROGRESS_BARS="1", **fault.env)
+    env = job_env(fault.env)
     before = snapshot(fault.watch)
     if fault.before is not None:
         fault.before()
@@ -512,30 +522,59 @@ def run_fault(fault: Fault) -> dict:
         cwd=ROOT,
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
-    stdout_head = []
+    lines: list[tuple[str, str]] = []  # (stream, line) in the order they arrived
+    arrived = threading.Condition()
+
+    def pump(stream, name: str) -> None:
+        for line in stream:
+            with arrived:
+                lines.append((name, line.rstrip("\n")))
+                arrived.notify_all()
+
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True),
+    ]
+    for thread in pumps:
+        thread.start()
+
+    def stdout_so_far() -> list[str]:
+        with arrived:
+            return [line for name, line in lines if name == "out"]
+
     marker = fault.at_line or fault.interrupt_after
     if marker:
-        for line in proc.stdout:
-            stdout_head.append(line)
-            if line.startswith(marker):
-                break
+        deadline = time.monotonic() + fault.timeout_s
+        with arrived:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if any(n == "out" and line.startswith(marker) for n, line in lines):
+                    break
+                arrived.wait(timeout=1.0)
         if fault.action is not None:
-            fault.action(proc, stdout_head)
+            fault.action(proc, stdout_so_far())
         else:
             time.sleep(1.0)
             proc.send_signal(signal.SIGINT)
+        faulted = time.monotonic()
     elif fault.action is not None:
         time.sleep(fault.delay_s)
-        fault.action(proc, stdout_head)
+        fault.action(proc, stdout_so_far())
+        faulted = time.monotonic()
+    else:
+        faulted = None
     try:
-        stdout, stderr = proc.communicate(timeout=fault.timeout_s)
+        proc.wait(timeout=max(1.0, fault.timeout_s - (time.monotonic() - started)))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-    seconds = time.monotonic() - started
+        proc.wait()
+    for thread in pumps:
+        thread.join(timeout=30)
+    stdout = "".join(line + "\n" for name, line in lines if name == "out")
+    stderr = "".join(line + "\n" for name, line in lines if name == "err")
+    ended = time.monotonic()
+    seconds = ended - started
     if fault.after is not None:
         fault.after()
-    stdout = "".join(stdout_head) + stdout
     err_lines = [line for line in stderr.splitlines() if line.strip()]
     santa_lines = [line for line in err_lines if line.startswith("santa:")]
     if fault.success_line:
@@ -544,7 +583,7 @@ def run_fault(fault: Fault) -> dict:
     else:
         message = (santa_lines[-1:] or err_lines[:1] or ["(no message)"])[0]  # how it ended
     safe = snapshot(fault.watch) == before and (fault.check() if fault.check else True)
-    terminal = [line for line in (stdout + stderr).splitlines() if line.strip()]
+    terminal = [line for _, line in lines if line.strip()]
     return {
         "fault": fault.name,
         "running": fault.running,
@@ -555,7 +594,10 @@ def run_fault(fault: Fault) -> dict:
         "santa_lines": len(santa_lines),
         "message": message,
         "seconds": round(seconds, 1),
+        "after_fault_s": None if faulted is None else round(ended - faulted, 1),
         "data_safe": bool(safe),
+        "last_line": terminal[-1] if terminal else "",
+        "resume_exact": fault.resume() if fault.resume is not None else None,
         "stderr_tail": stderr[-1500:] if proc.returncode != fault.expected else "",
         "ok": proc.returncode == fault.expected
         # a success, or a process killed outright (no line of its own), or one line
@@ -610,36 +652,6 @@ def start_moto(auth: bool = False) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def format_table(rows: list[dict]) -> str:
-    """A markdown table of the faults' outcomes (long messages cut at 160 characters)."""
-    table = []
-    for row in rows:
-        message = row["message"]
-        if len(message) > 160:
-            message = message[:157] + "..."
-        table.append(
-            [
-                row["fault"],
-                f"{row['exit']} ({row['expected']})",
-                f"{row['seconds']:.1f}",
-                row.get("terminal_lines", "-"),
-                row["stderr_lines"],
-                message,
-                "yes" if row["data_safe"] else "NO",
-            ]
-        )
-    header = [
-        "fault",
-        "exit (want)",
-        "s to the end",
-        "terminal lines",
-        "stderr lines",
-        "message",
-        "data safe",
-    ]
-    return common.format_table(header, table, align="lrrrrll")
-
-
 def merge_rows(kept: list[dict], fresh: list[dict]) -> list[dict]:
     """A re-run of some faults (``--only``): their rows replace the recorded ones, in the
     recorded order; the other faults' rows stay; new faults come last."""
@@ -679,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         faults = build_faults(work, moto_url, auth_url, silent.endpoint)
         if not args.bad_input_only:
             faults += build_running_faults(work, moto_url, pausable, pausable_url)
+            faults += build_more_running_faults(work, pausable, pausable_url)
         for fault in faults:
             if args.only and not any(text in fault.name for text in args.only):
                 continue
@@ -704,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print(format_table(rows))
+    print(faults_table(rows))
     passed = sum(row["ok"] and row["data_safe"] for row in rows)
     running = [row for row in rows if row.get("running")]
     print(f"\n{passed}/{len(rows)} faults: right exit code, its santa line(s), data safe")
@@ -839,6 +852,13 @@ def _finished(run: Path, steps: int) -> bool:
 
 def corrupt_model(folder: Path) -> None:
     """A tiny model folder whose model.safetensors is cut short (its header is gone)."""
+    tiny_model(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+
+
+def tiny_model(folder: Path) -> None:
+    """A tiny model folder (its tokenizer trained on the stdlib pairs)."""
     from bench.corpora import stdlib_pair_rows
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
@@ -849,8 +869,6 @@ def corrupt_model(folder: Path) -> None:
     DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0).save_pretrained(
         str(folder), santa_config=get_recipe("tiny")
     )
-    weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:40])
 
 
 def lost_node(mode: str, work: Path) -> list[str]:
@@ -1325,6 +1343,246 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
         ),
     ]
     return faults
+
+
+# ============================================================================ issue 40
+# Point 9's faults: Ctrl-C of index and export, two writers into export, index and
+# mine_negatives, S3 silent while Ray Data reads. (Ctrl-C of mine_negatives, the miner killed
+# mid-ANCE and an async stage too short for any table are the rows above.)
+
+
+def _when(found: Callable[[subprocess.Popen], bool], then, limit_s: float = 300.0):
+    """An action: ``then`` once ``found(proc)`` holds (polled every 20 ms)."""
+
+    def action(proc, head) -> None:
+        deadline = time.monotonic() + limit_s
+        while proc.poll() is None and time.monotonic() < deadline and not found(proc):
+            time.sleep(0.02)
+        then(proc, head)
+
+    return action
+
+
+def _descendant(text: str) -> Callable[[subprocess.Popen], bool]:
+    """Whether a process of the job (its local Ray's workers too) has ``text`` in its
+    command line (a Ray actor's title names its class)."""
+
+    def found(proc) -> bool:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if text in " ".join(child.cmdline()):
+                        return True
+        return False
+
+    return found
+
+
+def _exists(root: Path, pattern: str) -> Callable[[subprocess.Popen], bool]:
+    """Whether a path under ``root`` matches ``pattern`` (a glob)."""
+    return lambda proc: next(root.glob(pattern), None) is not None
+
+
+class FirstWriter:
+    """The job already writing an output when the fault's job asks for it: started in
+    ``start`` (a Fault's ``before``) and paused (SIGSTOP) once it holds the output's lock,
+    so it holds it while the second runs; ``finish`` (``after``) lets it go on to its end."""
+
+    def __init__(self, command: list[str], lock: Path) -> None:
+        self.command, self.lock = command, lock
+        self.proc: subprocess.Popen | None = None
+        self.stderr = ""
+
+    def _holds(self) -> bool:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            return any(f.path == str(self.lock) for f in psutil.Process(self.proc.pid).open_files())
+        return False
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *self.command],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=job_env({}),
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 300
+        while self.proc.poll() is None and time.monotonic() < deadline and not self._holds():
+            time.sleep(0.02)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)  # its driver only: its Ray runs on
+        else:
+            print(f"  the first writer ended (exit {self.proc.returncode}) before", flush=True)
+
+    def finish(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        try:
+            self.stderr = self.proc.communicate(timeout=600)[1]
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.stderr = self.proc.communicate()[1]
+
+    def finished(self, output: Path) -> bool:
+        """It ended with exit 0 and published ``output``."""
+        if self.proc.returncode != 0 or not output.exists():
+            print(f"  the first writer: exit {self.proc.returncode}; {self.stderr[-600:]}")
+        return self.proc.returncode == 0 and output.exists()
+
+
+def _same_embeddings(one: Path, other: Path) -> bool:
+    """Whether two index folders hold the same ids and embeddings, shard by shard."""
+    import pyarrow.parquet as pq
+
+    shards = sorted(p.name for p in (one / "embeddings").glob("*.parquet"))
+    same = bool(shards) and shards == sorted(
+        p.name for p in (other / "embeddings").glob("*.parquet")
+    )
+    return same and all(
+        pq.read_table(one / "embeddings" / name).equals(pq.read_table(other / "embeddings" / name))
+        for name in shards
+    )
+
+
+def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[Fault]:
+    """Issue 40's faults (after :func:`build_running_faults`, whose inputs they reuse)."""
+    import boto3
+
+    from santa.runtime.layout import RunLayout, output_lock
+
+    pairs, big_pairs, model = str(work / "pairs"), str(work / "big-pairs"), work / "tiny-model"
+    tiny_model(model)
+    # A model folder of 640 MB (a padding file), so that its export copy takes a while.
+    big_model = work / "big-model"
+    shutil.copytree(model, big_model)
+    block = os.urandom(64 << 20)
+    with open(big_model / "padding.bin", "wb") as padding:
+        for _ in range(10):
+            padding.write(block)
+    # The JSON lines of a CodeSearchNet layout on the S3 server that is stopped.
+    s3 = {
+        "AWS_ENDPOINT_URL": pausable_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    client = boto3.client("s3", endpoint_url=pausable_url, region_name="us-east-1")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket="paused")
+    body = work / "big" / "python" / "final" / "jsonl" / "train" / "python_train_0.jsonl.gz"
+    for k in range(4):
+        key = f"csn/python/final/jsonl/train/python_train_{k}.jsonl.gz"
+        client.put_object(Bucket="paused", Key=key, Body=body.read_bytes())
+
+    exported, idx_whole, idx_cut, neg = (
+        work / "exported", work / "idx-whole", work / "idx-cut", work / "neg-first"
+    )  # fmt: skip
+    export = ["ray_jobs.export", "--checkpoint", str(model), "--to", str(exported)]
+    first_export = FirstWriter(export, Path(output_lock(str(exported))))
+
+    def index(output: Path) -> list[str]:
+        return [
+            "ray_jobs.index", "--checkpoint", str(model), "--corpus", big_pairs,
+            "--output", str(output), "--shard-size", "1000", "--actors", "1",
+        ]  # fmt: skip
+
+    first_index = FirstWriter(index(idx_whole), Path(RunLayout(str(idx_whole)).local_lock))
+    mine = ["ray_jobs.mine_negatives", "--checkpoint", str(model), "--data", pairs]
+    mine += ["--output", str(neg)]
+    first_mine = FirstWriter(mine, Path(output_lock(str(neg))))
+
+    def stop_s3(proc, head) -> None:
+        os.kill(pausable.pid, signal.SIGSTOP)
+
+    def resume_s3() -> None:
+        os.kill(pausable.pid, signal.SIGCONT)
+
+    read = ["ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", "s3://paused/csn"]
+    read += ["--output", str(work / "s3-read-out"), "--address", "local"]
+    return [
+        Fault(
+            "export: a second job into an output in use (the first finishes)",
+            export,
+            2,
+            before=first_export.start,
+            after=first_export.finish,
+            check=lambda: first_export.finished(exported / "model.safetensors"),
+            running=True,
+        ),
+        Fault(
+            "export: Ctrl-C mid-copy keeps the output",
+            ["ray_jobs.export", "--checkpoint", str(big_model), "--to", str(exported)]
+            + ["--overwrite"],
+            130,
+            action=_when(_exists(work, ".exported.partial-*"), _killpg(signal.SIGINT, 0.0)),
+            watch=[exported],
+            check=lambda: not list(work.glob(".exported.partial-*")),
+            running=True,
+        ),
+        Fault(
+            "index: a second job into an output in use (the first finishes)",
+            index(idx_whole),
+            2,
+            before=first_index.start,
+            after=first_index.finish,
+            check=lambda: first_index.finished(idx_whole / "report.json"),
+            running=True,
+            timeout_s=900,
+        ),
+        Fault(
+            "index: Ctrl-C mid-encode (a shard written)",
+            index(idx_cut),
+            130,
+            action=_when(
+                _exists(work, "idx-cut.partial-*/embeddings/*.parquet"),
+                _killpg(signal.SIGINT, 0.0),
+            ),
+            check=lambda: not (idx_cut / "report.json").exists() and _lock_free(idx_cut),
+            running=True,
+        ),
+        Fault(
+            "index: re-run after Ctrl-C",
+            index(idx_cut),
+            0,
+            success_line="[index] resuming",
+            check=lambda: (idx_cut / "report.json").is_file(),
+            resume=lambda: _same_embeddings(idx_cut, idx_whole),
+            running=True,
+        ),
+        Fault(
+            "mine_negatives: a second job into an output in use (the first finishes)",
+            mine,
+            2,
+            before=first_mine.start,
+            after=first_mine.finish,
+            check=lambda: first_mine.finished(neg / "report.json"),
+            running=True,
+        ),
+        Fault(
+            "preprocess: S3 silent during a Ray Data read (moto stopped)",
+            read,
+            1,
+            env=s3,
+            action=_when(_descendant("CodePairBuilder"), stop_s3),
+            after=resume_s3,
+            check=lambda: not (work / "s3-read-out").exists(),
+            running=True,
+        ),
+        Fault(
+            "preprocess: re-run once S3 answers again",
+            read,
+            0,
+            env=s3,
+            success_line="rows written",
+            check=lambda: (work / "s3-read-out" / "report.json").is_file(),
+            running=True,
+        ),
+    ]
 
 
 if __name__ == "__main__":

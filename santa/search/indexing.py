@@ -515,7 +515,13 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         print(f"[index] {config.output} is up to date (same model, corpus and settings)")
         return {**published, "up_to_date": True}
 
-    with RunLock(config.output, force=config.force, description="ray_jobs.index"):
+    with RunLock(
+        config.output,
+        force=config.force,
+        description="ray_jobs.index",
+        what="output",
+        hint="pick another --output",
+    ):
         staged = _work_place(config.output, key)
         shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
         plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}

@@ -1,0 +1,32 @@
+"""One writer per index folder (issue 40, point 9): a second ray_jobs.index into an output
+another index job holds is refused in one line naming the output and its flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.recipes import get_recipe
+from santa.runtime.runlock import RunLock, RunLockedError
+from santa.search.indexing import IndexConfig, build_index
+from tests.training import stdlib_pair_rows, write_beir
+
+
+def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(tmp_path):
+    rows = stdlib_pair_rows()
+    tokenizer = train_tokenizer([r["query"] for r in rows] + [r["document"] for r in rows], 500)
+    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0)
+    model.save_pretrained(str(tmp_path / "model"), santa_config=get_recipe("tiny"))
+    beir = write_beir(tmp_path / "beir", rows)
+    output = tmp_path / "index"
+    config = IndexConfig(checkpoint=str(tmp_path / "model"), corpus=beir, output=str(output))
+    with (
+        RunLock(str(output), description="ray_jobs.index"),  # the first job's lock
+        pytest.raises(RunLockedError) as refused,
+    ):
+        build_index(config)  # refused before any encoding (no Ray needed)
+    line = str(refused.value)
+    assert line.startswith(f"output {output} is in use by pid "), line
+    assert line.endswith("wait for it or pick another --output"), line
+    assert not (output / "report.json").exists()
