@@ -33,3 +33,14 @@ def test_job_scripts_stay_thin() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 150
     }
     assert long == {}, f"job scripts over 150 lines (move the work into santa/): {long}"
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """CI's last line is the README's test command, word for word: a tier added to one and
+    not the other is caught here."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```bash\n", readme.index("Run the tests")) + len("```bash\n")
+    command = readme[start : readme.index("```", start)].strip()
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == command
+    assert "python -m pytest" in command
