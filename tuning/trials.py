@@ -80,11 +80,20 @@ class EvalReportCallback(TuneReportCallback):
             super().after_report(run_context, metrics, checkpoint)
 
 
+def trial_run(sweep: dict[str, Any], layout: RunLayout):
+    """The Ray Train run of one trial: the sweep's run settings, in the trial's folder
+    (``trial_layout``'s, as is)."""
+    from santa.train.trainer import RunSpec
+
+    run = {key: value for key, value in sweep["run"].items() if key != "storage"}
+    return RunSpec(layout=layout, **run)
+
+
 def train_trial(params: dict[str, Any]) -> None:
     """The Tune function trainable: one santa training run with the trial's parameters."""
     from ray import tune
 
-    from santa.train.trainer import RunSpec, fit
+    from santa.train.trainer import fit
 
     sweep = params["sweep"]
     config = trial_config(params)
@@ -92,9 +101,7 @@ def train_trial(params: dict[str, Any]) -> None:
     if sweep.get("objective") == "scoder":
         train_scoder_trial(config, sweep, layout)
         return
-    run = {key: value for key, value in sweep["run"].items() if key != "storage"}
-    spec = RunSpec(layout=layout, **run)  # the trial's folder: trial_layout's, as is
-    result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
+    result = fit(config, trial_run(sweep, layout), callbacks=[EvalReportCallback(sweep["metric"])])
     if result.error is not None:
         raise result.error
 
