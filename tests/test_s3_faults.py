@@ -149,6 +149,29 @@ def test_a_silent_endpoint_while_reading_json_lines_is_a_fault_not_a_corrupt_fil
     assert time.monotonic() - started < 30
 
 
+def test_a_silent_endpoint_while_publishing_leaves_the_staging_folder_alone(
+    own_moto, monkeypatch, caplog
+):
+    """Issue 40: an output staged on S3 whose endpoint stops answering ended after the
+    write's timeouts and then those of deleting the staging folder (65 s for preprocess,
+    a warning before its line); the delete is not tried (the next run clears what is left)."""
+    from santa.data.outputs import staged_output
+    from santa.runtime.storage import StorageError
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
+    for name, value in {**TIMEOUTS, "SANTA_S3_READ_TIMEOUT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SANTA_S3_MAX_ATTEMPTS", "1")
+    own_moto.create_bucket("silent-publish")
+    with pytest.raises(StorageError) as failed, staged_output("s3://silent-publish/out") as staged:
+        os.kill(own_moto.process.pid, signal.SIGSTOP)
+        storage.write_json(storage.join(staged.staging, "report.json"), {})
+    assert failed.value.transient and "to write s3://silent-publish/out/" in str(failed.value)
+    assert "could not delete the staging folder" not in caplog.text
+
+
 @pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(

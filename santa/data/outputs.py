@@ -183,8 +183,13 @@ def staged_output(uri: str, tool: str = "") -> Iterator[StagedOutput]:
     staged = stage(uri, tool=tool)
     try:
         yield staged
-    except BaseException:
-        staged.abandon()
+    except BaseException as error:
+        from santa.runtime.errors import root_cause
+
+        # An S3 endpoint that did not answer would make the delete wait its timeouts again
+        # before the job's line (issue 40); the staging folder is left to the next run.
+        if storage.unreachable(root_cause(error)) is None:
+            staged.abandon()
         raise
 
 
