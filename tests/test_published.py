@@ -132,3 +132,15 @@ def test_ray_data_reader_reads_the_same_rows(tmp_path, ray_cluster):
     assert sorted(row["doc_id"] for row in rows) == sorted(whole.column("doc_id").to_pylist())
     with pytest.raises(MissingPairs, match="holds no preprocessed pairs"):
         pairs_dataset(str(tmp_path))
+
+
+def test_the_tokenizer_sample_reads_queries_then_documents_file_by_file(tmp_path):
+    from santa.train.trainer import read_texts
+
+    uri, whole = _two_file_pairs(tmp_path / "pairs")
+    first = whole.slice(0, 6)
+    expected = first.column("query").to_pylist() + first.column("document").to_pylist()
+    assert read_texts(uri, limit=6) == expected  # the first file was enough
+    assert len(read_texts(uri, limit=8)) == 16  # and the second was read for more
+    with pytest.raises(MissingPairs, match="holds no preprocessed pairs"):
+        read_texts(str(tmp_path))
