@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from santa.config import SantaConfig
-from santa.data.outputs import published_root, read_manifest
+from santa.data.outputs import read_manifest
+from santa.data.published import pair_files
 from santa.models.checkpoints import resolve_model
 from santa.runtime import interrupts, storage
 from santa.runtime.interrupts import call_in_thread
@@ -163,8 +164,7 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
 
 def tokenizer_key(data_uri: str, vocab_size: int) -> str:
     """Which corpus (its files, their sizes, its publish) and vocabulary a tokenizer is for."""
-    root = published_root(data_uri)
-    files = storage.list_files(storage.join(root, "data"), suffixes=(".parquet",))
+    files = pair_files(data_uri)
     manifest = read_manifest(data_uri) or {}
     payload = {
         "data": storage.absolute(data_uri),
