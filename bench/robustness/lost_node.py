@@ -24,7 +24,7 @@ from pathlib import Path
 from santa.runtime.ray_utils import _node_start_wait
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_START_WAIT_S = 120.0
+NODE_START_WAIT_S = 180.0
 ELASTIC_STEPS = 150
 TINY = [
     "--recipe", "tiny-ci", "--cpus-per-worker", "1.5", "--max-failures", "2",
@@ -42,7 +42,7 @@ def _start_cluster(attempts: int = 2):
         cluster = Cluster()
         try:
             with _node_start_wait(NODE_START_WAIT_S):
-                cluster.add_node(num_cpus=2)  # the head
+                cluster.add_node(num_cpus=2, include_dashboard=False)  # the head
                 node = cluster.add_node(num_cpus=2)
                 cluster.wait_for_nodes()
             return cluster, node
