@@ -1,15 +1,18 @@
-"""Fault injection against the real command lines (issues 17 and 33).
+"""Fault injection against the real command lines (issues 17, 33 and 40).
 
 Each fault runs a job in a subprocess, in a process group of its own as a terminal would:
 bad input met before the job starts (bad paths, a missing bucket and refused credentials on
 moto's S3 server, a silent S3 endpoint, bad files, a corrupt checkpoint, a locked run) and
 faults while it runs (Ctrl-C to the process group, ``ray job stop``'s SIGTERM, a killed
 training worker, driver or miner actor, moto's server stopped mid-training, two writers, hard
-negatives that never come, a lost node of a two-node cluster). Each is recorded as: exit
-code (and the one expected), seconds to the end, lines on the terminal (stdout and stderr)
-and on stderr, the message (the first ``santa:`` line on stderr, else the first stderr line,
-or for a success the line that shows the fault was handled), and whether the data was safe
-(outputs untouched or whole afterwards, runs resumable, locks released).
+negatives that never come, a lost node of a two-node cluster; issue 40: Ctrl-C of index and
+export, two writers into export, index and mine_negatives, S3 stopped while Ray Data reads).
+Each is recorded as: exit code (and the one expected), seconds to the end (and from the
+fault), lines on the terminal (stdout and stderr) and on stderr, the message (the last
+``santa:`` line on stderr, else the first stderr line, or for a success the line that shows
+the fault was handled), the last terminal line, whether the data was safe (outputs
+untouched or whole afterwards, runs resumable, locks released) and, for a re-run compared
+with an uninterrupted run, whether it ended the same.
 
     python bench/robustness/faults.py [--only SUBSTRING] [--bad-input-only]
 
