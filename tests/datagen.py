@@ -139,10 +139,13 @@ def ruby_valid_records(count: int = 1400) -> list[dict[str, Any]]:
     return records
 
 
-def write_cosqa_sample(path: Path, functions: int = 552, positives: int = 313) -> Path:
-    """A CoSQA-shaped JSON array: ``positives`` queries labelled 1 against their function,
-    other queries labelled 0, ``functions`` distinct functions in all (../shared's sample
-    has 604 records, 313 positive, 552 functions)."""
+def write_cosqa_sample(
+    path: Path, functions: int = 552, positives: int = 313, shared: int = 23
+) -> Path:
+    """A CoSQA-shaped JSON array: ``positives`` queries labelled 1 against their function
+    (``shared`` of them against a function another positive query has), other queries
+    labelled 0, ``functions`` distinct functions in all (../shared's sample has 604
+    records, 313 positive, 552 functions)."""
     rng = random.Random(0)
     codes, docs = [], []
     for index in range(functions):
@@ -156,11 +159,16 @@ def write_cosqa_sample(path: Path, functions: int = 552, positives: int = 313) -
         )
         docs.append(f"python {verb} {noun} {index}")
     records = []
+    # As in the real sample, some functions answer several queries: the last ``shared``
+    # positives reuse the first functions.
+    distinct = positives - shared
     for index in range(positives):
-        records.append({"idx": f"cosqa-dev-{index}", "doc": docs[index], "code": codes[index]})
+        code_index = index if index < distinct else index - distinct
+        query = docs[index] if index < distinct else f"{docs[code_index]} again"
+        records.append({"idx": f"cosqa-dev-{index}", "doc": query, "code": codes[code_index]})
         records[-1]["label"] = 1
-    negatives = list(range(positives, functions))
-    negatives += rng.sample(range(positives), 604 - positives - len(negatives))
+    negatives = list(range(distinct, functions))
+    negatives += rng.sample(range(distinct), 604 - positives - len(negatives))
     for number, code_index in enumerate(negatives):
         query = docs[(code_index + 1) % functions]
         records.append(
