@@ -124,3 +124,21 @@ def test_worker_lines_stop_before_the_jobs_last_line(error, capsys) -> None:
         dispatcher.remove_handler("ray_print_logs")
     assert seen == ["[train] step 5/12"]
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("santa: ")
+
+
+def test_a_placement_timeout_states_the_whole_wait_as_a_user_reads_it(monkeypatch) -> None:
+    """Ray Train giving up on its workers: the line states the whole wait santa allowed
+    (one wait per try), in minutes once it is long: the default is 5 min."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    from santa.runtime.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV
+
+    monkeypatch.delenv(WAIT_ENV, raising=False)
+    monkeypatch.delenv(PLACEMENT_RETRIES_ENV, raising=False)
+    line, code = describe(WorkerGroupStartupTimeoutError(num_workers=2))
+    assert "could not place 2 training workers within 5 min (a node lost" in line, line
+    assert code == RUNTIME_FAULT
+    monkeypatch.setenv(WAIT_ENV, "20")
+    monkeypatch.setenv(PLACEMENT_RETRIES_ENV, "1")
+    line, _ = describe(WorkerGroupStartupTimeoutError(num_workers=2))
+    assert "within 40 s (a node lost" in line, line

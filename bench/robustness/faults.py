@@ -1339,7 +1339,7 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             "pretrain: lost node, --num-workers 1-2 (goes on, grows back)",
             lost_node("elastic", work),
             0,
-            success_line="training goes on with 2 worker(s) of 1-2",
+            success_line="training is back to 2 of 1-2 workers",
             check=lambda: _finished(work / "lost-elastic" / "elastic", ELASTIC_STEPS),
             running=True,
             timeout_s=1500,

@@ -162,12 +162,17 @@ def _describe_placement_timeout(error: BaseException) -> str | None:
     """One line for Ray Train giving up waiting for its workers to be placed."""
     if type(error).__name__ != "WorkerGroupStartupTimeoutError":
         return None
-    from santa.runtime.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV, placement_wait_s
+    from santa.runtime.placement import (
+        PLACEMENT_RETRIES_ENV,
+        WAIT_ENV,
+        describe_wait,
+        placement_wait_s,
+    )
 
     workers = getattr(error, "num_workers", None)
     return (
         f"the cluster could not place {workers or 'the'} training workers within "
-        f"{placement_wait_s():.0f} s (a node lost and not replaced, or too few resources); "
+        f"{describe_wait(placement_wait_s())} (a node lost and not replaced, or too few resources); "
         "the run kept its checkpoints: run the same command when the cluster has room, wait "
         f"longer ({WAIT_ENV}, {PLACEMENT_RETRIES_ENV}), or go on with fewer "
         "(--num-workers MIN-MAX)"

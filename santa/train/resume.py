@@ -68,7 +68,9 @@ def remove_unregistered_checkpoints(run_uri: str) -> list[str]:
             location.fs.delete_dir(entry.path)
             removed.append(RunLayout(run_uri).checkpoint(name))
     for uri in removed:
-        logger.warning("removed %s: an unregistered (incomplete) checkpoint", uri)
+        # Housekeeping after a cut upload (the run resumes from a registered one): the log
+        # file says so; the terminal keeps its one line per fault.
+        logger.info("removed %s: an unregistered (incomplete) checkpoint", uri)
     return removed
 
 
