@@ -465,6 +465,11 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
                 max_t=max_steps,
                 grace_period=min(max_steps, grace),
                 reduction_factor=args.reduction_factor,
+                # A trial at its last step ends by itself: stopped by Tune there instead, its
+                # Ray Train controller dies before it removes its workers' placement group,
+                # which then holds its CPUs until Ray Train's cleaner (it needs the dashboard)
+                # removes it, and the next trial's data waited for them.
+                stop_last_trials=False,
             )
         else:
             scheduler = FIFOScheduler()
