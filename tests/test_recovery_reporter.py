@@ -181,8 +181,13 @@ def two_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    from santa.runtime.ray_utils import _node_start_wait
+    from santa.runtime.ray_utils import _node_start_wait, init_ray
 
+    # The test session's cluster (tests/conftest.py) may be connected already: this test
+    # connects to its own, then hands the session's back to the tests after it.
+    session = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    if session:
+        ray.shutdown()
     with _node_start_wait(120):  # a loaded machine starts a node slowly
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
         worker = cluster.add_node(num_cpus=2)
@@ -193,6 +198,8 @@ def two_nodes():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if session:
+            init_ray(session, log_to_driver=False)
 
 
 @pytest.mark.slow
