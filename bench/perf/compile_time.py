@@ -1,4 +1,4 @@
-"""Seconds to the first compiled step: the whole model against its blocks, cold and warm.
+"""Seconds to the first compiled step: the whole model, its blocks, its nested regions; cold and warm.
 
     python bench/perf/compile_time.py                  # CPU, a small T5 (runs anywhere)
     python bench/perf/compile_time.py --device cuda    # the T5-base shape of gpu_ray.py
@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=12, help="in three windows")
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--scopes", nargs="+", default=["model", "blocks", "regions"], help="compile scopes"
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-compile-time"))
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="santa-inductor-") as unused:
         eager = plain_run(args, ["train.compile=never"], unused)
     rows = []
-    for scope in ("model", "blocks"):
+    for scope in args.scopes:
         settings = [
             "train.compile=always",
             f"train.compile_backend={args.backend}",

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 37's GPU measurements in one short window, most valuable first, each under a time
+# limit cut to what is left of the budget (a GPU is lent for about 15 minutes at a time):
+#
+#   source .gpu-site/setup.sh && bash bench/perf/gpu_session.sh OUT [SECONDS] [SCOPE]
+#
+# 1. bench/perf/gpu_ray.py at T5-base (300 steps; Ray, the plain loop, the worker loop
+#    without Ray), compiled with SCOPE (default regions); the later systems find the Ray
+#    run's Inductor cache warm.
+# 2. The CUDA tests (no host-device sync inside a step, pinned batches, bf16).
+# 3. bench/perf/step_overhead.py: the near-zero model through the three systems.
+# Logs and JSON land in OUT; a step that overruns its limit is cut, the next one runs.
+set -uo pipefail
+out=${1:?usage: gpu_session.sh OUT [SECONDS] [SCOPE]}
+budget=${2:-540}
+scope=${3:-regions}
+mkdir -p "$out"
+started=$SECONDS
+
+step() {  # step NAME LIMIT COMMAND...: run under min(LIMIT, what is left), output tee'd
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((budget - (SECONDS - started)))
+  if [ "$left" -lt 40 ]; then
+    echo "[gpu] $name skipped: ${left} s left"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "[gpu] $name (at most $limit s) from $((SECONDS - started)) s"
+  timeout --signal=INT --kill-after=15 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$out/$name.log"
+  echo "[gpu] $name: exit $rc at $((SECONDS - started)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python -c "import torch, transformers, ray; print(torch.__version__, transformers.__version__, ray.__version__)"
+step gpu_ray 400 python bench/perf/gpu_ray.py --set "train.compile_scope=$scope" \
+  --output "$out/gpu_ray_$scope.json"
+step cuda_tests 60 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_gpu.py \
+  tests/test_train_step.py
+step step_overhead 150 python bench/perf/step_overhead.py --output "$out/step_overhead_gpu.json"
+echo "[gpu] done in $((SECONDS - started)) s"
