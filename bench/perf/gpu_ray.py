@@ -165,7 +165,7 @@ def run_ray(args: argparse.Namespace, data: str) -> dict[str, Any]:
 
     batch = get_recipe("tiny").with_overrides(overrides(args)).train.global_batch_size
     rates = [m["pairs_per_s"] for m in metrics]
-    phases = {k: v for k, v in metrics[-1].items() if k.startswith("startup_")}
+    phases = {k: v for k, v in metrics[-1].items() if k.startswith(("startup_", "compile"))}
     first_lines = process.stdout.splitlines()[:3]
     return {
         "system": "ray",
