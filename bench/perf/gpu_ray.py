@@ -253,10 +253,18 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         optimizer.step()
+        if step == 1:
+            float(losses["loss"].detach())
+            first_step_s = time.perf_counter() - started
+            print(f"[bench] plain: first step done {first_step_s:.1f} s in", flush=True)
         if step % args.window == 0:
             float(losses["loss"].detach())  # waits for the device, as the loop's logging does
             now = time.perf_counter()
             rates.append(batch * args.window / (now - window_started))
+            print(
+                f"[bench] plain: step {step}, {rates[-1]:.1f} pairs/s ({now - started:.1f} s in)",
+                flush=True,
+            )
             window_started = now
     stage_s = time.perf_counter() - started
     return {
@@ -267,7 +275,7 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
         "loop_pairs_per_s": args.steps * batch / (time.perf_counter() - loop_started),
         "windows_pairs_per_s": rates,
         **window_figures(rates),
-        "phases_s": {"startup_model_s": loaded_s},
+        "phases_s": {"startup_model_s": loaded_s, "first_step_s": first_step_s},
     }
 
 
@@ -347,33 +355,29 @@ def print_tables(result: dict[str, Any]) -> None:
                 print(f"| {key.removeprefix('startup_').removesuffix('_s')} | {value:.2f} |")
 
 
+def system_line(row: dict[str, Any]) -> str:
+    """One system's figures, printed as soon as it has run."""
+    return (
+        f"[bench] {row['system']}: stage {row['stage_s']:.1f} s, steady "
+        f"{row['steady_pairs_per_s']:.1f} pairs/s, worst window "
+        f"{row['worst_to_median']:.2f} of the median; "
+        + ", ".join(f"{key} {value:.1f}" for key, value in row["phases_s"].items())
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run both systems; print and save the figures."""
+    """Run the systems; print and save the figures (the JSON is written again after each
+    system, ``"complete": false`` until the last: a run cut short keeps what it measured)."""
     args = parse_args(argv)
     bench = common.BenchRun(__file__, argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     data = build_pairs(args.workdir, args.pairs)
-    systems = []
+    import torch
+
     from santa.recipes import get_recipe
 
     config = get_recipe("tiny").with_overrides(overrides(args))
-    if args.skip_ray:
-        from santa.train.trainer import RunSpec, prepare_initial_model
-
-        spec = RunSpec.of(data=data, storage=str(args.workdir / "runs"), name="plain-init")
-        init_model = prepare_initial_model(config, spec)
-    else:
-        print(f"[bench] ray_jobs.pretrain, {args.steps} steps ...", flush=True)
-        systems.append(run_ray(args, data))
-        init_model = str(Path(systems[0]["run"]) / "init_model")
-    print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
-    systems.append(run_plain(args, init_model))
-    if not args.skip_local:
-        print(f"[bench] the worker loop without Ray, {args.steps} steps ...", flush=True)
-        systems.append(run_local(args, init_model, data))
-    import torch
-
-    result = {
+    result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "cpu_count": os.cpu_count(),
         "steps": args.steps,
@@ -381,8 +385,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "pairs": args.pairs,
         "batch": config.train.global_batch_size,
         "overrides": overrides(args),
-        "systems": systems,
+        "systems": [],
+        "complete": False,
     }
+
+    def done(row: dict[str, Any]) -> None:
+        result["systems"].append(row)
+        print(system_line(row), flush=True)
+        bench.write_json(args.output, result)
+
+    if args.skip_ray:
+        from santa.train.trainer import RunSpec, prepare_initial_model
+
+        spec = RunSpec.of(data=data, storage=str(args.workdir / "runs"), name="plain-init")
+        init_model = prepare_initial_model(config, spec)
+    else:
+        print(f"[bench] ray_jobs.pretrain, {args.steps} steps ...", flush=True)
+        done(run_ray(args, data))
+        init_model = str(Path(result["systems"][0]["run"]) / "init_model")
+    print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
+    done(run_plain(args, init_model))
+    if not args.skip_local:
+        print(f"[bench] the worker loop without Ray, {args.steps} steps ...", flush=True)
+        done(run_local(args, init_model, data))
+    result["complete"] = True
     print_tables(result)
     bench.write_json(args.output, result)
     return result
