@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
 if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
@@ -24,6 +23,7 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 
 from bench import common
 from bench.corpora import write_stdlib_pairs
+from santa.data.published import read_pairs
 from santa.method.distributed import identity_gather
 from santa.models.dual_encoder import DualEncoder
 from santa.recipes import get_recipe
@@ -39,7 +39,7 @@ def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> d
     model = DualEncoder.from_pretrained(init_model, config.model)
     model.train()  # as in the Ray loop (from_pretrained returns eval mode)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
-    table = pq.read_table(Path(data) / "data")
+    table = read_pairs(data)
     batch_size = config.train.global_batch_size
     settings = tokenization_settings(config)
     timings = []

@@ -100,9 +100,9 @@ def loop_pairs_per_s(step_ends: list[float], started: float, batch: int, window:
 def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
     """santa's own step in this process: tokenize, forward, DR loss, backward, AdamW;
     with ``cached``, GradCache in chunks of ``--mini-batch`` pairs."""
-    import pyarrow.parquet as pq
     import torch
 
+    from santa.data.published import read_pairs
     from santa.method.distributed import identity_gather
     from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
@@ -118,7 +118,7 @@ def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
         model.gradient_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
-    table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
+    table = read_pairs(args.data, columns=["query", "document"])
     settings = tokenization_settings(config)
     batch = args.batch
     started, ends = time.perf_counter(), []
@@ -142,7 +142,6 @@ def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
 
 def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
     """``SentenceTransformerTrainer`` with (Cached)MultipleNegativesRankingLoss."""
-    import pyarrow.parquet as pq
     import torch
     from datasets import Dataset
     from sentence_transformers import (
@@ -153,13 +152,14 @@ def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
     from sentence_transformers.sentence_transformer import losses
     from transformers import TrainerCallback
 
+    from santa.data.published import read_pairs
     from santa.recipes import get_recipe
 
     torch.set_num_threads(args.threads)
     config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))
     model = SentenceTransformer(config.model.backbone, device="cpu")
     model.max_seq_length = args.doc_length
-    table = pq.read_table(Path(args.data) / "data", columns=["query", "document"])
+    table = read_pairs(args.data, columns=["query", "document"])
     dataset = Dataset.from_dict(
         {"anchor": table["query"].to_pylist(), "positive": table["document"].to_pylist()}
     )
@@ -280,10 +280,12 @@ def build_pairs(work: Path) -> str:
 
 
 def pq_rows(data: str) -> int:
-    """Pairs in a preprocessed folder (``data/*.parquet``)."""
+    """Pairs in a preprocessed folder (its published ``data/*.parquet``)."""
     import pyarrow.parquet as pq
 
-    return sum(pq.read_metadata(path).num_rows for path in (Path(data) / "data").glob("*.parquet"))
+    from santa.data.published import pair_files
+
+    return sum(pq.read_metadata(path).num_rows for path in pair_files(data))
 
 
 def run_once(system: str, args: argparse.Namespace, data: str, work: Path) -> dict:

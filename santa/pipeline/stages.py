@@ -20,6 +20,7 @@ folder reuses the corpus, the mined table and every finished stage, and resumes 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -122,9 +123,9 @@ class PipelineSpec:
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be a positive number of steps")
 
-    @property
+    @functools.cached_property
     def layout(self) -> RunLayout:
-        """The run folder."""
+        """The run folder (built once: the spec is frozen)."""
         return RunLayout.of(self.storage, self.name)
 
 

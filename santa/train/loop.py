@@ -43,7 +43,7 @@ from santa.train.compile_cache import (
 )
 from santa.train.compiling import compile_for_training
 from santa.train.epochs import EpochReader
-from santa.train.loop_config import OBJECTIVES, LoopConfig
+from santa.train.loop_config import LoopConfig, objective_entry
 from santa.train.optim import build_optimizer
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
 from santa.train.resume import load_newest_loadable
@@ -141,7 +141,7 @@ class Objective:
 
 def objective_class(name: str) -> type[Objective]:
     """The objective class registered under ``name`` in ``santa.train.loop_config.OBJECTIVES``."""
-    module_name, _, class_name = OBJECTIVES[name][0].partition(":")
+    module_name, _, class_name = objective_entry(name).objective.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
