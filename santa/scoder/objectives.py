@@ -29,7 +29,7 @@ from santa.method.losses import (
 from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
-from santa.train.loop import Objective
+from santa.train.objective import Objective
 from santa.train.objectives import DualEncoderObjective, to_device
 
 __all__ = [

@@ -20,7 +20,7 @@ from santa.method.losses import contrastive_loss, total_loss
 from santa.models.dual_encoder import DualEncoder
 from santa.runtime.layout import checkpoint_model
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
-from santa.train.loop import Objective
+from santa.train.objective import Objective
 
 __all__ = [
     "BATCH_KEYS",

@@ -1,0 +1,103 @@
+"""What the one training loop (:mod:`santa.train.loop`) trains: an *objective* builds its
+model, turns a batch into losses, and saves and loads its model; the loop does the rest.
+Objectives are registered by name in :data:`santa.train.loop_config.OBJECTIVES`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from santa.config import SantaConfig
+from santa.train.loop_config import LoopConfig, objective_entry
+
+if TYPE_CHECKING:
+    from santa.train.loop import WorkerTrainer
+
+__all__ = ["Objective", "objective_class"]
+
+
+class Objective:
+    """What one kind of training adds to the loop. Subclasses override the parts they need.
+
+    The loop calls, in order: :meth:`build_model` (before DDP), :meth:`setup` (after DDP,
+    with the trainer built), then per step :meth:`losses` (inside autocast; the ``loss``
+    entry is back-propagated, every entry is averaged into the logged window) and
+    :meth:`after_step`; at reports :meth:`report_metrics` and :meth:`progress_line`; at
+    checkpoints :meth:`save_model` / :meth:`load_model`. :meth:`forward_backward` runs
+    :meth:`losses` and its backward; an objective replaces it to chunk the step (GradCache).
+    """
+
+    tag = "train"
+    """The progress lines' tag (``[train] step ...``)."""
+
+    def __init__(self, loop: LoopConfig) -> None:
+        self.loop = loop
+        self.config: SantaConfig = loop.santa
+
+    def learning_rate(self) -> float:
+        """The peak learning rate of the optimizer."""
+        return self.config.train.learning_rate
+
+    def build_model(self) -> torch.nn.Module:
+        """The module to train, on CPU (the loop moves and wraps it)."""
+        raise NotImplementedError
+
+    def find_unused_parameters(self, model: torch.nn.Module) -> bool:
+        """Whether some parameters get no gradient (DDP must be told; the search costs)."""
+        return False
+
+    def setup(self, trainer: WorkerTrainer) -> None:
+        """After the model is wrapped: anything that needs the device or the rank."""
+
+    def losses(self, trainer: WorkerTrainer, batch: Any) -> dict[str, torch.Tensor | float]:
+        """One batch's forward: ``{"loss": tensor to back-propagate, other metrics...}``."""
+        raise NotImplementedError
+
+    def forward_backward(
+        self, trainer: WorkerTrainer, batch: Any
+    ) -> dict[str, torch.Tensor | float]:
+        """One batch's gradients, accumulated into the (zeroed) parameters; returns
+        :meth:`losses`' entries. By default :meth:`losses` under autocast, then backward;
+        GradCache (``train.grad_cache_chunk_size``) runs its own chunked forward/backward."""
+        with trainer.autocast:
+            losses = self.losses(trainer, batch)
+        losses["loss"].backward()
+        return losses
+
+    def after_step(self, trainer: WorkerTrainer) -> None:
+        """After the optimizer step (the step counter already advanced)."""
+
+    def report_metrics(self, trainer: WorkerTrainer) -> dict[str, float]:
+        """Extra metrics of a report (e.g. hard negatives')."""
+        return {}
+
+    def progress_line(self, metrics: dict[str, float], steps: int) -> str:
+        """One line of progress for the job's log (rank 0, every report)."""
+        line = f"[{self.tag}] step {int(metrics['step'])}/{steps} loss {metrics['loss']:.4f}"
+        for key in ("accuracy", "soft_label_entropy", "dev_mrr"):
+            if key in metrics:
+                line += f" {key} {metrics[key]:.4f}"
+        return line
+
+    def save_model(self, directory: str, model: torch.nn.Module) -> None:
+        """Write the model into a checkpoint folder."""
+        raise NotImplementedError
+
+    def load_model(self, directory: str, model: torch.nn.Module) -> None:
+        """Load the weights :meth:`save_model` wrote into ``model``."""
+        raise NotImplementedError
+
+    def evaluates(self) -> bool:
+        """Whether dev metrics can be computed for this objective's model."""
+        return False
+
+    def close(self) -> None:
+        """Release what :meth:`setup` took."""
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The objective class registered under ``name`` in ``santa.train.loop_config.OBJECTIVES``."""
+    module_name, _, class_name = objective_entry(name).objective.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
