@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict:
     from santa.runtime import interrupts, storage
     from santa.runtime.preflight import check_input, check_writable
     from santa.runtime.ray_utils import init_ray
-    from santa.search.indexing import IndexConfig, build_index
+    from santa.search.indexing import IndexConfig, build_index, output_lock
 
     config = IndexConfig(
         checkpoint=_local_or_as_is(args.checkpoint),
@@ -80,12 +80,14 @@ def run(args: argparse.Namespace) -> dict:
     )
     check_input(config.corpus, "--corpus")
     check_writable(config.output, "--output")
-    print(init_ray(args.address, progress=args.progress), flush=True)
-    with interrupts.keeping(
-        lambda: f"nothing was published; {config.output} is as it was",
-        hint="run the same command to resume (the encoded shards are kept)",
-    ):
-        manifest = build_index(config)
+    # The output's lock before Ray starts: a second writer is refused in a second.
+    with output_lock(config):
+        print(init_ray(args.address, progress=args.progress), flush=True)
+        with interrupts.keeping(
+            lambda: f"nothing was published; {config.output} is as it was",
+            hint="run the same command to resume (the encoded shards are kept)",
+        ):
+            manifest = build_index(config, lock=False)
     summary = {key: manifest.get(key) for key in ("count", "dimension", "similarity", "pooling")}
     print(
         json.dumps(

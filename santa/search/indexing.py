@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -456,17 +457,31 @@ def _build_faiss(
     return index, dim
 
 
-def build_index(config: IndexConfig) -> dict[str, Any]:
+def output_lock(config: IndexConfig):
+    """The lock of the index output (one writer at a time)."""
+    from santa.runtime.runlock import RunLock
+
+    return RunLock(
+        config.output,
+        force=config.force,
+        description="ray_jobs.index",
+        what="output",
+        hint="pick another --output",
+    )
+
+
+def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
     """Encode ``config.corpus`` with the model and publish the index; returns the manifest.
 
     Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`) when shards must be encoded.
     An output already published from the same model, corpus and settings is left as it is
-    (the manifest returned has ``up_to_date: true``).
+    (the manifest returned has ``up_to_date: true``). ``lock=False``: the caller holds
+    :func:`output_lock` (the job takes it before starting Ray, so that a second writer is
+    refused in a second).
     """
     from santa.eval.evaluation import EvalConfig, evaluation_lengths
     from santa.models.checkpoints import load_model, resolve_model
     from santa.negatives.miner import index_kind
-    from santa.runtime.runlock import RunLock
 
     started = time.perf_counter()
     resolved = resolve_model(config.checkpoint)
@@ -515,13 +530,7 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         print(f"[index] {config.output} is up to date (same model, corpus and settings)")
         return {**published, "up_to_date": True}
 
-    with RunLock(
-        config.output,
-        force=config.force,
-        description="ray_jobs.index",
-        what="output",
-        hint="pick another --output",
-    ):
+    with output_lock(config) if lock else nullcontext():
         staged = _work_place(config.output, key)
         shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
         plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}
