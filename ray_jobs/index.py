@@ -14,7 +14,6 @@ Parquet shards of (id, embedding), a faiss index, the documents and a manifest
 from __future__ import annotations
 
 import argparse
-import json
 
 from santa.runtime.errors import exit_with, run_job
 from santa.runtime.quiet import PROGRESS_HELP
@@ -88,14 +87,25 @@ def run(args: argparse.Namespace) -> dict:
             hint="run the same command to resume (the encoded shards are kept)",
         ):
             manifest = build_index(config, lock=False)
-    summary = {key: manifest.get(key) for key in ("count", "dimension", "similarity", "pooling")}
-    print(
-        json.dumps(
-            {**summary, "index": manifest["index"]["kind"], "throughput": manifest["throughput"]}
-        )
-    )
+    if not manifest.get("up_to_date"):
+        print(summary_line(manifest), flush=True)
     print(f"output: {config.output}")
     return manifest
+
+
+def summary_line(manifest: dict) -> str:
+    """What was published, in one line (the figures are in the output's ``report.json``)."""
+    shards = manifest.get("shards") or {}
+    speed = manifest["throughput"].get("documents_per_s")
+    encoded = f"{shards.get('encoded', 0)} of {shards.get('count', 0)} shard(s) encoded"
+    if speed:
+        encoded += f" at {speed:,.1f} documents/s"
+    return (
+        f"[index] published {manifest['count']:,} documents ({manifest['dimension']}-dim, "
+        f"{manifest['similarity']}, {manifest['pooling']} pooling) as a "
+        f"{manifest['index']['kind']} index: {encoded}, "
+        f"{manifest['throughput']['total_s']:.1f} s in all"
+    )
 
 
 def _local_or_as_is(uri: str) -> str:
