@@ -1,4 +1,4 @@
-"""Seconds to the first compiled step: the whole model, its blocks, its nested regions; cold and warm.
+"""Seconds to the first compiled step by compile scope (model, blocks, regions), cold and warm.
 
     python bench/perf/compile_time.py                  # CPU, a small T5 (runs anywhere)
     python bench/perf/compile_time.py --device cuda    # the T5-base shape of gpu_ray.py
@@ -61,7 +61,9 @@ def plain_run(args: argparse.Namespace, settings: list[str], cache_dir: str) -> 
             "--output",
             str(output),
         ]
-        shape = CPU_SHAPE if args.device == "cpu" else ()
+        shape = list(CPU_SHAPE) if args.device == "cpu" else []
+        if args.layers:
+            shape.append(f"model.tiny_num_layers={args.layers}")
         for override in [*shape, *settings]:
             command += ["--set", override]
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=12, help="in three windows")
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--layers", type=int, default=0, help="layers of each stack (default: the shape's)"
+    )
     parser.add_argument(
         "--scopes", nargs="+", default=["model", "blocks", "regions"], help="compile scopes"
     )
@@ -115,7 +120,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"| {row['scope']} | {row['cache']} | {row['compile_s']:.1f} | "
             f"{row['steady_pairs_per_s']:.1f} |"
         )
-    result = {"device": args.device, "steps": args.steps, "eager": eager, "rows": rows}
+    result = {
+        "device": args.device,
+        "steps": args.steps,
+        "layers": args.layers or None,
+        "eager": eager,
+        "rows": rows,
+    }
     bench.write_json(args.output, result)
     return result
 
