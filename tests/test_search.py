@@ -19,8 +19,9 @@ from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
 from santa.recipes import get_recipe
 from santa.search.corpus import detect_format, read_corpus
-from santa.search.indexing import EMBEDDINGS_DIR, IndexConfig, build_index, shard_name
+from santa.search.indexing import IndexConfig, build_index
 from santa.search.searcher import Searcher, first_line, format_hits
+from santa.search.shards import EMBEDDINGS_DIR, shard_name
 from tests.datagen import stdlib_python_records, write_csn_layout
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
@@ -228,7 +229,7 @@ def test_resume_encodes_only_the_missing_shard(built, tmp_path):
 
 
 def _embeddings(root: Path) -> tuple[list[str], np.ndarray]:
-    from santa.search.indexing import read_embeddings
+    from santa.search.shards import read_embeddings
 
     return read_embeddings(str(root), 4)
 

@@ -33,21 +33,26 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from santa.data.outputs import StagedOutput, read_manifest
 from santa.runtime import storage
 from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpus
 from santa.search.faiss_index import INDEX_KINDS, EmbeddingIndex
+from santa.search.shards import (
+    DOCUMENTS_FILE,
+    INDEX_FILE,
+    embedding_matrix,
+    finished_shards,
+    read_documents,
+    read_shard,
+    write_parquet_whole,
+    write_shard,
+)
 
 __all__ = ["IndexConfig", "ShardEncoder", "build_index", "index_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
-DOCUMENTS_FILE = "documents.parquet"
-EMBEDDINGS_DIR = "embeddings"
-INDEX_FILE = "index.faiss"
 PLAN_FILE = "plan.json"
 WORK_SUFFIX = ".partial-"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -221,88 +226,6 @@ class ShardEncoder:
         return {"shard": batch["shard"], "rows": np.array(rows), "seconds": np.array(seconds)}
 
 
-def shard_name(shard: int) -> str:
-    """The file name of shard ``shard``."""
-    return f"part-{shard:05d}.parquet"
-
-
-def read_documents(root: str, shard: int | None = None, columns: list[str] | None = None):
-    """``documents.parquet`` under ``root``: all of it, or the row group of one shard."""
-    filesystem, path = storage.resolve(storage.join(root, DOCUMENTS_FILE))
-    with filesystem.open_input_file(path) as handle:
-        reader = pq.ParquetFile(handle)
-        if shard is None:
-            return reader.read(columns=columns)
-        return reader.read_row_group(shard, columns=columns)
-
-
-def write_shard(root: str, shard: int, ids: pa.Array, embeddings: np.ndarray) -> None:
-    """Write one shard's ``(id, embedding)`` rows whole."""
-    dim = embeddings.shape[1]
-    values = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).ravel(), pa.float32())
-    table = pa.table({"id": ids, "embedding": pa.FixedSizeListArray.from_arrays(values, dim)})
-    _write_parquet_whole(table, storage.join(root, EMBEDDINGS_DIR, shard_name(shard)))
-
-
-def _write_parquet_whole(table: pa.Table, uri: str, **options: Any) -> None:
-    """Write a Parquet file that is never seen half-written (S3 objects appear whole)."""
-    if storage.is_s3(uri):
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **options)
-        storage.write_bytes(uri, sink.getvalue().to_pybytes())
-        return
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
-    partial = os.path.join(os.path.dirname(uri), f".{os.path.basename(uri)}.{uuid.uuid4().hex}")
-    pq.write_table(table, partial, **options)
-    os.replace(partial, uri)
-
-
-def read_embeddings(root: str, shards: int) -> tuple[list[str], np.ndarray]:
-    """Every shard's ids and embeddings ``(n, dim)``, in shard order."""
-    ids: list[str] = []
-    parts: list[np.ndarray] = []
-    for shard in range(shards):
-        table = _read_shard(root, shard)
-        ids.extend(table.column("id").to_pylist())
-        parts.append(_embedding_matrix(table))
-    return ids, np.concatenate(parts)
-
-
-def _read_shard(root: str, shard: int) -> pa.Table:
-    filesystem, path = storage.resolve(storage.join(root, EMBEDDINGS_DIR, shard_name(shard)))
-    return pq.read_table(path, filesystem=filesystem)
-
-
-def _embedding_matrix(table: pa.Table) -> np.ndarray:
-    column = table.column("embedding").combine_chunks()
-    dim = column.type.list_size
-    return column.values.to_numpy(zero_copy_only=False).reshape(-1, dim)  # (rows, dim)
-
-
-def _finished_shards(work: str, expected: list[int]) -> set[int]:
-    """Shards whose file is there with the expected number of rows."""
-    folder = storage.join(work, EMBEDDINGS_DIR)
-    if not storage.exists(folder):
-        return set()
-    present = {
-        os.path.basename(uri.removeprefix("s3://")): uri
-        for uri in storage.list_files(folder, suffixes=(".parquet",))
-    }
-    done = set()
-    for shard, rows in enumerate(expected):
-        uri = present.get(shard_name(shard))
-        if uri is None:
-            continue
-        filesystem, path = storage.resolve(uri)
-        try:
-            with filesystem.open_input_file(path) as handle:
-                if pq.ParquetFile(handle).metadata.num_rows == rows:
-                    done.add(shard)
-        except (OSError, pa.ArrowInvalid):
-            continue  # unreadable: encode it again
-    return done
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -325,7 +248,7 @@ def _prepare_work(staged: StagedOutput, plan: dict[str, Any], corpus: Corpus) ->
         except ValueError:
             pass
     storage.delete_dir(staged.staging)
-    _write_parquet_whole(
+    write_parquet_whole(
         corpus.table,
         storage.join(staged.staging, DOCUMENTS_FILE),
         row_group_size=plan["shard_size"],
@@ -444,8 +367,8 @@ def _build_faiss(
         pending_ids, pending, pending_rows = [], [], 0
 
     for shard in range(shards):
-        table = _read_shard(work, shard)
-        matrix = _embedding_matrix(table)
+        table = read_shard(work, shard)
+        matrix = embedding_matrix(table)
         dim = matrix.shape[1]
         pending_ids.extend(table.column("id").to_pylist())
         pending.append(matrix)
@@ -535,7 +458,7 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
         shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
         plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}
         resumed = _prepare_work(staged, plan, corpus)
-        finished = _finished_shards(staged.staging, shard_rows) if resumed else set()
+        finished = finished_shards(staged.staging, shard_rows) if resumed else set()
         missing = [shard for shard in range(shards) if shard not in finished]
         if finished:
             print(
@@ -547,7 +470,7 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
         _encode_missing(
             config, resolved.model_uri, staged.staging, missing, plan, document_length, report
         )
-        still_missing = set(missing) - _finished_shards(staged.staging, shard_rows)
+        still_missing = set(missing) - finished_shards(staged.staging, shard_rows)
         if still_missing:
             raise RuntimeError(f"shards {sorted(still_missing)[:5]} were not written")
         indexed_at = time.perf_counter()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from santa.data.outputs import published_root, read_manifest
 from santa.runtime import storage
 from santa.search.faiss_index import EmbeddingIndex
-from santa.search.indexing import INDEX_FILE, read_documents
+from santa.search.shards import INDEX_FILE, read_documents
 
 if TYPE_CHECKING:
     from santa.models.dual_encoder import DualEncoder
