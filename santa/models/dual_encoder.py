@@ -16,7 +16,6 @@ Single-device code: parallelism (DDP, gathering) lives in the training loop and 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import tempfile
@@ -27,10 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import (
-    AutoConfig,
     AutoModel,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     T5Config,
@@ -40,13 +37,20 @@ from transformers import (
 from santa.config import ModelConfig, SantaConfig
 from santa.method import losses
 from santa.models.backbones import read_sentence_transformers_layout
+from santa.models.folders import (
+    PROJECTION_FILE,
+    explain_load_failure,
+    infer_model_config,
+    load_tokenizer,
+    saved_projection,
+    with_folder_structure,
+    without_pooler,
+)
 from santa.runtime import storage
 from santa.runtime.layout import SANTA_CONFIG_FILE
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 
-# The projection after pooling (a sentence-transformers Dense), saved beside the weights.
-PROJECTION_FILE = "santa_projection.safetensors"
 _ACTIVATIONS = {
     "identity": nn.Identity,
     "tanh": nn.Tanh,
@@ -71,7 +75,6 @@ def _takes_prepared_masks() -> bool:
 
 _PREPARED_MASKS = _takes_prepared_masks()
 _MASK_READY_ATTENTION = ("sdpa", "eager")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.json")
 
 
 @dataclass
@@ -447,7 +450,7 @@ class DualEncoder(nn.Module):
                     return cls._load(local_dir, model_config)
             return cls._load(uri_or_name, model_config)
         except Exception as error:  # safetensors' SafetensorError is none of OSError & co.
-            _explain_load_failure(uri_or_name, error)
+            explain_load_failure(uri_or_name, error)
             raise
 
     @classmethod
@@ -458,17 +461,17 @@ class DualEncoder(nn.Module):
             model_config = ModelConfig.from_dict(json.loads(saved_config_path.read_text())["model"])
         layout = read_sentence_transformers_layout(location) if is_local else None
         if model_config is None:
-            model_config = _infer_model_config(location, layout)
+            model_config = infer_model_config(location, layout)
         elif layout is not None:
-            model_config = _with_folder_structure(model_config, layout.model_fields)
+            model_config = with_folder_structure(model_config, layout.model_fields)
         auto_class = AutoModelForSeq2SeqLM if model_config.kind == "t5" else AutoModel
         # santa saves no pooler: build none for its own checkpoints (others carry theirs)
         saved_by_santa = is_local and saved_config_path.is_file()
-        extra = _without_pooler(location, model_config) if saved_by_santa else {}
+        extra = without_pooler(location, model_config) if saved_by_santa else {}
         backbone = auto_class.from_pretrained(location, **extra)
-        model = cls(backbone, model_config, _load_tokenizer(location, model_config, is_local))
+        model = cls(backbone, model_config, load_tokenizer(location, model_config, is_local))
         if model.projection is not None:
-            state = _saved_projection(location) or (layout and layout.projection_state)
+            state = saved_projection(location) or (layout and layout.projection_state)
             if not state:
                 raise ValueError(f"{location}: the config has a projection but no weights for it")
             model.projection.load_state_dict(state)
@@ -508,100 +511,3 @@ class DualEncoder(nn.Module):
                 for key, value in self.projection.state_dict().items()
             }
             save_file(state, str(Path(directory) / PROJECTION_FILE))
-
-
-# Fields that describe the weights and tokenizer of a folder (not choices of a recipe).
-_STRUCTURE_FIELDS = (
-    "max_seq_length",
-    "lowercase",
-    "projection_dim",
-    "projection_bias",
-    "projection_activation",
-)
-
-
-def _infer_model_config(location: str, layout=None) -> ModelConfig:
-    """A ModelConfig for a folder or hub name that has no santa_config.json.
-
-    Encoder-decoder → T5 with decoder-0 pooling; a sentence-transformers folder → its own
-    module list (pooling, projection, normalization → cosine, length, lower-casing); any
-    other encoder → CLS pooling and dot product.
-    """
-    hf_config = AutoConfig.from_pretrained(location)
-    if getattr(hf_config, "is_encoder_decoder", False):
-        return ModelConfig(backbone=location, kind="t5")
-    fields = {"pooling": "cls"} if layout is None else layout.model_fields
-    return ModelConfig(backbone=location, kind="encoder", **fields)
-
-
-def _with_folder_structure(model_config: ModelConfig, folder_fields: dict[str, Any]) -> ModelConfig:
-    """``model_config`` with the structure a sentence-transformers folder declares.
-
-    A recipe chooses pooling and similarity; the projection, length limit and lower-casing
-    belong to the weights and tokenizer, so they come from the folder unless set.
-    """
-    defaults = ModelConfig()
-    changes = {
-        name: folder_fields[name]
-        for name in _STRUCTURE_FIELDS
-        if name in folder_fields and getattr(model_config, name) == getattr(defaults, name)
-    }
-    return dataclasses.replace(model_config, **changes) if changes else model_config
-
-
-def _saved_projection(location: str) -> dict[str, torch.Tensor] | None:
-    """The projection santa saved beside the weights, if any."""
-    path = Path(location) / PROJECTION_FILE
-    if not path.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
-
-
-def _without_pooler(location: str, model_config: ModelConfig) -> dict[str, Any]:
-    """``add_pooling_layer=False`` for encoder-only classes that take it (BERT and kin).
-
-    santa never uses a pooler (see ``DualEncoder.__init__``) and does not save one, so
-    loading a santa checkpoint would otherwise make transformers build it afresh and
-    report its weights as missing.
-    """
-    if model_config.kind == "t5":
-        return {}
-    try:
-        model_class = AutoModel._model_mapping[type(AutoConfig.from_pretrained(location))]
-    except (KeyError, OSError, ValueError):
-        return {}
-    if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
-        return {"add_pooling_layer": False}
-    return {}
-
-
-def _load_tokenizer(
-    location: str, model_config: ModelConfig, is_local: bool
-) -> PreTrainedTokenizerBase | None:
-    if is_local and any((Path(location) / name).is_file() for name in _TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(location)
-    if model_config.tokenizer is not None:
-        return AutoTokenizer.from_pretrained(model_config.tokenizer)
-    if not is_local:
-        return AutoTokenizer.from_pretrained(location)  # a hub name: its own tokenizer
-    return None
-
-
-def _explain_load_failure(uri: str, error: BaseException) -> None:
-    """Raise a ``ValueError`` naming the broken file of a model folder that failed to load
-    (the libraries' own messages, such as safetensors' ``HeaderTooLarge``, name none)."""
-    if not (storage.is_s3(uri) or os.path.isdir(uri)):
-        return  # a hub name: the library's message is the one to see
-    if isinstance(error, storage.StorageError):
-        return  # no model there, or storage unreachable: already one line naming the URI
-    from santa.models.weights import model_folder_problem
-
-    try:
-        problem = model_folder_problem(uri)
-    except Exception:  # noqa: BLE001 - the original error is the one to raise then
-        return
-    if problem is not None:
-        file_uri, reason = problem
-        raise ValueError(f"cannot load checkpoint {file_uri}: {reason}") from error
