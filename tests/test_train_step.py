@@ -90,10 +90,8 @@ def test_read_means_reads_each_device_once_and_averages() -> None:
     assert sum(reads.values()) == 1
 
 
-@pytest.mark.parametrize("scope", ["blocks", "regions"])
-def test_regional_compilation_trains_as_eager(tiny_run, scope: str) -> None:
-    """Each T5 block compiled (``blocks``), or the model with its blocks as nested regions
-    (``regions``), under aot_eager (Dynamo and AOTAutograd's graphs, no C++) gives the
+def test_regional_compilation_trains_as_eager(tiny_run) -> None:
+    """Each T5 block compiled (aot_eager: Dynamo and AOTAutograd's graphs, no C++) gives the
     losses of eager steps; the graphs are compiled in the first window and never again."""
     eager, eager_session = local_trainer(tiny_run, steps=3, log_every=1)
     run_worker(eager)
@@ -103,51 +101,15 @@ def test_regional_compilation_trains_as_eager(tiny_run, scope: str) -> None:
         log_every=1,
         compile="always",
         compile_backend="aot_eager",
-        compile_scope=scope,
+        compile_scope="blocks",
     )
-    # blocks: the blocks are compiled, not the model; regions: the model is
-    assert (compiled.forward_model is compiled.ddp_model) == (scope == "blocks")
+    assert compiled.forward_model is compiled.ddp_model  # the blocks, not the model
     run_worker(compiled)
     for plain, regional in zip(eager_session.reports, compiled_session.reports, strict=True):
         assert regional["loss"] == pytest.approx(plain["loss"], rel=1e-5)
         assert regional["loss_mep"] == pytest.approx(plain["loss_mep"], rel=1e-5)
     graphs = [report["compile_graphs"] for report in compiled_session.reports]
     assert graphs[0] > 0 and graphs == [graphs[0]] * 3
-
-
-def test_nested_regions_trace_each_kind_of_block_once() -> None:
-    """``regions``: one graph of the whole model in which the blocks are calls of nested
-    subgraphs, one traced subgraph reused by every block of a kind; the outputs are
-    eager's."""
-    from santa.train.compiling import mark_regions
-
-    tokenizer = train_tokenizer(["def f(x): return x", "Open a file."] * 20, vocab_size=400)
-    config = ModelConfig(tiny_d_model=16, tiny_d_ff=32, tiny_num_layers=4, tiny_num_heads=2)
-    model = DualEncoder.build_tiny(config, tokenizer, seed=0).eval()
-    encoder = model.backbone.encoder
-    ids = torch.randint(2, model.backbone.config.vocab_size, (3, 7))
-    mask = torch.ones_like(ids)
-    expected = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-    graphs = []
-
-    def recording(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
-
-    assert mark_regions(encoder) == 4
-    compiled = torch.compile(encoder, backend=recording)
-    got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
-    torch.testing.assert_close(got, expected)
-    assert len(graphs) == 1  # the whole encoder: one graph
-    calls = [
-        node
-        for node in graphs[0].graph.nodes
-        if node.op == "call_function" and "invoke_subgraph" in str(node.target)
-    ]
-    subgraphs = {node.args[1] for node in calls}
-    # blocks 2..4 call one traced subgraph (the first, which computes the position bias, is
-    # traced inline)
-    assert len(calls) >= 3 and len(subgraphs) == 1
 
 
 def test_repeated_blocks_are_t5s_blocks_and_a_model_without_them_compiles_whole() -> None:

@@ -1,4 +1,4 @@
-"""Seconds to the first compiled step by compile scope (model, blocks, regions), cold and warm.
+"""Seconds to the first compiled step by compile scope (the model, its blocks), cold and warm.
 
     python bench/perf/compile_time.py                  # CPU, a small T5 (runs anywhere)
     python bench/perf/compile_time.py --device cuda    # the T5-base shape of gpu_ray.py
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--layers", type=int, default=0, help="layers of each stack (default: the shape's)"
     )
-    parser.add_argument(
-        "--scopes", nargs="+", default=["model", "blocks", "regions"], help="compile scopes"
-    )
+    parser.add_argument("--scopes", nargs="+", default=["model", "blocks"], help="compile scopes")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-compile-time"))
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@
 #   source .gpu-site/setup.sh && bash bench/perf/gpu_session.sh OUT [SECONDS] [SCOPE]
 #
 # 1. bench/perf/gpu_ray.py at T5-base (300 steps; Ray, the plain loop, the worker loop
-#    without Ray), compiled with SCOPE (default regions); the later systems find the Ray
+#    without Ray), compiled with SCOPE (default model); the later systems find the Ray
 #    run's Inductor cache warm.
 # 2. The CUDA tests (no host-device sync inside a step, pinned batches, bf16).
 # 3. bench/perf/step_overhead.py: the near-zero model through the three systems.
@@ -13,7 +13,7 @@
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [SCOPE]}
 budget=${2:-540}
-scope=${3:-regions}
+scope=${3:-model}
 mkdir -p "$out"
 started=$SECONDS
 

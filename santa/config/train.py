@@ -131,15 +131,12 @@ class TrainConfig:
     """The ``torch.compile`` backend (``inductor``; ``aot_eager`` needs no C++ compiler)."""
 
     compile_scope: str = "model"
-    """What ``compile`` compiles: ``model``, the whole step's forward as one graph;
+    """What ``compile`` compiles: ``model``, the whole step's forward as one graph, or
     ``blocks``, each repeated transformer block (regional compilation: a few small graphs
-    shared by every layer; what runs between blocks stays eager); or ``regions``, the whole
-    model as one graph in which each repeated block is a nested compile region, traced once
-    and reused (hierarchical compilation). Measured at T5-base on an H100 (bench/RESULTS.md):
-    ``blocks`` compiles in 60 s instead of 193 s but steps at 536 pairs/s instead of 1,012
-    (each compiled block call costs the host time), so ``model`` wins past about 1,200 steps.
-    ``regions`` compiled a 12 + 12-layer T5 in 142 s instead of 319 s on CPU at the same
-    step time; on the H100 (torch 2.11) its first step was not reached in 130 s."""
+    shared by every layer; what runs between blocks stays eager). Measured at T5-base on an
+    H100 (bench/RESULTS.md): ``blocks`` compiles in 60 s instead of 193 s but steps at 536
+    pairs/s instead of 1,012 (each compiled block call costs the host time), so ``model``
+    wins past about 1,200 steps: ``blocks`` suits short runs and debugging."""
 
     grad_cache_chunk_size: int = 0
     """GradCache (Gao et al., 2021): embed each worker's batch in chunks of this many pairs

@@ -14,19 +14,12 @@ between blocks (embeddings, masks, the loss) stays eager.
 The price is paid at every step: each compiled block call runs Dynamo's guards and
 AOTAutograd's wrappers on the host, forward and backward. At T5-base on an H100 (batch 128,
 lengths 50/240/60; bench/RESULTS.md) the blocks compiled in 60 s instead of 193 s, and the
-plain step ran at 536 pairs/s instead of 1,012 whole-model (238 eager).
-
-``regions`` takes both: the whole model is one graph (one set of guards per step, as
-``model``), and each repeated block is a nested compile region
-(``torch.compiler.nested_compile_region``, PyTorch's hierarchical compilation): Dynamo
-traces a block once and stamps the traced subgraph out for every other block of the same
-kind and input shapes, so the time to trace and compile grows with the kinds of block, not
-with the depth.
+plain step ran at 536 pairs/s instead of 1,012 whole-model (238 eager). So the default
+stays ``model``; ``blocks`` is for short runs, where the compile is most of the time.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -36,7 +29,7 @@ from santa.config import COMPILE_SCOPES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["COMPILE_SCOPES", "compile_for_training", "mark_regions", "repeated_blocks"]
+__all__ = ["COMPILE_SCOPES", "compile_for_training", "repeated_blocks"]
 
 # Graphs a block's code may get: (block kind) x (input shapes of a step: queries,
 # documents, decoder lengths) x (grad mode, GradCache's first pass has none). Dynamo's
@@ -63,39 +56,11 @@ def _raise_recompile_limit() -> None:
             setattr(config, name, max(getattr(config, name), _RECOMPILE_LIMIT))
 
 
-@torch.compiler.nested_compile_region
-def _block_region(block: nn.Module, *args, **kwargs):
-    """One block's forward as a nested compile region (shared by every block: the block is
-    an input, its parameters the subgraph's inputs). A region's outputs may not alias its
-    inputs, and blocks pass some inputs straight through (T5's position bias after the
-    first block): those are returned as copies while compiling."""
-    outputs = type(block).forward(block, *args, **kwargs)
-    if not torch.compiler.is_compiling() or not isinstance(outputs, tuple):
-        return outputs
-    inputs = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-    return tuple(
-        output.clone()
-        if isinstance(output, torch.Tensor) and any(output is value for value in inputs)
-        else output
-        for output in outputs
-    )
-
-
-def mark_regions(model: nn.Module) -> int:
-    """Route each repeated block of ``model`` through one nested compile region (outside
-    ``torch.compile`` a plain call of the block's forward); how many blocks."""
-    blocks = repeated_blocks(model)
-    for block in blocks:
-        block.forward = functools.partial(_block_region, block)
-    return len(blocks)
-
-
 def compile_for_training(
     model: nn.Module, wrapped: nn.Module, *, scope: str, backend: str
 ) -> nn.Module:
     """What the step calls: ``wrapped`` (``model`` under DDP, or ``model`` itself) compiled
-    whole (``scope="model"``), whole with ``model``'s repeated blocks as nested compile
-    regions (``scope="regions"``), or ``wrapped`` as it is with each of ``model``'s repeated
+    whole (``scope="model"``), or ``wrapped`` as it is with each of ``model``'s repeated
     blocks compiled in place (``scope="blocks"``; a model without blocks is compiled
     whole)."""
     if scope not in COMPILE_SCOPES:
@@ -108,7 +73,4 @@ def compile_for_training(
                 block.compile(backend=backend, dynamic=False)
             logger.info("compiling %d blocks (%s)", len(blocks), type(blocks[0]).__name__)
             return wrapped
-    if scope == "regions":
-        _raise_recompile_limit()
-        logger.info("compiling the model, %d blocks as nested regions", mark_regions(model))
     return torch.compile(wrapped, backend=backend)

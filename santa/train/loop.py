@@ -7,8 +7,8 @@ plain process (benchmarks, tests), the same loop without Ray. What is trained is
 (:mod:`santa.train.objectives`) or SCodeR's discriminators and soft-labeled dual encoder
 (:mod:`santa.scoder.objectives`). An objective builds its model, turns a batch into losses, and saves and loads its model;
 everything else is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA)
-and the warm-up schedule, DDP, ``torch.compile`` (the whole model, its blocks as nested
-regions, or each block), bf16 autocast, exact resume with fallback past a broken checkpoint, metrics
+and the warm-up schedule, DDP, ``torch.compile`` (the whole model, or each transformer
+block), bf16 autocast, exact resume with fallback past a broken checkpoint, metrics
 (``metrics.jsonl``, TensorBoard, progress lines; read from the device once per logged
 window, never inside a step), dev evaluation and checkpoints.
 """
