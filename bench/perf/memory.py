@@ -50,6 +50,7 @@ class SavedTensors:
 
     def __init__(self) -> None:
         self.storages: dict[int, int] = {}
+        self.shapes: dict[int, str] = {}
 
     def pack(self, tensor):
         import torch
@@ -57,7 +58,20 @@ class SavedTensors:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
             storage = tensor.untyped_storage()
             self.storages[storage.data_ptr()] = storage.nbytes()
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            self.shapes[storage.data_ptr()] = f"{tuple(tensor.shape)} {dtype}"
         return tensor
+
+    def largest(self, count: int = 8) -> list[dict[str, Any]]:
+        """The shapes that hold the most saved bytes: how many tensors, how many MB."""
+        by_shape: dict[str, list[int]] = {}
+        for pointer, size in self.storages.items():
+            by_shape.setdefault(self.shapes[pointer], []).append(size)
+        rows = [
+            {"shape": shape, "tensors": len(sizes), "mb": sum(sizes) / MB}
+            for shape, sizes in by_shape.items()
+        ]
+        return sorted(rows, key=lambda row: row["mb"], reverse=True)[:count]
 
     @staticmethod
     def unpack(tensor):
@@ -146,6 +160,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     phase(f"{args.steps} steps")
     trainer.close(publish=False)
     return {
+        "attention": getattr(trainer.model.backbone.config, "_attn_implementation", None),
+        "saved_by_shape": saved.largest(),
         "recipe": args.recipe,
         "batch": args.batch,
         "lengths": [
@@ -179,6 +195,11 @@ def print_table(result: dict[str, Any]) -> None:
             f"{row['peak_mb'] - previous:+,.0f} | {named or '-'} |"
         )
         previous = row["peak_mb"]
+    print(f"\nactivations saved for backward, by shape (attention: {result['attention']})\n")
+    print("| shape | tensors | MB |")
+    print("|---|---:|---:|")
+    for row in result["saved_by_shape"]:
+        print(f"| {row['shape']} | {row['tensors']} | {row['mb']:,.0f} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
