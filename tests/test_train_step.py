@@ -246,3 +246,25 @@ def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
     assert row["phases_s"]["startup_tokenize_s"] > 0 and row["steady_pairs_per_s"] > 0
     figures = step_overhead.step_ms([1.0, 100.0, 50.0, 200.0], batch=100)
     assert figures == {"ms_per_step_median": 1000.0, "ms_per_step_p90": 2000.0}
+
+
+def test_the_memory_bench_names_the_steps_working_set(tmp_path: Path) -> None:
+    """``bench/perf/memory.py`` on the tiny recipe: the gradients are the parameters' size,
+    AdamW's state twice that, the saved activations are counted and grouped by shape."""
+    from bench.perf import memory
+
+    result = memory.main(
+        ["--recipe", "tiny", "--batch", "8", "--steps", "2", "--pairs", "64", "--threads", "1"]
+        + ["--workdir", str(tmp_path), "--output", str(tmp_path / "memory.json")]
+    )
+    phases = {row["phase"]: row for row in result["phases"]}
+    parameters_mb = phases["model, optimizer, reader"]["named_mb"]
+    first = phases["first step"]
+    assert parameters_mb == pytest.approx(result["parameters"] * 4 / memory.MB, rel=0.01)
+    assert first["gradients_mb"] == pytest.approx(parameters_mb, rel=0.01)
+    assert first["optimizer_state_mb"] == pytest.approx(2 * parameters_mb, rel=0.01)
+    assert first["activations_saved_mb"] > 0
+    by_shape = result["saved_by_shape"]
+    assert by_shape and sum(row["mb"] for row in by_shape) <= first["activations_saved_mb"] + 1e-6
+    assert first["peak_mb"] >= phases["tokenized set"]["peak_mb"]
+    assert (tmp_path / "memory.json").exists()
