@@ -279,6 +279,23 @@ def run_plain(args: argparse.Namespace, init_model: str) -> dict[str, Any]:
     }
 
 
+def local_trainer(config, init_model: str, shard, *, steps: int, threads: int, device: str):
+    """The worker loop over an in-memory ``shard`` in this process, and its session."""
+    from santa.train.loop import WorkerTrainer
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
+
+    session = LocalSession(shard, device=device)
+    loop = LoopConfig(
+        santa=config,
+        init_model=init_model,
+        train_rows=shard.rows,
+        stop_at_step=steps,
+        torch_threads=threads,
+    )
+    return WorkerTrainer(loop, session), session
+
+
 def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str, Any]:
     """The worker loop itself (``WorkerTrainer``: the objective, the reader thread, the
     window metrics) in this process through :class:`~santa.train.session.LocalSession`,
@@ -287,9 +304,8 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
     import torch
 
     from santa.recipes import get_recipe
-    from santa.train.loop import WorkerTrainer, run_worker
-    from santa.train.loop_config import LoopConfig
-    from santa.train.session import LocalSession, local_shard
+    from santa.train.loop import run_worker
+    from santa.train.session import local_shard
 
     on_gpu = args.device == "cuda"
     config = get_recipe("tiny").with_overrides(
@@ -301,15 +317,10 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
     started = time.perf_counter()
     shard = local_shard(data, init_model, config)
     tokenized_s = time.perf_counter() - started
-    session = LocalSession(shard, device=args.device)
-    loop = LoopConfig(
-        santa=config,
-        init_model=init_model,
-        train_rows=shard.rows,
-        stop_at_step=args.steps,
-        torch_threads=args.threads,
+    trainer, session = local_trainer(
+        config, init_model, shard, steps=args.steps, threads=args.threads, device=args.device
     )
-    run_worker(WorkerTrainer(loop, session))
+    run_worker(trainer)
     stage_s = time.perf_counter() - started
     batch = config.train.global_batch_size
     rates = [report["pairs_per_s"] for report in session.reports]

@@ -28,6 +28,7 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common  # noqa: E402
+from bench.perf import gpu_ray  # noqa: E402
 
 RESULTS = common.RESULTS_DIR / "memory.json"
 MB = 2**20
@@ -104,9 +105,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.corpora import write_stdlib_pairs
     from santa.recipes import get_recipe
-    from santa.train.loop import WorkerTrainer
-    from santa.train.loop_config import LoopConfig
-    from santa.train.session import LocalSession, local_shard
+    from santa.train.session import local_shard
 
     torch.set_num_threads(args.threads)
     phase("imports (torch, transformers, santa's loop)")
@@ -124,15 +123,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     shard = local_shard(data, init_model, config)
     arrays = {key: value for key, value in shard.columns.items() if hasattr(value, "nbytes")}
     phase("tokenized set", named_mb=sum(a.nbytes for a in arrays.values()) / MB)
-    session = LocalSession(shard, device="cpu")
-    loop = LoopConfig(
-        santa=config,
-        init_model=init_model,
-        train_rows=shard.rows,
-        stop_at_step=args.steps,
-        torch_threads=args.threads,
+    trainer, _ = gpu_ray.local_trainer(
+        config, init_model, shard, steps=args.steps, threads=args.threads, device="cpu"
     )
-    trainer = WorkerTrainer(loop, session)
     parameters = list(trainer.model.parameters())
     phase("model, optimizer, reader", named_mb=tensors_mb(parameters))
     # What train() sets before its first step.
