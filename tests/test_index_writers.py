@@ -8,8 +8,8 @@ import pytest
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
 from santa.recipes import get_recipe
-from santa.runtime.runlock import RunLock, RunLockedError
-from santa.search.indexing import IndexConfig, build_index
+from santa.runtime.runlock import RunLockedError
+from santa.search.indexing import IndexConfig, build_index, output_lock
 from tests.training import stdlib_pair_rows, write_beir
 
 
@@ -22,7 +22,7 @@ def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(t
     output = tmp_path / "index"
     config = IndexConfig(checkpoint=str(tmp_path / "model"), corpus=beir, output=str(output))
     with (
-        RunLock(str(output), description="ray_jobs.index"),  # the first job's lock
+        output_lock(config),  # the first job's lock
         pytest.raises(RunLockedError) as refused,
     ):
         build_index(config)  # refused before any encoding (no Ray needed)
@@ -49,7 +49,7 @@ def test_the_index_job_is_refused_before_ray_starts(tmp_path):
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-m", "ray_jobs.index", "--checkpoint", str(tmp_path / "model")]
     command += ["--corpus", beir, "--output", str(output)]
-    with RunLock(str(output), description="ray_jobs.index"):
+    with output_lock(IndexConfig(checkpoint="", corpus=beir, output=str(output))):
         started = time.perf_counter()
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         seconds = time.perf_counter() - started
@@ -58,3 +58,4 @@ def test_the_index_job_is_refused_before_ray_starts(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"santa: error: output {output} is in use")
     assert "Ray" not in proc.stdout and "ray" not in proc.stdout.lower(), proc.stdout
     assert seconds < 30, seconds
+    assert not output.exists()  # the lock is beside the output: a refused job leaves nothing

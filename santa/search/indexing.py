@@ -381,13 +381,17 @@ def _build_faiss(
 
 
 def output_lock(config: IndexConfig):
-    """The lock of the index output (one writer at a time)."""
+    """The lock of the index output (one writer at a time), where every job's output lock
+    is (:func:`santa.runtime.layout.output_lock`: locally beside the folder, so a job that
+    fails before publishing leaves no folder behind)."""
+    from santa.runtime.layout import output_lock as lock_place
     from santa.runtime.runlock import RunLock
 
     return RunLock(
         config.output,
         force=config.force,
         description="ray_jobs.index",
+        lock_uri=lock_place(config.output),
         what="output",
         hint="pick another --output",
     )
