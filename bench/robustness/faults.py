@@ -1456,7 +1456,7 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
     """Issue 40's faults (after :func:`build_running_faults`, whose inputs they reuse)."""
     import boto3
 
-    from santa.runtime.layout import RunLayout, output_lock
+    from santa.runtime.layout import output_lock
 
     pairs, big_pairs, model = str(work / "pairs"), str(work / "big-pairs"), work / "tiny-model"
     tiny_model(model)
@@ -1494,7 +1494,7 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
             "--output", str(output), "--shard-size", "1000", "--actors", "1",
         ]  # fmt: skip
 
-    first_index = FirstWriter(index(idx_whole), Path(RunLayout(str(idx_whole)).local_lock))
+    first_index = FirstWriter(index(idx_whole), Path(output_lock(str(idx_whole))))
     mine = ["ray_jobs.mine_negatives", "--checkpoint", str(model), "--data", pairs]
     mine += ["--output", str(neg)]
     first_mine = FirstWriter(mine, Path(output_lock(str(neg))))
