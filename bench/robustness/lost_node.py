@@ -141,6 +141,8 @@ def goes_on_after(result: dict) -> dict[str, float]:
 
 if __name__ == "__main__":
     outcome = scenario(*sys.argv[1:4])
-    sys.stdout.write(outcome["stdout"])
-    sys.stderr.write(outcome["stderr"])
+    # The job's lines in the order it printed them (written whole per stream, stdout's
+    # buffer would reach a reader after stderr's lines and move the santa line up).
+    for _, stream, text in outcome["timed"]:
+        print(text, file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
     sys.exit(outcome["returncode"])
