@@ -111,3 +111,16 @@ def test_a_sweep_trial_trains_in_the_trial_layout(tmp_path) -> None:
     spec = trial_run(sweep, layout)
     assert spec.layout is layout and spec.layout.root == f"{trials}/s-t1"
     assert (spec.cpus_per_worker, spec.max_failures, spec.eval_split) == (0.5, 2, "v")
+
+
+def test_every_registered_objective_gives_the_parts_that_have_no_default() -> None:
+    """The base class's build_model, losses, save_model and load_model raise
+    NotImplementedError; each registered objective overrides all four."""
+    from santa.train.loop_config import OBJECTIVES
+    from santa.train.objective import Objective, objective_class
+
+    for name in OBJECTIVES:
+        cls = objective_class(name)
+        assert issubclass(cls, Objective), name
+        for part in ("build_model", "losses", "save_model", "load_model"):
+            assert getattr(cls, part) is not getattr(Objective, part), (name, part)

@@ -27,6 +27,9 @@ class Objective:
     :meth:`after_step`; at reports :meth:`report_metrics` and :meth:`progress_line`; at
     checkpoints :meth:`save_model` / :meth:`load_model`. :meth:`forward_backward` runs
     :meth:`losses` and its backward; an objective replaces it to chunk the step (GradCache).
+    :meth:`build_model`, :meth:`losses`, :meth:`save_model` and :meth:`load_model` have no
+    default and raise ``NotImplementedError``: every registered objective gives its own
+    (``tests/test_objective_registry.py`` checks).
     """
 
     tag = "train"
