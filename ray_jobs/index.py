@@ -87,25 +87,9 @@ def run(args: argparse.Namespace) -> dict:
             hint="run the same command to resume (the encoded shards are kept)",
         ):
             manifest = build_index(config, lock=False)
-    if not manifest.get("up_to_date"):
-        print(summary_line(manifest), flush=True)
+    # build_index printed what it published ("[index] published ..."): no JSON dump here.
     print(f"output: {config.output}")
     return manifest
-
-
-def summary_line(manifest: dict) -> str:
-    """What was published, in one line (the figures are in the output's ``report.json``)."""
-    shards = manifest.get("shards") or {}
-    speed = manifest["throughput"].get("documents_per_s")
-    encoded = f"{shards.get('encoded', 0)} of {shards.get('count', 0)} shard(s) encoded"
-    if speed:
-        encoded += f" at {speed:,.1f} documents/s"
-    return (
-        f"[index] published {manifest['count']:,} documents ({manifest['dimension']}-dim, "
-        f"{manifest['similarity']}, {manifest['pooling']} pooling) as a "
-        f"{manifest['index']['kind']} index: {encoded}, "
-        f"{manifest['throughput']['total_s']:.1f} s in all"
-    )
 
 
 def _local_or_as_is(uri: str) -> str:

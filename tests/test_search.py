@@ -181,18 +181,6 @@ def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, ca
     assert "   1  " in table and expected[chosen[0]][0] in table
 
 
-def test_the_index_job_says_what_it_published_in_one_line(built):
-    """The job's success is one santa line (the figures are in report.json), not a JSON dump."""
-    from ray_jobs.index import summary_line
-
-    manifest = built["manifest"]
-    line = summary_line(manifest)
-    kind = manifest["index"]["kind"]
-    assert line.startswith(f"[index] published {manifest['count']:,} documents ("), line
-    assert f"as a {kind} index: 4 of 4 shard(s) encoded at " in line, line
-    assert "{" not in line and line.endswith(" s in all"), line
-
-
 def test_rerun_of_a_published_index_is_up_to_date(built):
     again = build_index(built["config"])
     assert again["up_to_date"] is True
