@@ -178,28 +178,10 @@ def test_the_default_wait_is_minutes_and_said_so(monkeypatch) -> None:
 @pytest.fixture
 def two_nodes():
     """A real two-node Ray cluster (head 1 CPU, worker node 2 CPUs), this test's own."""
-    import ray
-    from ray.cluster_utils import Cluster
+    from tests.training import own_cluster
 
-    from santa.runtime.ray_utils import _node_start_wait, init_ray
-
-    # The test session's cluster (tests/conftest.py) may be connected already: this test
-    # connects to its own, then hands the session's back to the tests after it.
-    session = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if session:
-        ray.shutdown()
-    with _node_start_wait(120):  # a loaded machine starts a node slowly
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        worker = cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    try:
-        yield cluster, worker
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if session:
-            init_ray(session, log_to_driver=False)
+    with own_cluster({"num_cpus": 1}, 2) as (cluster, workers):
+        yield cluster, workers[0]
 
 
 @pytest.mark.slow

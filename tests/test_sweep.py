@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -128,7 +129,7 @@ def test_results_table_is_sorted_by_the_metric():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sweep_writes_best_json_tensorboard_and_resumes(
-    ray_cluster, data, tmp_path, capsys, monkeypatch
+    ray_cluster, data, tmp_path, capsys, monkeypatch, caplog
 ):
     args = sweep_args(
         data, tmp_path, "tiny-sweep", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2"
@@ -136,9 +137,14 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(
     store = f"file://{tmp_path / 'mlruns'}"
     args += ["--address", ray_cluster.address, "--mlflow", store]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
+    caplog.set_level(logging.INFO, logger="santa.train.warden")
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
     assert "max_concurrent_trials=1" in out
+    # Each trial's worker group was shown to the sweep's warden (tests/test_warden.py: a
+    # trial stopped early leaves none behind), and none was left when the sweep ended.
+    (groups,) = [r.args for r in caplog.records if r.msg == "worker groups: %s"]
+    assert groups["registered"] >= 2 and groups["watched"] == 0, groups
     root = tmp_path / "tiny-sweep"
     best = json.loads((root / "best.json").read_text())
     assert best["metric"] == "dev_mrr" and 0 <= best["value"] <= 1

@@ -3,6 +3,8 @@ come from ``bench/corpora.py`` (the benchmarks build the same ones)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench.corpora import stdlib_pair_rows, write_beir, write_pairs  # noqa: F401 - re-exported
@@ -17,3 +19,30 @@ def tiny_config(negatives: dict[str, Any] | None = None, **train: Any) -> SantaC
     overrides = [f"train.{key}={value}" for key, value in train.items()]
     overrides += [f"negatives.{key}={value}" for key, value in (negatives or {}).items()]
     return get_recipe("tiny-ci").with_overrides(overrides)
+
+
+@contextmanager
+def own_cluster(head: dict[str, Any], *node_cpus: int) -> Iterator[tuple[Any, list[Any]]]:
+    """A real Ray cluster of this test's own (``head``: the head's node args, then a
+    worker node per CPU count), connected; the test session's cluster (conftest's
+    ``ray_cluster``), if connected, is handed back afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from santa.runtime.ray_utils import _node_start_wait, init_ray
+
+    session = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    if session:
+        ray.shutdown()
+    with _node_start_wait(120):  # a loaded machine starts a node slowly
+        cluster = Cluster(initialize_head=True, head_node_args=head)
+        workers = [cluster.add_node(num_cpus=cpus) for cpus in node_cpus]
+        cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    try:
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if session:
+            init_ray(session, log_to_driver=False)

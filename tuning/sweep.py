@@ -33,17 +33,18 @@ import os
 import sys
 from typing import Any
 
-from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
 from santa.pipeline.report import write_sweep_report
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
+from santa.runtime.flags import recipe_config, run_parser
 from santa.runtime.layout import RunLayout
 from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
 from santa.runtime.runlock import RunLock
 from santa.runtime.tracking import Tracking, tune_callbacks
+from santa.train.warden import group_warden
 from tuning.progress import SweepProgress, status_word
 from tuning.trials import (
     DEFAULT_LAMBDA_RANGES,
@@ -465,10 +466,8 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
                 max_t=max_steps,
                 grace_period=min(max_steps, grace),
                 reduction_factor=args.reduction_factor,
-                # A trial at its last step ends by itself: stopped by Tune there instead, its
-                # Ray Train controller dies before it removes its workers' placement group,
-                # which then holds its CPUs until Ray Train's cleaner (it needs the dashboard)
-                # removes it, and the next trial's data waited for them.
+                # A trial at its last step ends by itself, its controller removing its
+                # workers' group (a trial stopped earlier: santa.train.warden removes it).
                 stop_last_trials=False,
             )
         else:
@@ -499,9 +498,13 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # In a helper thread: Tune's SIGINT handling (a graceful stop that marks cut-off trials
     # finished) stays off; santa's answers, and the experiment Tune keeps saving resumes.
-    with interrupts.keeping(
-        lambda: describe_sweep(sweep_root, progress),
-        hint="run the same command to resume the unfinished trials",
+    # Trials that ASHA stops early leave no worker group holding the next trials' CPUs.
+    with (
+        interrupts.keeping(
+            lambda: describe_sweep(sweep_root, progress),
+            hint="run the same command to resume the unfinished trials",
+        ),
+        group_warden(),
     ):
         result_grid = interrupts.call_in_thread(tuner.fit, name="santa-sweep")
     rows = result_rows(result_grid)

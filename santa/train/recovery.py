@@ -388,7 +388,8 @@ class RecoveryReporter(UserCallback):
 
 class ClusterWatch(ControllerCallback, WorkerGroupCallback):
     """The controller's side of :class:`RecoveryReporter` (Ray Train V2's developer
-    callbacks): the node of each rank, each resize, and the resumed run's line."""
+    callbacks): the node of each rank, each resize, and the resumed run's line; and the
+    worker group shown to a long-lived driver's warden (``santa.train.warden``)."""
 
     def __init__(self, reporter: RecoveryReporter) -> None:
         self.reporter = reporter
@@ -397,7 +398,10 @@ class ClusterWatch(ControllerCallback, WorkerGroupCallback):
         self.reporter.controller_started(train_run_context)
 
     def after_worker_group_start(self, worker_group: Any) -> None:
+        from santa.train.warden import watch_group
+
         self.reporter.started(worker_group)
+        watch_group(worker_group)  # a sweep's warden removes it if this controller dies
 
     def before_controller_execute_resize_decision(self, resize_decision: Any) -> None:
         self.reporter.resizing(resize_decision)
