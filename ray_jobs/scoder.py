@@ -27,10 +27,10 @@ import argparse
 import logging
 from typing import Any
 
-from ray_jobs.args import recipe_config, run_parser
 from santa.config import SantaConfig
 from santa.runtime import storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
+from santa.runtime.flags import recipe_config, run_parser
 from santa.runtime.layout import RunLayout
 from santa.runtime.preflight import check_beir, check_pairs, check_writable
 from santa.runtime.runlock import RunLock

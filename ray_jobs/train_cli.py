@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ray_jobs.args import recipe_config, run_parser
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import with_exit_codes
+from santa.runtime.flags import recipe_config, run_parser
 from santa.runtime.layout import RunLayout
 from santa.runtime.preflight import (
     check_beir,

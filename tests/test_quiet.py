@@ -175,7 +175,7 @@ def test_progress_bars_are_off_unless_asked(monkeypatch) -> None:
     assert preprocess.parse_args(
         ["--dataset", "codesearchnet", "--input", "i", "--output", "o", "--progress"]
     )[2]
-    from ray_jobs.args import run_parser
+    from santa.runtime.flags import run_parser
 
     assert run_parser().parse_args(["--progress"]).progress is True
 
