@@ -15,11 +15,9 @@ window, never inside a step), dev evaluation and checkpoints.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,7 +26,6 @@ from typing import Any
 
 import torch
 
-from santa.config import SantaConfig
 from santa.method.distributed import all_gather_with_grad, identity_gather
 from santa.runtime import storage
 from santa.runtime.errors import root_cause
@@ -46,6 +43,7 @@ from santa.train.loop_config import LoopConfig
 from santa.train.objective import Objective, objective_class
 from santa.train.optim import build_optimizer
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
+from santa.train.records import DevEvaluation, MetricsRecord
 from santa.train.resume import load_newest_loadable
 from santa.train.session import Session
 from santa.train.state import (
@@ -58,36 +56,6 @@ from santa.train.state import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def _dev_set(loop: LoopConfig):
-    """The held-out BEIR split to evaluate on, or None."""
-    if not loop.eval_data:
-        return None
-    from santa.data.beir import load_beir
-
-    return load_beir(loop.eval_data, loop.eval_split or "test")
-
-
-def dev_metrics(model, dev, config: SantaConfig) -> dict[str, float]:
-    """``dev_mrr`` (MRR@100), ``dev_ndcg`` (NDCG@100), ``dev_recall@10`` on the dev split."""
-    from santa.eval import evaluate_model
-
-    was_training = model.training
-    started = time.perf_counter()
-    result = evaluate_model(
-        model,
-        dev,
-        max_query_length=config.train.max_query_length,
-        max_document_length=config.train.max_document_length,
-    )
-    model.train(was_training)
-    return {
-        "dev_mrr": float(result["mrr@100"]),
-        "dev_ndcg": float(result["ndcg@100"]),
-        "dev_recall@10": float(result["recall@10"]),
-        "dev_eval_s": time.perf_counter() - started,
-    }
 
 
 def train_loop_per_worker(
@@ -239,21 +207,10 @@ class WorkerTrainer:
                 skip=self.state["batches_in_epoch"],
                 pin_memory=self.use_gpu,
             )
-        self.writer = _tensorboard_writer(loop.tensorboard_dir) if self.rank == 0 else None
-        self.tracker = _worker_tracker(loop, config) if self.rank == 0 else None
-        self.history: list[dict[str, Any]] = []
-        if self.rank == 0 and loop.metrics_uri and storage.exists(loop.metrics_uri):
-            text = storage.read_bytes(loop.metrics_uri).decode()
-            self.history = [json.loads(line) for line in text.splitlines() if line.strip()]
-        # Steps this job printed already (a worker group Ray Train restarted repeats them
-        # from the checkpoint): repeated quietly, not shown as new.
-        logged = max((int(h["step"]) for h in self.history), default=0)
-        self.printed_through = logged if logged > loop.logged_before else 0
-        # Dev retrieval metrics (for Tune's scheduler and the run's record): rank 0 encodes
-        # the held-out BEIR split at every eval step; the other ranks wait at the report
-        # barrier.
-        self.dev = _dev_set(loop) if self.rank == 0 and self.objective.evaluates() else None
-        self.eval_every = config.train.eval_every or config.train.checkpoint_every or self.steps
+        # The parts the loop composes (santa.train.records): the metrics' record and the
+        # dev evaluation.
+        self.record = MetricsRecord(loop, self.rank)
+        self.dev = DevEvaluation(loop, self.rank, self.objective.evaluates(), self.steps)
         self.objective.setup(self)
         self._reset_window()
 
@@ -407,16 +364,11 @@ class WorkerTrainer:
         run_s = time.perf_counter() - self.run_started
         pairs = train.global_batch_size * (step - self.run_first_step)
         metrics["run_pairs_per_s"] = pairs / run_s if run_s > 0 else 0.0
-        if self.dev is not None and (last or step % self.eval_every == 0):
-            metrics.update(dev_metrics(self.model, self.dev, self.config))
+        metrics.update(self.dev.metrics(self.model, step, last))
         self._reset_window()
-        if self.rank == 0:
-            # Ray Train patches print() to log *and* tee it (two lines per call); the
-            # process's own stdout is printed once and still reaches the driver.
-            if step > self.printed_through:
-                line = self.objective.progress_line(metrics, self.steps)
-                print(line, file=sys.__stdout__, flush=True)
-            self._keep_history(metrics, publish_tensorboard=bool(checkpoint_now))
+        if self.record.keeps:
+            line = self.objective.progress_line(metrics, self.steps)
+            self.record.keep(metrics, step, line, publish=bool(checkpoint_now))
         self._report(metrics, checkpoint_now)
         return last
 
@@ -454,35 +406,12 @@ class WorkerTrainer:
                 checkpoint_dir = directory
             self.session.report(metrics, checkpoint_dir)
 
-    def _keep_history(self, metrics: dict[str, float], publish_tensorboard: bool) -> None:
-        """Rank 0: TensorBoard scalars, the JSON-lines history, the storage copy of events."""
-        step = self.state["step"]
-        if self.writer is not None:
-            for key, value in metrics.items():
-                # TensorBoard names allow no "@" (recall@10 → recall_10).
-                self.writer.add_scalar(f"train/{key.replace('@', '_')}", value, step)
-            self.writer.flush()
-        if self.tracker is not None:
-            self.tracker.log(metrics, step)
-        if self.loop.metrics_uri:
-            # A resumed run drops the lines of steps it repeats.
-            self.history = [h for h in self.history if h["step"] < step] + [dict(metrics)]
-            lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in self.history)
-            storage.write_bytes(self.loop.metrics_uri, lines.encode())
-        if publish_tensorboard and self.loop.tensorboard_uri and self.loop.tensorboard_dir:
-            storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
-
     def close(self, publish: bool = True) -> None:
-        """Close the TensorBoard writer (and publish its last events unless ``publish`` is
-        false: the storage just did not answer), then the objective."""
+        """Close the reader, the metrics' record (publishing its last TensorBoard events
+        unless ``publish`` is false: the storage just did not answer), then the objective."""
         self.reader.close()
         try:
-            if self.tracker is not None:
-                self.tracker.close()
-            if self.writer is not None:
-                self.writer.close()
-                if publish and self.loop.tensorboard_uri and self.loop.tensorboard_dir:
-                    storage.upload_dir(self.loop.tensorboard_dir, self.loop.tensorboard_uri)
+            self.record.close(publish)
         finally:
             self.objective.close()
 
@@ -504,30 +433,6 @@ def read_means(sums: dict[str, torch.Tensor | float], steps: int) -> dict[str, f
     return means
 
 
-def _tensorboard_writer(directory: str):
-    """A TensorBoard writer on rank 0 (Train V2 writes none itself)."""
-    if not directory:
-        return None
-    from tensorboardX import SummaryWriter
-
-    os.makedirs(directory, exist_ok=True)
-    return SummaryWriter(directory)
-
-
-def _worker_tracker(loop, config):
-    """Rank 0's MLflow / W&B logger when the job tracks its runs (else None)."""
-    from santa.runtime.tracking import Tracking, WorkerTracker, tracking_warning
-
-    tracking = Tracking.from_dict(loop.tracking)
-    if not (tracking.mlflow_run_id or tracking.wandb_run_id):
-        return None
-    try:
-        return WorkerTracker(tracking, config=config.to_dict())
-    except Exception as error:  # noqa: BLE001 - tracking must never stop training
-        tracking_warning("experiment tracking is off for this run", error)
-        return None
-
-
 def _quiet_train_reports() -> None:
     """Ray Train logs each report at INFO under a logger named after its file (so its own
     log-level setting misses it): in quiet mode it stays in Ray's log files."""
@@ -539,7 +444,6 @@ def _quiet_train_reports() -> None:
 __all__ = [
     "Objective",
     "WorkerTrainer",
-    "dev_metrics",
     "objective_class",
     "read_means",
     "run_worker",
