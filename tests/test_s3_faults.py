@@ -172,6 +172,33 @@ def test_a_silent_endpoint_while_publishing_leaves_the_staging_folder_alone(
     assert "could not delete the staging folder" not in caplog.text
 
 
+def _time_a_call(filesystem, path: str) -> float:
+    started = time.perf_counter()
+    with pytest.raises(OSError, match="AWS Error"):
+        filesystem.get_file_info(path)
+    return time.perf_counter() - started
+
+
+def test_ray_processes_get_santas_attempts_on_a_silent_endpoint(own_moto, ray_cluster, monkeypatch):
+    """santa's S3 filesystem, pickled into a Ray task (as Ray Data and Ray Train carry it),
+    still makes ``SANTA_S3_MAX_ATTEMPTS`` attempts: pyarrow's own pickle dropped them (3)."""
+    import ray
+
+    own_moto.create_bucket("silent-attempts")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
+    for name, value in (("ACCESS_KEY_ID", "testing"), ("SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(f"AWS_{name}", value)
+    monkeypatch.setenv("SANTA_S3_CONNECT_TIMEOUT", "1")
+    monkeypatch.setenv("SANTA_S3_READ_TIMEOUT", "2")
+    monkeypatch.setenv("SANTA_S3_MAX_ATTEMPTS", "1")
+    path, filesystem = storage.for_ray("s3://silent-attempts/key")
+    os.kill(own_moto.process.pid, signal.SIGSTOP)  # connections hang, nothing answers
+    # One attempt: the read timeout once (2 s); three would be 6 s and their backoff.
+    assert _time_a_call(filesystem, path) < 4.5
+    in_ray = ray.get(ray.remote(num_cpus=0)(_time_a_call).remote(filesystem, path))
+    assert in_ray < 4.5, f"{in_ray:.1f} s in a Ray task: more attempts than santa's"
+
+
 @pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(

@@ -251,9 +251,7 @@ def _s3_filesystem(bucket: str, _settings: tuple[str, ...]) -> pafs.S3FileSystem
     options: dict[str, Any] = {
         "connect_timeout": _setting("SANTA_S3_CONNECT_TIMEOUT", S3_CONNECT_TIMEOUT_S),
         "request_timeout": _setting("SANTA_S3_READ_TIMEOUT", S3_REQUEST_TIMEOUT_S),
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(
-            max_attempts=int(_setting("SANTA_S3_MAX_ATTEMPTS", S3_MAX_ATTEMPTS))
-        ),
+        "max_attempts": int(_setting("SANTA_S3_MAX_ATTEMPTS", S3_MAX_ATTEMPTS)),
     }
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -269,7 +267,29 @@ def _s3_filesystem(bucket: str, _settings: tuple[str, ...]) -> pafs.S3FileSystem
             if not region:
                 raise classify_error(error, f"s3://{bucket}", "find the region of") from None
             options["region"] = region
-    return pafs.S3FileSystem(**options)
+    return BoundedS3FileSystem(**options)
+
+
+class BoundedS3FileSystem(pafs.S3FileSystem):
+    """pyarrow's S3 filesystem with a bounded number of attempts that survives pickling.
+
+    pyarrow pickles an ``S3FileSystem`` without its ``retry_strategy``: the copy that Ray
+    hands to its processes (Ray Data's tasks, Ray Train's checkpoint uploads) made 3
+    attempts where santa's driver makes ``SANTA_S3_MAX_ATTEMPTS``, and a silent endpoint
+    took half as long again there.
+    """
+
+    def __init__(self, *, max_attempts: int, **options: Any) -> None:
+        retry = pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts)
+        super().__init__(retry_strategy=retry, **options)
+        self.santa_options = {**options, "max_attempts": max_attempts}
+
+    def __reduce__(self):
+        return _bounded_s3, (self.santa_options,)
+
+
+def _bounded_s3(options: dict[str, Any]) -> BoundedS3FileSystem:
+    return BoundedS3FileSystem(**options)
 
 
 def for_ray(uri: str) -> tuple[str, pafs.FileSystem | None]:
