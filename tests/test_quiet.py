@@ -202,3 +202,26 @@ def test_search_from_the_command_line_is_a_quiet_job(monkeypatch) -> None:
     search.main()
     search.main(["--index", "i", "a query"])
     assert seen == [None, ["--index", "i", "a query"]]
+
+
+def test_serves_driver_lines_go_to_the_log_file() -> None:
+    """``ray_jobs.serve`` / ``search --serve`` printed Serve's ``INFO ... -- Started Serve in
+    namespace "serve"`` (its own stream handler, installed when ``ray.serve`` is imported)."""
+    script = (
+        "import logging\n"
+        "import ray.serve\n"
+        "from santa.runtime import console\n"
+        "console.quiet_driver_loggers()\n"
+        'logging.getLogger("ray.serve").info("Started Serve in namespace serve")\n'
+        'print("done")\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done" and "Started Serve" not in done.stderr, done.stderr

@@ -84,7 +84,7 @@ def quiet_driver_loggers(root: bool = False) -> None:
                     "%(asctime)s %(levelname)s %(name)s %(filename)s:%(lineno)d -- %(message)s"
                 )
             )
-        names = (*_QUIETED_LOGGERS, "ray.data", "ray.train", "ray.tune")
+        names = (*_QUIETED_LOGGERS, "ray.data", "ray.train", "ray.tune", "ray.serve")
         if root:  # Ray's LoggingConfig puts a stream handler on the driver's root logger
             names = ("", *names)
         for name in names:
@@ -95,6 +95,8 @@ def quiet_driver_loggers(root: bool = False) -> None:
             if name in ("", *_QUIETED_LOGGERS) and buffer not in logger.handlers:
                 logger.addHandler(buffer)
                 logger.propagate = not name
+            if name == "ray.serve":  # Serve's own handler gone: to "ray"'s buffer, the file
+                logger.propagate = True
 
 
 def _prints_to_terminal(handler: logging.Handler) -> bool:

@@ -346,6 +346,17 @@ def build_app(options: ServeOptions):
 
 def deploy(options: ServeOptions) -> str:
     """Start Serve's HTTP proxy (on the head node) and the deployment; returns its URL."""
+    from santa.runtime import console
+    from santa.runtime.ray_utils import ray_log_level
+
+    if ray_log_level() == "WARNING":  # a quiet job: Serve's INFO lines go to its log file
+        console.quiet_driver_loggers()
+    replicas = options.replicas if options.max_replicas is None else f"{options.replicas}+"
+    print(
+        f"[serve] starting {options.name}: {replicas} replica(s), each loading the model "
+        f"and the index {options.index}",
+        flush=True,
+    )
     serve.start(
         proxy_location="HeadOnly",
         http_options={"host": options.host, "port": options.port},
