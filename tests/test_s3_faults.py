@@ -199,6 +199,21 @@ def test_ray_processes_get_santas_attempts_on_a_silent_endpoint(own_moto, ray_cl
     assert in_ray < 4.5, f"{in_ray:.1f} s in a Ray task: more attempts than santa's"
 
 
+def test_a_ray_data_write_to_s3_creates_no_directories(moto_s3, ray_cluster):
+    """Ray Data's Parquet writes to S3 create no directories: pyarrow's ``create_dir`` wrote
+    marker objects (``out/``) from the driver and, in every write task, probed the bucket
+    twice before the upload; against a silent endpoint that doubled the time to fail
+    (a silent server logging each request showed the two probes)."""
+    import ray.data
+
+    moto_s3.create_bucket("no-dirs")
+    path, sink = storage.for_ray_write("s3://no-dirs/out/data")
+    ray.data.from_items([{"x": i} for i in range(10)]).write_parquet(path, **sink)
+    listed = moto_s3.client().list_objects_v2(Bucket="no-dirs").get("Contents", [])
+    keys = [item["Key"] for item in listed]
+    assert keys and all(key.startswith("out/data/") and key.endswith(".parquet") for key in keys)
+
+
 @pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(

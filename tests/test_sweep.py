@@ -22,15 +22,8 @@ from santa.runtime import storage
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 from tuning import sweep
 
-# The tiny recipe at test size (as tests/training.py's tiny_config), through --set.
-TEST_SIZE = [
-    "train.global_batch_size=8",
-    "train.max_query_length=24",
-    "train.max_document_length=96",
-    "train.max_target_length=32",
-    "model.tiny_vocab_size=2000",
-    "train.log_every=1",
-]
+# The tiny recipe at test size (tiny-ci), logging every step.
+TEST_SIZE = ["train.log_every=1"]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def sweep_args(data, storage, name, *extra: str) -> list[str]:
     sets = [arg for item in TEST_SIZE for arg in ("--set", item)]
     return [
         "--recipe",
-        "tiny",
+        "tiny-ci",
         "--data",
         data["train"],
         "--eval-data",

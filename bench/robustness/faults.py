@@ -1507,6 +1507,13 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
 
     read = ["ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", "s3://paused/csn"]
     read += ["--output", str(work / "s3-read-out"), "--address", "local"]
+    write = ["ray_jobs.preprocess", "--dataset", "codesearchnet", "--input", str(work / "big")]
+    write += ["--output", "s3://paused/write-out", "--address", "local"]
+
+    def nothing_published() -> bool:
+        listed = client.list_objects_v2(Bucket="paused", Prefix="write-out/")
+        return not any(item["Key"].endswith("report.json") for item in listed.get("Contents", []))
+
     return [
         Fault(
             "export: a second job into an output in use (the first finishes)",
@@ -1583,6 +1590,17 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
             env=s3,
             success_line="rows written",
             check=lambda: (work / "s3-read-out" / "report.json").is_file(),
+            running=True,
+        ),
+        Fault(
+            "preprocess: S3 silent during Ray Data's Parquet upload (moto stopped)",
+            write,
+            1,
+            env=s3,
+            # The task that writes the Parquet files to S3 has started (its first S3 call).
+            action=_when(_descendant("Write"), stop_s3),
+            after=resume_s3,
+            check=nothing_published,
             running=True,
         ),
     ]

@@ -119,10 +119,8 @@ def write_asst_pairs(
         from ray.data.expressions import col
 
         built = dataset.filter(expr=col("reason") == "").select_columns(PAIR_SCHEMA.names)
-        path, filesystem = storage.for_ray(data_uri)  # S3: santa's timeouts in the writers
-        built.write_parquet(
-            path, filesystem=filesystem, mode="append", filename_provider=_asst_file_names()
-        )
+        path, sink = storage.for_ray_write(data_uri)  # S3: santa's timeouts in the writers
+        built.write_parquet(path, mode="append", filename_provider=_asst_file_names(), **sink)
     return {"written": written, "skipped": dict(sorted(reasons.items()))}
 
 

@@ -236,7 +236,8 @@ def run_pairs_preprocess(
             from ray.data.expressions import col
 
             pairs = work.filter(expr=col("drop_reason") == "").select_columns(PAIR_SCHEMA.names)
-            pairs.write_parquet(data_uri, mode="overwrite")
+            path, sink = storage.for_ray_write(data_uri)  # S3: santa's timeouts
+            pairs.write_parquet(path, mode="overwrite", **sink)
         else:
             import pyarrow.parquet as pq
 

@@ -381,12 +381,12 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     else:
         data_uri = storage.join(output, "data")
         if kept.any():
-            path, filesystem = storage.for_ray(data_uri)  # S3: santa's timeouts in the writers
+            path, sink = storage.for_ray_write(data_uri)  # S3: santa's timeouts in the writers
             final.write_parquet(
                 path,
-                filesystem=filesystem,
                 mode="overwrite",
                 min_rows_per_file=_rows_per_file(config, int(kept.sum())),
+                **sink,
             )
         else:
             # Ray writes no file for an empty dataset; readers still need the schema.

@@ -310,6 +310,15 @@ def for_ray(uri: str) -> tuple[str, pafs.FileSystem | None]:
     return path, s3_filesystem(bucket)
 
 
+def for_ray_write(uri: str) -> tuple[str, dict[str, Any]]:
+    """Ray Data's ``write_parquet(path, **options)`` for ``uri``: :func:`for_ray`'s path and
+    filesystem, and on S3 no directory creation (S3 has none: pyarrow's ``create_dir`` tests
+    the bucket twice, in the driver and in every write task, and against a silent endpoint
+    that doubled the time a write took to fail)."""
+    path, filesystem = for_ray(uri)
+    return path, {"filesystem": filesystem, "try_create_dir": not is_s3(uri)}
+
+
 # Ray Data retries a read or write that fails with these AWS errors up to 10 times, with a
 # backoff growing to 32 s, on top of pyarrow's own attempts (and again per batch): a silent
 # endpoint kept a read waiting more than 15 minutes. pyarrow's attempts, with santa's

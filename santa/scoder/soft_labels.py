@@ -101,9 +101,9 @@ def score_examples(
 def write_soft_labels(examples: str, discriminators: str, output: str, **options: Any) -> str:
     """Score every example of ``examples`` and write them, ``scores`` added, to
     ``output/data`` (overwriting a previous attempt); returns ``output``."""
-    path, filesystem = storage.for_ray(storage.join(output, "data"))  # S3: santa's timeouts
+    path, sink = storage.for_ray_write(storage.join(output, "data"))  # S3: santa's timeouts
     score_examples(examples, discriminators, **options).write_parquet(
-        path, filesystem=filesystem, mode="overwrite"
+        path, mode="overwrite", **sink
     )
     return output
 
