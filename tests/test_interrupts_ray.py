@@ -70,7 +70,7 @@ def _losses(run: Path) -> dict[int, float]:
 
 @pytest.mark.long
 @pytest.mark.timeout(1200)
-def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path):
+def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     train = ["ray_jobs.pretrain", "--data", data["train"], "--storage", str(runs), *TINY]
     train += ["--set", "train.checkpoint_every=2", "--max-steps", "8"]
@@ -101,6 +101,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
 
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as the jobs' (MLflow 3)
     client = MlflowClient(tracking_uri=store)
     (tracked,) = client.search_runs([client.get_experiment_by_name("santa").experiment_id])
     assert tracked.info.status == "KILLED"
