@@ -230,15 +230,15 @@ def _unixcoder_scoder() -> SantaConfig:
     )
 
 
-def _tiny_scoder() -> SantaConfig:
+def _tiny_scoder(base: SantaConfig | None = None, max_pair_length: int = 160) -> SantaConfig:
     # Seconds per stage on a laptop CPU: 2 iterations, 3 negatives from a pool of 8.
     return _scoder(
-        _tiny(),
+        base or _tiny(),
         ScoderConfig(
             iterations=2,
             discriminator_learning_rate=5e-4,
             warmup_steps=100,
-            max_pair_length=160,
+            max_pair_length=max_pair_length,
         ),
         NegativesConfig(per_query=3, pool=8, top_k=20),
         learning_rate=2e-4,
@@ -288,6 +288,8 @@ RECIPES: dict[str, Callable[[], SantaConfig]] = {
     ),
     "codet5-base-code-ance": lambda: _ance(_codet5_base_code(), learning_rate=1e-6, epochs=12),
     "tiny-scoder": _tiny_scoder,
+    # tiny-scoder at test size: tiny-ci's lengths, a pair of them at most 112 tokens
+    "tiny-ci-scoder": lambda: _tiny_scoder(_tiny_ci(), max_pair_length=112),
     "minilm-scoder": _minilm_scoder,
     "unixcoder-scoder": _unixcoder_scoder,
     "t5-base-product": lambda: dataclasses.replace(

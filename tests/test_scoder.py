@@ -167,17 +167,10 @@ def test_offline_soft_labels_are_the_discriminators_scores(ray_cluster, tmp_path
 
 
 def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
-    sets = [
-        "train.global_batch_size=8",
-        "train.max_query_length=24",
-        "train.max_document_length=96",
-        "model.tiny_vocab_size=2000",
-        "train.log_every=3",
-        "scoder.max_pair_length=112",
-    ]
+    sets = ["train.log_every=3"]
     return [
         "--recipe",
-        "tiny-scoder",
+        "tiny-ci-scoder",
         "--data",
         data,
         "--eval-data",

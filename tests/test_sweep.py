@@ -309,7 +309,7 @@ def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
         tmp_path,
         "scoder-sweep",
         "--recipe",
-        "tiny-scoder",
+        "tiny-ci-scoder",
         "--objective",
         "scoder",
         "--num-samples",
@@ -320,8 +320,6 @@ def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
         "fifo",
         "--set",
         "scoder.iterations=1",
-        "--set",
-        "scoder.max_pair_length=112",
     )
     args += ["--address", ray_cluster.address]
     assert sweep.main(args) == 0

@@ -29,13 +29,6 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 from bench import common
 
 RESULTS = common.RESULTS_DIR / "negatives.json"
-# The tiny recipe at a size that trains in seconds here (the tests' size too).
-TINY = [
-    "train.max_query_length=24",
-    "train.max_document_length=96",
-    "train.max_target_length=32",
-    "model.tiny_vocab_size=2000",
-]
 
 
 def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
@@ -102,7 +95,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     def tiny_config(negatives: dict | None = None, **train: object) -> SantaConfig:
         overrides = [f"train.{key}={value}" for key, value in train.items()]
         overrides += [f"negatives.{key}={value}" for key, value in (negatives or {}).items()]
-        return get_recipe("tiny").with_overrides([*TINY, *overrides])
+        return get_recipe("tiny-ci").with_overrides(overrides)
 
     ray.init(address="local", num_cpus=2, log_to_driver=False)
     work = Path(tempfile.mkdtemp(prefix="santa-bench-neg-"))
