@@ -3,6 +3,8 @@ it recovers from; a failure on bad input is not retried (it would fail the same 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from santa.runtime.errors import BAD_INPUT, describe
@@ -109,14 +111,16 @@ NODE_TABLE = [
 ]
 
 
-def _node_died() -> BaseException:
+def _node_died(
+    message: str = f"The actor died because its node has died. Node Id: {LOST}",
+) -> BaseException:
     """The error Ray gives the controller for a worker whose node died."""
     from ray.core.generated.common_pb2 import ActorDiedErrorContext
     from ray.exceptions import ActorDiedError
 
     return ActorDiedError(
         ActorDiedErrorContext(
-            error_message=f"The actor died because its node has died. Node Id: {LOST}",
+            error_message=message,
             node_ip_address="10.0.0.7",
             class_name="RayTrainWorker",
             pid=4242,
@@ -200,8 +204,12 @@ def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
     worker_id = worker.node_id
     head_id = next(node_id for node_id in ids if node_id != worker_id)
     placed = {0: (head_id, ids[head_id]), 1: (worker_id, ids[worker_id])}
-    cluster.remove_node(worker)
     ip = ids[worker_id]
+    # A node shut down gracefully: its worker is destroyed with its placement group while
+    # its raylet still answers and before the node table shows it dead (seen at load 10).
+    drained = _node_died("Destroying worker since its placement group was removed. ...")
+    removal = threading.Timer(2.0, cluster.remove_node, args=(worker,))
+    removal.start()
 
     class Context:  # what Ray Train's TrainRunContext gives a callback: its scaling config
         def __init__(self, workers) -> None:
@@ -210,7 +218,8 @@ def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
     # A fixed size: the line names the node and the rank, and the wait, in minutes.
     fixed = RecoveryReporter(str(tmp_path / "fixed"), max_failures=1, placement_wait_s=300)
     fixed.placed, fixed.checkpoint_step = dict(placed), 40
-    fixed.after_exception(Context(2), {0: RuntimeError(GLOO_RESET), 1: _node_died()})
+    fixed.after_exception(Context(2), {0: RuntimeError(GLOO_RESET), 1: drained})
+    removal.join()
     lines = _santa(capfd.readouterr().err)
     assert lines == [
         f"santa: warning: node {ip} lost (Ray node {worker_id[:8]}: DEAD) with training "

@@ -105,6 +105,15 @@ def _died(error: BaseException) -> bool:
     return describe(error)[0].startswith("santa: error: a training worker died")
 
 
+def group_removed(error: BaseException) -> bool:
+    """Whether ``error`` is a worker that Ray destroyed because its placement group went
+    away under it: a node being shut down (drained) releases its bundles so, before the
+    node table shows it dead and while its raylet still answers."""
+    from santa.runtime.errors import root_cause
+
+    return "placement group was removed" in str(root_cause(error)).lower()
+
+
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective call failing because a peer rank is gone."""
     from santa.runtime.errors import root_cause
@@ -286,8 +295,11 @@ class RecoveryReporter(UserCallback):
         if lost or not any(_died(e) or peer_lost(e) for e in failures.values()):
             return lost
         # A raylet that does not answer (killed outright, its host gone) is marked DEAD by
-        # the GCS's health checks a little later; a worker killed on a live node is not.
-        if not any(not _raylet_answers(node) for node in _nodes_of(self.placed, table)):
+        # the GCS's health checks a little later; a worker killed on a live node is not. A
+        # node being shut down still answers while it drains, but its workers die with
+        # their placement group: that waits for the node table too.
+        drained = any(group_removed(e) for e in failures.values())
+        if not drained and all(_raylet_answers(node) for node in _nodes_of(self.placed, table)):
             return lost
         deadline = time.monotonic() + NODE_DEATH_WAIT_S
         while time.monotonic() < deadline:
