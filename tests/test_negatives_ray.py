@@ -134,7 +134,7 @@ def test_offline_mining_then_finetuning_on_the_table(
     assert summary["queries"] == len(table.negatives)
 
     code = finetune.main(
-        ["--recipe", "tiny", "--data", train_data, "--storage", str(tmp_path / "ft")]
+        ["--recipe", "tiny-ci", "--data", train_data, "--storage", str(tmp_path / "ft")]
         + [
             "--name",
             "ft",
@@ -147,8 +147,7 @@ def test_offline_mining_then_finetuning_on_the_table(
         ]
         + ["--init-checkpoint", checkpoint, "--hard-negatives", f"table:{output}"]
         + ["--negatives-per-query", "2", "--cpus-per-worker", "0.5"]
-        + ["--set", "train.global_batch_size=8", "--set", "train.max_document_length=96"]
-        + ["--set", "train.max_query_length=24", "--set", "train.log_every=3"]
+        + ["--set", "train.log_every=3"]
         + ["--eval-data", dev_data, "--eval-split", "valid", "--set", "train.eval_every=3"]
     )
     out = capsys.readouterr().out
