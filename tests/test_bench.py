@@ -17,8 +17,6 @@ import pytest
 from bench.common import parse_tables
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.long
-
 
 def run_bench(script: str, *args: str, timeout: int = 600) -> str:
     """Run ``bench/<script>`` as a user does (a file, from the repository root)."""
@@ -35,6 +33,7 @@ def run_bench(script: str, *args: str, timeout: int = 600) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_bench(tmp_path: Path) -> None:
     output = tmp_path / "evaluate.json"
     stdout = run_bench(
@@ -58,6 +57,7 @@ def test_evaluate_bench(tmp_path: Path) -> None:
     assert scale["documents"] == 2000 and scale["raw_faiss_s"] > 0 and scale["metrics_s"] > 0
 
 
+@pytest.mark.long
 def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
     output = tmp_path / "preprocess.json"
     run_bench(
@@ -85,6 +85,7 @@ def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
     assert result["entity_functions_per_s"] > 0
 
 
+@pytest.mark.long
 def test_negatives_bench(tmp_path: Path) -> None:
     output = tmp_path / "negatives.json"
     run_bench(
@@ -100,6 +101,7 @@ def test_negatives_bench(tmp_path: Path) -> None:
     assert result["training"]["static table"]["swaps"] == 0
 
 
+@pytest.mark.long
 def test_train_throughput_bench(tmp_path: Path) -> None:
     output = tmp_path / "train.json"
     run_bench(
@@ -113,6 +115,7 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     assert result["worker_rss_mb"]["tiny"] > 0
 
 
+@pytest.mark.long
 def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "scoder.json"
     stdout = run_bench(
@@ -145,6 +148,7 @@ def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert "seconds per iteration" in stdout
 
 
+@pytest.mark.long
 def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     output = tmp_path / "versus.json"
     stdout = run_bench(
@@ -176,6 +180,7 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 3")
 
 
+@pytest.mark.long
 def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "quality.json"
     stdout = run_bench(
@@ -200,6 +205,7 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert output.with_suffix(".png").stat().st_size > 0
 
 
+@pytest.mark.long
 def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) -> None:
     from bench.corpora import stdlib_pair_rows, write_pairs
 
@@ -233,6 +239,7 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
     assert output.with_suffix(".png").stat().st_size > 0
 
 
+@pytest.mark.long
 def test_ablation_bench(tmp_path: Path) -> None:
     output = tmp_path / "ablation.json"
     stdout = run_bench(
@@ -258,6 +265,7 @@ def test_ablation_bench(tmp_path: Path) -> None:
     assert output.with_suffix(".png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_cpu_scaling_bench(tmp_path: Path) -> None:
     output = tmp_path / "cpu.json"
     run_bench("perf/cpu_scaling.py", "--iterations", "5", "--rounds", "1", "--output", str(output))

@@ -294,7 +294,7 @@ def test_bf16_autocast_stays_close_to_the_plain_bf16_step() -> None:
     assert float(losses["loss"]) == pytest.approx(float(plain["loss"]), rel=0.02)
 
 
-@pytest.mark.long
+@pytest.mark.slow
 def test_compiled_model_gets_the_full_batch_gradients() -> None:
     """``train.compile``: the chunks run through ``torch.compile`` (``aot_eager``: no C++
     compiler), without and with gradients (two graphs), and give the eager gradients."""

@@ -214,7 +214,7 @@ def test_a_ray_data_write_to_s3_creates_no_directories(moto_s3, ray_cluster):
     assert keys and all(key.startswith("out/data/") and key.endswith(".parquet") for key in keys)
 
 
-@pytest.mark.long
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
     own_moto, tmp_path, monkeypatch
