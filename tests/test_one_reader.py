@@ -29,7 +29,7 @@ ALLOWED = {
     # The hard-negatives table (negatives.parquet) mining writes and training reads.
     "santa/negatives/mining.py": 1,
     # The faults bench compares two index jobs' embedding shards.
-    "bench/robustness/faults.py": 2,
+    "bench/robustness/fault.py": 2,
 }
 
 
