@@ -100,6 +100,13 @@ def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pairs, tmp_pat
     steps = [line.split()[2] for line in stdout.splitlines() if line.startswith("[train] step")]
     assert steps == [f"{step}/8" for step in range(1, 9)]  # repeated steps not shown again
     assert _losses(runs / "killed") == _losses(runs / "reference")
+    # The last checkpoint says where the restarted group resumed: a checkpoint step, once.
+    states = [
+        json.loads(path.read_text())
+        for path in (runs / "killed").glob("checkpoint_*/trainer_state.json")
+    ]
+    last = max(states, key=lambda state: state["step"])
+    assert last["step"] == 8 and last["resumed_at"] in ([2], [4]), last
 
 
 @pytest.mark.long

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -181,54 +179,6 @@ def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
         keys = [key for file in files for key in safe_open(str(file), "pt").keys()]  # noqa: SIM118
         DualEncoder.from_pretrained(os.path.join(directory, "model"))
     assert keys and not any("_orig_mod" in key or "module." in key for key in keys)
-
-
-@pytest.mark.long
-def test_killed_worker_recovers_from_its_latest_checkpoint(pairs, tmp_path):
-    import ray
-
-    # Long enough that the kill lands mid-run, whatever this machine's speed.
-    config = tiny_config(max_steps=160, log_every=10, checkpoint_every=10, num_workers=2)
-    spec = RunSpec.of(
-        data=pairs["train"],
-        storage=str(tmp_path),
-        name="killed",
-        cpus_per_worker=0.5,
-        max_failures=2,
-    )
-    killed: list[int] = []
-
-    def kill_a_worker_after_first_checkpoint() -> None:
-        deadline = time.time() + 300
-        # A checkpoint folder appears before Ray has registered it: wait for a second one,
-        # so that the first is surely the one a restarted worker group resumes from.
-        while time.time() < deadline and len(list((tmp_path / "killed").glob("checkpoint_*"))) < 2:
-            time.sleep(0.5)
-        # Ray names worker processes after their actor class (`ray::RayTrainWorker...`).
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if cmdline.read_bytes().startswith(b"ray::RayTrainWorker"):
-                    pid = int(cmdline.parent.name)
-                    os.kill(pid, 9)
-                    killed.append(pid)
-                    return
-            except OSError:
-                continue  # the process ended meanwhile
-
-    killer = threading.Thread(target=kill_a_worker_after_first_checkpoint, daemon=True)
-    killer.start()
-    result = fit(config, spec)
-    killer.join(timeout=5)
-    assert killed, "no training worker was found to kill"
-    assert result.error is None and result.metrics["step"] == 160
-    with result.checkpoint.as_directory() as directory:
-        state = json.loads(Path(directory, "trainer_state.json").read_text())
-    assert state["step"] == 160
-    # Restarted from a checkpoint, so at most one checkpoint interval was repeated.
-    assert state["resumed_at"] and all(
-        step % 10 == 0 and 0 < step < 160 for step in state["resumed_at"]
-    )
-    assert ray.is_initialized()
 
 
 @pytest.mark.slow
