@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -58,51 +56,6 @@ def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
     assert metrics["negatives_poll_s"] < 0.05 * 60 * metrics["step_time_s"] + 1.0
     assert metrics["miner_restarts"] == 0 and metrics["miner_errors"] == 0
     assert metrics["negatives_refresh_s"] > 0
-
-
-@pytest.mark.slow
-def test_training_survives_a_killed_miner_and_takes_its_next_table(train_data, tmp_path):
-    import ray
-
-    config = tiny_config(
-        stage="finetune",
-        max_steps=150,
-        log_every=10,
-        checkpoint_every=150,
-        negatives={"source": "async", "per_query": 1, "refresh_every": 5},
-        num_workers=2,
-    )
-    spec = RunSpec.of(data=train_data, storage=str(tmp_path), name="killminer", cpus_per_worker=0.5)
-    killed: list[dict] = []
-
-    def kill_the_miner_once_trainers_use_its_tables() -> None:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                miner = ray.get_actor("santa-miner-killminer")
-                info = ray.get(miner.info.remote(), timeout=10)
-            except Exception:
-                time.sleep(0.2)
-                continue
-            # Tables mined from step 20 on: the trainers have been running and polling.
-            if info["step"] is not None and info["step"] >= 20:
-                ray.kill(miner, no_restart=False)  # Ray restarts it (max_restarts)
-                killed.append(info)
-                return
-            time.sleep(0.2)
-
-    killer = threading.Thread(target=kill_the_miner_once_trainers_use_its_tables, daemon=True)
-    killer.start()
-    result = fit(config, spec)
-    killer.join(timeout=5)
-    assert killed, "the miner never built a table"
-    assert result.error is None and result.metrics["step"] == 150
-    state = _state(result)
-    assert state["step"] == 150
-    assert state["resumed_at"] == []  # the trainers never failed: no restart from a checkpoint
-    # A table from the restarted miner arrived, mined after the one before the kill.
-    assert result.metrics["miner_restarts"] >= 1
-    assert result.metrics["negatives_step"] > killed[0]["step"]
 
 
 @pytest.mark.slow

@@ -156,7 +156,7 @@ def test_resume_repeats_the_uninterrupted_run(pairs, tmp_path):
     assert 0.8 * min(windows) <= history[-1]["run_pairs_per_s"] <= 1.2 * max(windows)
 
 
-@pytest.mark.long
+@pytest.mark.slow
 def test_compiled_run_matches_the_eager_run(pairs, tmp_path):
     """``train.compile`` (torch.compile of the DDP model) changes speed, not the numbers;
     its checkpoint loads as a plain model. ``aot_eager`` needs no C++ compiler; GPUs use

@@ -144,7 +144,7 @@ def test_a_run_reports_a_constant_compile_count_when_the_miners_table_arrives(
     assert history[0]["startup_first_step_s"] > 0
 
 
-@pytest.mark.long
+@pytest.mark.slow
 def test_what_one_process_compiled_another_loads_from_storage(tmp_path) -> None:
     """Inductor's work saved under the storage (``save_compile_cache``) fills the caches
     of a fresh process (its own empty Inductor cache folder): the compile hits them."""
