@@ -52,7 +52,12 @@ def _santa_embeddings(model: DualEncoder, texts: list[str], max_length: int) -> 
 
 
 def _build_st(tmp_path: Path, *, pooling: str, dense: bool, normalize: bool, lower: bool):
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers 6 moved the modules (the old path warns, then goes away)
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
 
     bert = _tiny_bert(tmp_path / "bert")
     modules = [

@@ -264,9 +264,9 @@ def _read_examples(config: PreprocessConfig) -> pa.Table:
 def _products_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     uri = storage.join(config.input, "shopping_queries_dataset_products.parquet")
     path, filesystem = storage.for_ray(uri)
-    return ray.data.read_parquet(
-        path, filesystem=filesystem, columns=ESCI_PRODUCT_COLUMNS, **_READ_ARGS
-    )
+    # (Ray 2.60 deprecates ``columns=``: it reads, then selects, as this does.)
+    products = ray.data.read_parquet(path, filesystem=filesystem, **_READ_ARGS)
+    return products.select_columns(ESCI_PRODUCT_COLUMNS)
 
 
 def _select_examples(
