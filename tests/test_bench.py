@@ -57,7 +57,7 @@ def test_evaluate_bench(tmp_path: Path) -> None:
     assert scale["documents"] == 2000 and scale["raw_faiss_s"] > 0 and scale["metrics_s"] > 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=95)
 def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
     output = tmp_path / "preprocess.json"
     run_bench(
@@ -85,7 +85,7 @@ def test_preprocess_bench_modes_write_the_same_rows(tmp_path: Path) -> None:
     assert result["entity_functions_per_s"] > 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=75)
 def test_negatives_bench(tmp_path: Path) -> None:
     output = tmp_path / "negatives.json"
     run_bench(
@@ -101,7 +101,7 @@ def test_negatives_bench(tmp_path: Path) -> None:
     assert result["training"]["static table"]["swaps"] == 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=75)
 def test_train_throughput_bench(tmp_path: Path) -> None:
     output = tmp_path / "train.json"
     run_bench(
@@ -115,7 +115,7 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     assert result["worker_rss_mb"]["tiny"] > 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=120)
 def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "scoder.json"
     stdout = run_bench(
@@ -148,7 +148,7 @@ def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert "seconds per iteration" in stdout
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=70)
 def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     output = tmp_path / "versus.json"
     stdout = run_bench(
@@ -180,7 +180,7 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 3")
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=105)
 def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "quality.json"
     stdout = run_bench(
@@ -205,7 +205,7 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert output.with_suffix(".png").stat().st_size > 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=155)
 def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) -> None:
     from bench.corpora import stdlib_pair_rows, write_pairs
 
@@ -239,7 +239,7 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
     assert output.with_suffix(".png").stat().st_size > 0
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=125)
 def test_ablation_bench(tmp_path: Path) -> None:
     output = tmp_path / "ablation.json"
     stdout = run_bench(

@@ -445,7 +445,7 @@ def test_two_workers_get_the_gradients_of_the_plain_ddp_step(case, two_workers) 
         assert relative_error(ranks[0]["cached"], gradients(model)) <= TOLERANCE
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=70)
 def test_two_workers_under_torch_compile(tmp_path) -> None:
     """The compiled DDP module (``train.compile``) honours ``no_sync`` and gives the eager
     step's gradients (compiling takes a minute here)."""
@@ -497,7 +497,7 @@ def test_the_santa_objective_dispatches_to_grad_cache() -> None:
     assert abs(unmasked_sda - results[0][1]["loss_sda"]) > 1e-3
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=60)
 @pytest.mark.usefixtures("ray_cluster")
 def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
     """Through ``fit`` on two Ray Train workers (DDP, gloo): 20 steps of SDA + MEP with

@@ -68,7 +68,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=105)
 @pytest.mark.timeout(1200)
 def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
@@ -116,7 +116,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     assert sorted(m.step for m in history) == list(range(1, 9))
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=85)
 @pytest.mark.timeout(1500)
 def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data, tmp_path):
     sets = [arg for item in ("train.eval_every=2",) for arg in ("--set", item)]

@@ -44,7 +44,7 @@ def _run_scenario(mode: str, tmp_path: Path) -> dict:
     return json.loads(result_file.read_text())
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=85)
 @pytest.mark.timeout(1800)
 def test_a_lost_node_at_a_fixed_size_waits_a_bounded_time_then_ends_in_one_line(tmp_path):
     result = _run_scenario("fixed", tmp_path)
@@ -68,7 +68,7 @@ def test_a_lost_node_at_a_fixed_size_waits_a_bounded_time_then_ends_in_one_line(
     assert result["seconds"] - result["events"][0][1] < 240
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=165)
 @pytest.mark.timeout(1800)
 def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
     result = _run_scenario("elastic-kill", tmp_path)

@@ -41,7 +41,7 @@ def _losses(run: Path) -> dict[str, list[float]]:
     return losses
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=175)
 @pytest.mark.timeout(3000)
 def test_two_pipeline_runs_with_the_same_seed_give_the_same_losses_at_every_stage(tmp_path):
     rows = stdlib_pair_rows()

@@ -261,7 +261,7 @@ def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
     assert seconds < (5 + 10) * 2 + 15, seconds
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=90)
 @pytest.mark.timeout(1500)
 def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resumes(
     own_moto, tmp_path, monkeypatch
@@ -312,7 +312,7 @@ def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resume
     assert [json.loads(h)["step"] for h in history] == list(range(1, 9))
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=70)
 @pytest.mark.timeout(600)
 def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_fault(
     own_moto, tmp_path, monkeypatch

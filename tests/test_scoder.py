@@ -190,7 +190,7 @@ def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=160)
 @pytest.mark.timeout(1800)
 def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs, tmp_path, capsys):
     """Two iterations of Algorithm 2 with the tiny recipe (offline soft labels); a rerun
@@ -265,7 +265,7 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=60)
 def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
     ray_cluster, tmp_path, capsys
 ):

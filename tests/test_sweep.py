@@ -206,7 +206,7 @@ def checkpoints_written(runs: str) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=100)
 @pytest.mark.timeout(900)
 def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_path, capsys):
     """Kill the sweep's driver mid-trial; the same command again finishes the sweep on S3."""
@@ -297,7 +297,7 @@ def test_scoder_objective_sweeps_the_adversarial_weight_in_0_1():
         sweep.search_space(args, config, {"lambda_field": field, "objective": "scoder"})
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=70)
 @pytest.mark.timeout(1500)
 def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
     ray_cluster, data, tmp_path, capsys

@@ -114,7 +114,7 @@ def test_stand_in_negatives_leave_the_loss_of_in_batch_negatives() -> None:
     torch.testing.assert_close(padded["loss"], plain["loss"])
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=75)
 def test_a_run_reports_a_constant_compile_count_when_the_miners_table_arrives(
     ray_cluster, tmp_path
 ) -> None:
