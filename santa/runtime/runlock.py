@@ -94,7 +94,7 @@ class RunLock:
             self._stop.set()
             self._thread.join(timeout=5)
             self._thread = None
-            lease = self._read_lease()
+            lease = self.read_lease()
             if lease is not None and lease.get("id") == self.owner["id"]:
                 fs, path = storage.resolve(self._lease_uri)
                 fs.delete_file(path)
@@ -150,9 +150,11 @@ class RunLock:
     def _lease_uri(self) -> str:
         return self.lock_uri or RunLayout(self.run_uri).s3_lease
 
-    def _read_lease(self) -> dict[str, Any] | None:
-        # A read racing the holder's heartbeat can see a torn object (pyarrow sizes the
-        # object first, then reads it): read again until it parses.
+    def read_lease(self) -> dict[str, Any] | None:
+        """The S3 lease as it stands (its holder and last heartbeat), or None if free.
+
+        A read racing the holder's heartbeat can see a torn object (pyarrow sizes the
+        object first, then reads it): read again until it parses."""
         for attempt in range(10):
             if not storage.exists(self._lease_uri):
                 return None
@@ -168,7 +170,7 @@ class RunLock:
         storage.write_bytes(self._lease_uri, json.dumps(payload).encode())
 
     def _acquire_lease(self) -> None:
-        lease = self._read_lease()
+        lease = self.read_lease()
         if (
             lease is not None
             and lease.get("id") != self.owner["id"]
@@ -188,7 +190,7 @@ class RunLock:
                 )
         self._write_lease()
         time.sleep(self.settle_s)
-        lease = self._read_lease()
+        lease = self.read_lease()
         if lease is None or lease.get("id") != self.owner["id"]:
             raise RunLockedError(
                 f"{self.what} {self.run_uri} was taken by {_describe(lease or {})} at the same time"
