@@ -65,7 +65,7 @@ WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
 @contextlib.contextmanager
-def _environment(variables: dict[str, str]):
+def environment(variables: dict[str, str]):
     """``os.environ`` with ``variables`` set (not overriding the user's), restored after."""
     added = {name: value for name, value in variables.items() if name not in os.environ}
     os.environ.update(added)
@@ -162,7 +162,7 @@ def init_ray(
 
     if not verbose:
         console.quiet_driver_loggers()
-    with _environment(raylet_env):
+    with environment(raylet_env):
         _start_or_join(
             address=address,
             runtime_env=runtime_env or None,
@@ -318,7 +318,7 @@ def _node_start_wait(seconds: float):
         return
     node_module.time = _StretchedClock(seconds)
     try:
-        with _environment({_GCS_WAIT_ENV: str(math.ceil(max(seconds, RAY_NODE_START_WAIT_S)))}):
+        with environment({_GCS_WAIT_ENV: str(math.ceil(max(seconds, RAY_NODE_START_WAIT_S)))}):
             yield
     finally:
         node_module.time = time
