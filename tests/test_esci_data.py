@@ -84,17 +84,19 @@ def test_valid_split_join_and_leaks_through_the_pipeline(tmp_path, ray_cluster) 
 
 
 @needs_tagger
-def footer_readers() -> int:
-    """How many footer-reading actors Ray Data's Parquet reader has started, dead or alive."""
+def footer_readers(cluster) -> int:
+    """How many footer-reading actors Ray Data's Parquet reader has started on ``cluster``,
+    dead or alive (its address named: another Ray on this machine is not asked)."""
     from ray.util.state import list_actors
 
-    return sum(a.class_name == "FooterReader" for a in list_actors(limit=10_000))
+    actors = list_actors(address=cluster.address, limit=10_000)
+    return sum(a.class_name == "FooterReader" for a in actors)
 
 
 @needs_tagger
 def test_pretraining_pairs_by_the_papers_rule_and_santas(tmp_path, ray_cluster) -> None:
     data = write_esci_splits(tmp_path / "raw")
-    footer_readers_before = footer_readers()
+    footer_readers_before = footer_readers(ray_cluster)
     common = {"dataset": "esci", "input": str(tmp_path / "raw"), "stage": "pretrain"}
     paper = run_preprocess(
         PreprocessConfig(output=str(tmp_path / "paper"), esci_pretrain="paper", **common)
@@ -130,7 +132,7 @@ def test_pretraining_pairs_by_the_papers_rule_and_santas(tmp_path, ray_cluster) 
     assert santa["esci"]["comparable_to_table5"] is False
     # One products file, one actor to read its footer (Ray's default starts 32 a read: 32
     # Python processes, a 1-CPU node starting them one at a time).
-    assert footer_readers() - footer_readers_before == 2
+    assert footer_readers(ray_cluster) - footer_readers_before == 2
 
 
 def test_the_job_summary_prints_the_counts_beside_the_papers(tmp_path) -> None:
