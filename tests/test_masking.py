@@ -22,10 +22,6 @@ from santa.method.masking import (
     sentinel,
 )
 
-RUBY_FIXTURE = (
-    Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "csn" / "ruby" / "valid.jsonl.gz"
-)
-
 
 def word_spans(text: str, words: set[str]) -> list[tuple[int, int]]:
     """Spans of the whole-word occurrences of ``words`` in ``text``."""
@@ -184,10 +180,10 @@ def test_random_spans_round_trip_synthetic(seed: int) -> None:
         assert fill_sentinels(masked.masked_text, masked.target) == text
 
 
-def test_round_trip_on_codesearchnet_ruby() -> None:
-    if not RUBY_FIXTURE.exists():
-        pytest.skip(f"CodeSearchNet Ruby fixture not found at {RUBY_FIXTURE}")
-    with gzip.open(RUBY_FIXTURE, "rt", encoding="utf-8") as lines:
+def test_round_trip_on_codesearchnet_ruby(shared_fixtures: Path) -> None:
+    """CodeSearchNet Ruby (../shared's sample, else tests/datagen.py's stand-in)."""
+    ruby = shared_fixtures / "csn" / "ruby" / "valid.jsonl.gz"
+    with gzip.open(ruby, "rt", encoding="utf-8") as lines:
         codes = [json.loads(line)["code"] for line in itertools.islice(lines, 400)]
     rng = random.Random(0)
     checked = 0
