@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -228,22 +230,40 @@ def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path
 
 
 @pytest.mark.slow
-def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluster, monkeypatch):
+def test_pipeline_runs_the_three_stages_of_the_paper_and_repeats_them(
+    pairs, tmp_path, ray_cluster, monkeypatch
+):
     """--stages pretrain,finetune,ance: each stage warm-starts from the last, ANCE mines with
-    the fine-tuned model, and the report shows every stage's metrics and whole history."""
+    the fine-tuned model, and the report shows every stage's metrics and whole history.
+
+    Reproducible from process to process (issue 33): the same command run again in another
+    process, with another hash seed, gives the same losses at every stage bit for bit and
+    the same mined table."""
     from ray_jobs import pipeline
     from tests.training import write_beir
 
     test_set = write_beir(tmp_path / "beir", pairs["dev"])
-    args = pipeline.parse_args(
-        ["--storage", str(tmp_path / "runs"), "--name", "staged", "--data", pairs["train"]]
-        + ["--recipe", "tiny"]
+    command = (
+        ["--storage", str(tmp_path / "runs"), "--data", pairs["train"], "--recipe", "tiny"]
         + ["--eval-data", test_set, "--max-steps", "4", "--cpus-per-worker", "0.5"]
         + ["--address", ray_cluster.address, "--set", "train.log_every=1"]
-        + ["--mlflow", f"file://{tmp_path / 'mlruns'}"]
+    )
+    args = pipeline.parse_args(
+        [*command, "--name", "staged", "--mlflow", f"file://{tmp_path / 'mlruns'}"]
     )
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
     report = pipeline.run(args)
+    # The same command in a process of its own, with its own hash seed: nothing may depend
+    # on it (started now, checked last).
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), PYTHONHASHSEED="2")
+    again = subprocess.Popen(
+        [sys.executable, "-m", "ray_jobs.pipeline", *command, "--name", "again"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert [s["stage"] for s in report["stages"]] == ["pretrain", "finetune", "ance"]
     assert [s["hard_negatives"] for s in report["stages"]] == ["none", "none", "table"]
     assert [s["learning_rate"] for s in report["stages"]] == [5e-4, 2e-4, 5e-5]
@@ -309,3 +329,20 @@ def test_pipeline_runs_the_three_stages_of_the_paper(pairs, tmp_path, ray_cluste
             report["metrics"]["bm25"]["mrr@100"]
         )
         assert len(client.get_metric_history(run.info.run_id, "loss")) == 4
+    _, stderr = again.communicate(timeout=1500)
+    assert again.returncode == 0, stderr[-3000:]
+    for stage in ("pretrain", "finetune", "ance"):
+        losses = [
+            [
+                json.loads(line)["loss"]
+                for line in (tmp_path / "runs" / name / stage / "metrics.jsonl").open()
+            ]
+            for name in ("staged", "again")
+        ]
+        assert len(losses[0]) == 4 and losses[0] == losses[1], stage  # bit for bit
+    first, second = (
+        pq.read_table(tmp_path / "runs" / name / "negatives" / "negatives.parquet")
+        for name in ("staged", "again")
+    )
+    columns = ["query_id", "negative_ids"]
+    assert first.select(columns).equals(second.select(columns))
