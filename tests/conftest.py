@@ -172,6 +172,44 @@ def shared_fixtures(tmp_path_factory) -> Path:
     return write_shared_fixtures(tmp_path_factory.mktemp("shared_fixtures"))
 
 
+# The job the fault tests interrupt (a killed worker, Ctrl-C): 8 steps of the tiny recipe on
+# one worker, a checkpoint every 2, with its own local Ray as a user's command has.
+TINY_PRETRAIN = [
+    "ray_jobs.pretrain", "--recipe", "tiny-ci", "--num-workers", "1",
+    "--cpus-per-worker", "0.5", "--set", "train.log_every=1",
+    "--set", "train.checkpoint_every=2", "--max-steps", "8", "--address", "local",
+]  # fmt: skip
+
+
+def job_env() -> dict[str, str]:
+    """This process's environment for a santa job in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env["PYTHONPATH"] = str(REPO)
+    env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 asks for a database otherwise
+    return env
+
+
+@pytest.fixture(scope="session")
+def pretrain_reference(tmp_path_factory) -> dict:
+    """``TINY_PRETRAIN`` run once, uninterrupted: its data (``--data``) and losses by step,
+    what an interrupted and resumed run of the same command must repeat exactly."""
+    import json
+
+    from tests.training import stdlib_pair_rows, write_pairs
+
+    root = tmp_path_factory.mktemp("pretrain-reference")
+    data = write_pairs(root / "pairs", stdlib_pair_rows()[:-24])
+    args = [*TINY_PRETRAIN, "--data", data, "--storage", str(root / "runs"), "--name", "reference"]
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, env=job_env(), timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not proc.stderr.strip(), proc.stderr  # a successful run: santa's lines, on stdout
+    lines = (root / "runs" / "reference" / "metrics.jsonl").read_text().splitlines()
+    losses = {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
+    return {"data": data, "losses": losses}
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""
     with socket.socket() as sock:

@@ -74,7 +74,8 @@ def test_past_the_deadline_every_long_test_is_skipped_with_the_reason() -> None:
     marked = sum(len(pattern.findall(p.read_text())) for p in files)
     assert f" {marked} skipped" in proc.stdout.splitlines()[-1] and " passed" not in proc.stdout
     assert "for the long tests (SANTA_CI_DEADLINE)" in proc.stdout  # the run's header
-    assert "test_an_elastic_run_goes_on_with_the_worker_left" in proc.stdout  # each skip names its test
+    # Each skip names its test.
+    assert "test_an_elastic_run_goes_on_with_the_worker_left" in proc.stdout
 
 
 LONG_TEST = """

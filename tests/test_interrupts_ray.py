@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from santa.runtime.runlock import RunLock
+from tests.conftest import TINY_PRETRAIN, job_env
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "--recipe", "tiny-ci", "--num-workers", "1", "--cpus-per-worker", "0.5",
     "--set", "train.log_every=1",
@@ -37,9 +37,7 @@ def data(tmp_path_factory) -> dict[str, str]:
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env["PYTHONPATH"] = str(REPO)
-    env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 asks for a database otherwise
+    env = job_env()
     return subprocess.Popen(
         [sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
@@ -70,15 +68,11 @@ def _losses(run: Path) -> dict[int, float]:
 
 @pytest.mark.long(seconds=105)
 @pytest.mark.timeout(1200)
-def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_path, monkeypatch):
+def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(
+    pretrain_reference, tmp_path, monkeypatch
+):
     runs = tmp_path / "runs"
-    train = ["ray_jobs.pretrain", "--data", data["train"], "--storage", str(runs), *TINY]
-    train += ["--set", "train.checkpoint_every=2", "--max-steps", "8"]
-    reference = _start([*train, "--name", "reference"], tmp_path)
-    _, stderr = reference.communicate(timeout=600)
-    assert reference.returncode == 0, stderr[-3000:]
-    assert not stderr.strip(), stderr  # a successful run: santa's lines only, on stdout
-
+    train = [*TINY_PRETRAIN, "--data", pretrain_reference["data"], "--storage", str(runs)]
     # Tracked in MLflow: the interrupted run is marked KILLED, the resumed one FINISHED,
     # with each step logged once.
     store = f"file://{tmp_path / 'mlruns'}"
@@ -110,7 +104,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(data, tmp_
     stdout, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
     assert "[train] step 8/8" in stdout
-    assert _losses(runs / "cut") == _losses(runs / "reference")
+    assert _losses(runs / "cut") == pretrain_reference["losses"]
     assert client.get_run(tracked.info.run_id).info.status == "FINISHED"
     history = client.get_metric_history(tracked.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(1, 9))

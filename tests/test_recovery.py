@@ -4,7 +4,6 @@ stage in which no hard-negatives table arrives — real processes, real signals.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import TINY_PRETRAIN, job_env
 from tests.training import stdlib_pair_rows, write_pairs
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "--recipe", "tiny-ci", "--num-workers", "1", "--cpus-per-worker", "0.5",
     "--set", "train.log_every=1",
@@ -30,8 +29,7 @@ def pairs(tmp_path_factory) -> str:
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env["PYTHONPATH"] = str(REPO)
+    env = job_env()
     return subprocess.Popen(
         [sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
@@ -74,14 +72,10 @@ def _losses(run: Path) -> dict[int, float]:
 
 @pytest.mark.long(seconds=85)
 @pytest.mark.timeout(1500)
-def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pairs, tmp_path):
+def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pretrain_reference, tmp_path):
     runs = tmp_path / "runs"
-    train = ["ray_jobs.pretrain", "--data", pairs, "--storage", str(runs), *TINY]
-    train += ["--set", "train.checkpoint_every=2", "--max-steps", "8", "--max-failures", "1"]
-    reference = _start([*train, "--name", "reference"], tmp_path)
-    _, stderr = reference.communicate(timeout=600)
-    assert reference.returncode == 0, stderr[-3000:]
-
+    train = [*TINY_PRETRAIN, "--data", pretrain_reference["data"], "--storage", str(runs)]
+    train += ["--max-failures", "1"]
     proc = _start([*train, "--name", "killed"], tmp_path)
     killed = []
     head = _run_until(
@@ -99,7 +93,7 @@ def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pairs, tmp_pat
     assert lines[0].endswith("(retry 1 of 1)")
     steps = [line.split()[2] for line in stdout.splitlines() if line.startswith("[train] step")]
     assert steps == [f"{step}/8" for step in range(1, 9)]  # repeated steps not shown again
-    assert _losses(runs / "killed") == _losses(runs / "reference")
+    assert _losses(runs / "killed") == pretrain_reference["losses"]
     # The last checkpoint says where the restarted group resumed: a checkpoint step, once.
     states = [
         json.loads(path.read_text())
