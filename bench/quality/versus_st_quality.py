@@ -57,8 +57,13 @@ def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple
         f"--learning-rate={getattr(args, 'learning_rate', 0.0)}",
     ]
     work.mkdir(parents=True)
+    import ray
+
+    env = dict(os.environ)
+    if ray.is_initialized():  # the job joins this benchmark's cluster, as on a user's cluster
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=common.ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=common.ROOT, env=env)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
