@@ -124,7 +124,7 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     assert result["worker_rss_mb"]["tiny"] > 0
 
 
-@pytest.mark.long(seconds=120)
+@pytest.mark.long(seconds=110)
 def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "scoder.json"
     stdout = run_bench(
@@ -189,7 +189,7 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 3")
 
 
-@pytest.mark.long(seconds=105)
+@pytest.mark.long(seconds=75)
 def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "quality.json"
     stdout = run_bench(
@@ -214,7 +214,7 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     assert output.with_suffix(".png").stat().st_size > 0
 
 
-@pytest.mark.long(seconds=155)
+@pytest.mark.long(seconds=115)
 def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) -> None:
     from bench.corpora import stdlib_pair_rows, write_pairs
 
@@ -248,7 +248,7 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
     assert output.with_suffix(".png").stat().st_size > 0
 
 
-@pytest.mark.long(seconds=125)
+@pytest.mark.long(seconds=100)
 def test_ablation_bench(tmp_path: Path) -> None:
     output = tmp_path / "ablation.json"
     stdout = run_bench(

@@ -66,7 +66,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
 
 
-@pytest.mark.long(seconds=105)
+@pytest.mark.long(seconds=100)
 @pytest.mark.timeout(1200)
 def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(
     pretrain_reference, tmp_path, monkeypatch

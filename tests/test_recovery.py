@@ -70,7 +70,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
 
 
-@pytest.mark.long(seconds=85)
+@pytest.mark.long(seconds=80)
 @pytest.mark.timeout(1500)
 def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pretrain_reference, tmp_path):
     runs = tmp_path / "runs"
