@@ -18,6 +18,7 @@ from santa.models.dual_encoder import DualEncoder
 from santa.recipes import get_recipe
 from santa.runtime import storage
 from santa.train.trainer import RunSpec, fit
+from tests.conftest import job_env
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -255,15 +256,39 @@ def test_pipeline_runs_the_three_stages_of_the_paper_and_repeats_them(
     report = pipeline.run(args)
     # The same command in a process of its own, with its own hash seed: nothing may depend
     # on it (started now, checked last).
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), PYTHONHASHSEED="2")
     again = subprocess.Popen(
         [sys.executable, "-m", "ray_jobs.pipeline", *command, "--name", "again"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env={**job_env(), "PYTHONHASHSEED": "2"},
     )
+    try:
+        check_staged_run(report, tmp_path)
+    except BaseException:
+        again.kill()  # not left running on the session's cluster
+        raise
+    _, stderr = again.communicate(timeout=1500)
+    assert again.returncode == 0, stderr[-3000:]
+    for stage in ("pretrain", "finetune", "ance"):
+        losses = [
+            [
+                json.loads(line)["loss"]
+                for line in (tmp_path / "runs" / name / stage / "metrics.jsonl").open()
+            ]
+            for name in ("staged", "again")
+        ]
+        assert len(losses[0]) == 4 and losses[0] == losses[1], stage  # bit for bit
+    first, second = (
+        pq.read_table(tmp_path / "runs" / name / "negatives" / "negatives.parquet")
+        for name in ("staged", "again")
+    )
+    columns = ["query_id", "negative_ids"]
+    assert first.select(columns).equals(second.select(columns))
+
+
+def check_staged_run(report: dict, tmp_path: Path) -> None:
+    """What the staged run of the three-stage test wrote: report, history, plots, MLflow."""
     assert [s["stage"] for s in report["stages"]] == ["pretrain", "finetune", "ance"]
     assert [s["hard_negatives"] for s in report["stages"]] == ["none", "none", "table"]
     assert [s["learning_rate"] for s in report["stages"]] == [5e-4, 2e-4, 5e-5]
@@ -329,20 +354,3 @@ def test_pipeline_runs_the_three_stages_of_the_paper_and_repeats_them(
             report["metrics"]["bm25"]["mrr@100"]
         )
         assert len(client.get_metric_history(run.info.run_id, "loss")) == 4
-    _, stderr = again.communicate(timeout=1500)
-    assert again.returncode == 0, stderr[-3000:]
-    for stage in ("pretrain", "finetune", "ance"):
-        losses = [
-            [
-                json.loads(line)["loss"]
-                for line in (tmp_path / "runs" / name / stage / "metrics.jsonl").open()
-            ]
-            for name in ("staged", "again")
-        ]
-        assert len(losses[0]) == 4 and losses[0] == losses[1], stage  # bit for bit
-    first, second = (
-        pq.read_table(tmp_path / "runs" / name / "negatives" / "negatives.parquet")
-        for name in ("staged", "again")
-    )
-    columns = ["query_id", "negative_ids"]
-    assert first.select(columns).equals(second.select(columns))
