@@ -189,6 +189,20 @@ def job_env() -> dict[str, str]:
     return env
 
 
+def start_job(args: list[str], cwd: Path) -> subprocess.Popen:
+    """``python -m *args`` as a user's command: ``job_env()``, pipes, and its own process
+    group, as a terminal's foreground job (a Ctrl-C goes to the whole group)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=job_env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture(scope="session")
 def pretrain_reference(tmp_path_factory) -> dict:
     """``TINY_PRETRAIN`` run once, uninterrupted: its data (``--data``) and losses by step,

@@ -9,14 +9,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from santa.runtime.runlock import RunLock
-from tests.conftest import TINY_PRETRAIN, job_env
+from tests.conftest import TINY_PRETRAIN, start_job
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
 TINY = [
@@ -34,19 +33,6 @@ def data(tmp_path_factory) -> dict[str, str]:
         "train": write_pairs(root / "train", rows[:-24]),
         "dev": write_beir(root / "dev", rows[-24:]),
     }
-
-
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = job_env()
-    return subprocess.Popen(
-        [sys.executable, "-m", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
 
 
 def _interrupt_after(proc: subprocess.Popen, marker: str) -> tuple[str, str]:
@@ -77,7 +63,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(
     # with each step logged once.
     store = f"file://{tmp_path / 'mlruns'}"
     cut = [*train, "--name", "cut", "--mlflow", store]
-    proc = _start(cut, tmp_path)
+    proc = start_job(cut, tmp_path)
     started = time.monotonic()
     stdout, stderr = _interrupt_after(proc, "[train] step 5/8")
     assert proc.returncode == 130, stderr[-3000:]
@@ -100,7 +86,7 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(
     (tracked,) = client.search_runs([client.get_experiment_by_name("santa").experiment_id])
     assert tracked.info.status == "KILLED"
 
-    rerun = _start(cut, tmp_path)
+    rerun = start_job(cut, tmp_path)
     stdout, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
     assert "[train] step 8/8" in stdout
@@ -121,7 +107,7 @@ def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data,
         "--seed", "0", *TINY, *sets,
     ]  # fmt: skip
     root = tmp_path / "sweeps" / "cut"
-    proc = _start(args, tmp_path)
+    proc = start_job(args, tmp_path)
     stdout, stderr = _interrupt_after(proc, "[sweep] trial")  # started: cut before a result
     assert proc.returncode == 130, stderr[-3000:]
     lines = stderr.strip().splitlines()
@@ -130,7 +116,7 @@ def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data,
     assert not (root / "best.json").exists()
     assert "╭" not in stdout and "Trial name" not in stdout  # no Tune status boxes
 
-    rerun = _start(args, tmp_path)
+    rerun = start_job(args, tmp_path)
     stdout, stderr = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, stderr[-3000:]
     assert "resuming the sweep" in stdout

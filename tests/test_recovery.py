@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import TINY_PRETRAIN, job_env
+from tests.conftest import TINY_PRETRAIN, start_job
 from tests.training import stdlib_pair_rows, write_pairs
 
 TINY = [
@@ -26,19 +25,6 @@ TINY = [
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> str:
     return write_pairs(tmp_path_factory.mktemp("recovery-pairs"), stdlib_pair_rows())
-
-
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = job_env()
-    return subprocess.Popen(
-        [sys.executable, "-m", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
 
 
 def _descendant(pid: int, title: str, timeout: float = 120) -> psutil.Process:
@@ -76,7 +62,7 @@ def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pretrain_refer
     runs = tmp_path / "runs"
     train = [*TINY_PRETRAIN, "--data", pretrain_reference["data"], "--storage", str(runs)]
     train += ["--max-failures", "1"]
-    proc = _start([*train, "--name", "killed"], tmp_path)
+    proc = start_job([*train, "--name", "killed"], tmp_path)
     killed = []
     head = _run_until(
         proc,
@@ -113,7 +99,7 @@ def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
         "--set", "negatives.refresh_every=5", "--set", "negatives.wait_for_first=true",
         "--set", "train.log_every=10", "--set", "train.checkpoint_every=120",
     ]  # fmt: skip
-    proc = _start(args, tmp_path)
+    proc = start_job(args, tmp_path)
     _run_until(
         proc,
         "[train] step 20/120",
@@ -150,7 +136,7 @@ def test_a_stage_without_any_table_says_so_with_the_times(tmp_path):
         "--name", "never", *TINY, "--max-steps", "4", "--hard-negatives", "async",
         "--set", "negatives.refresh_every=1000", "--set", "train.checkpoint_every=4",
     ]  # fmt: skip
-    proc = _start(args, tmp_path)
+    proc = start_job(args, tmp_path)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     lines = stderr.strip().splitlines()
