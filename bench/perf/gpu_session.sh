@@ -7,10 +7,11 @@
 # 1. bench/perf/gpu_ray.py at T5-base (300 steps; Ray and the plain loop, the two systems
 #    issue 37 compares; the worker loop without Ray is the CPU proxy's), compiled with SCOPE
 #    (default model). Each system compiles its own graphs (their inputs differ, so the Ray
-#    worker's Inductor cache does not serve the plain loop): at 193 s a cold compile, this
-#    step needs about 7 minutes. Its JSON is written after each system.
-# 2. The CUDA tests (no host-device sync inside a step, pinned batches, bf16).
-# 3. bench/perf/step_overhead.py: the near-zero model through the three systems.
+#    worker's Inductor cache does not serve the plain loop): at ~193 s a cold compile, the
+#    plain loop compiles while the Ray run runs (--overlap) and steps after it, so that
+#    this step needs about 6 minutes, not 9. Its JSON is written after each system.
+# 2. bench/perf/step_overhead.py: the near-zero model through the three systems.
+# 3. The CUDA tests (no host-device sync inside a step, pinned batches, bf16).
 # Logs and JSON land in OUT; a step that overruns its limit is cut, the next one runs.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [SCOPE]}
@@ -37,9 +38,13 @@ step() {  # step NAME LIMIT COMMAND...: run under min(LIMIT, what is left), outp
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python -c "import torch, transformers, ray; print(torch.__version__, transformers.__version__, ray.__version__)"
-step gpu_ray 420 python bench/perf/gpu_ray.py --skip-local --set "train.compile_scope=$scope" \
-  --output "$out/gpu_ray_$scope.json"
+step gpu_ray 420 python bench/perf/gpu_ray.py --skip-local --overlap \
+  --set "train.compile_scope=$scope" --output "$out/gpu_ray_$scope.json"
+# The Ray run's windows (step_host_s, the stall) and its first lines.
+run=$(ls -td /tmp/santa-gpu-ray/runs/bench-* 2>/dev/null | head -n 1)
+[ -n "$run" ] && cp "$run/metrics.jsonl" "$out/gpu_ray_metrics.jsonl"
+step step_overhead 150 python bench/perf/step_overhead.py --profile \
+  --output "$out/step_overhead_gpu.json"
 step cuda_tests 110 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_gpu.py \
   tests/test_train_step.py
-step step_overhead 150 python bench/perf/step_overhead.py --output "$out/step_overhead_gpu.json"
 echo "[gpu] done in $((SECONDS - started)) s"
