@@ -497,6 +497,72 @@ def compile_time(results: Path) -> str:
     return common.format_table(header, table, align="llrr")
 
 
+# Issue 37 on the H200: (label, result file) of bench/perf/gpu_ray.py runs.
+GPU_H200_RUNS = (
+    ("T5-base shape, batch 128, whole-model compile", "gpu_ray-h200-model.json"),
+    ("`tiny` recipe, batch 16, eager", "gpu_ray-h200-tiny-eager.json"),
+)
+
+
+def gpu_h200(results: Path) -> str:
+    """Ray Train beside the plain loop on the H200: both runs, each system a row, then the
+    near-zero model's per-step milliseconds (``step_overhead.py``)."""
+    rows = []
+    for label, name in GPU_H200_RUNS:
+        systems = {row["system"]: row for row in load(results, name)["systems"]}
+        plain = systems["plain"]
+        for system in ("ray", "plain"):
+            row = systems[system]
+            phases = row["phases_s"]
+            # Seconds from the start until the first step is done (its compile in it).
+            if system == "ray":
+                first = phases["startup_total_s"] + phases["startup_first_step_s"]
+            else:
+                first = phases["first_step_s"]
+            rows.append(
+                [
+                    label,
+                    system,
+                    f"{row['stage_s']:.1f}",
+                    f"{first:.1f}",
+                    f"{row['whole_pairs_per_s']:.1f}",
+                    f"{row['steady_pairs_per_s']:.1f}",
+                    f"{row['worst_to_median']:.2f}",
+                    times(row["whole_pairs_per_s"] / plain["whole_pairs_per_s"]),
+                    times(row["steady_pairs_per_s"] / plain["steady_pairs_per_s"]),
+                ]
+            )
+    header = [
+        "run",
+        "system",
+        "stage s",
+        "first step done, s",
+        "whole-stage pairs/s",
+        "steady pairs/s",
+        "worst window / median",
+        "whole vs plain",
+        "steady vs plain",
+    ]
+    table = common.format_table(header, rows, align="llrrrrrrr")
+    overhead = load(results, "step_overhead-h200.json")
+    step_rows = [
+        [
+            row["system"],
+            f"{row['ms_per_step_median']:.1f}",
+            f"{row['ms_per_step_p90']:.1f}",
+            f"{row['overhead_ms_median']:+.1f}",
+        ]
+        for row in overhead["systems"]
+    ]
+    step_header = [
+        "system (near-zero T5, batch 128)",
+        "ms/step median",
+        "ms/step p90",
+        "beyond plain, ms",
+    ]
+    return table + "\n\n" + common.format_table(step_header, step_rows, align="lrrr")
+
+
 SHUFFLE_METHODS = {
     "corpus order": "corpus order",
     "local buffer": "Ray Data's 2,048-row buffer, blocks of 256 rows "
@@ -842,6 +908,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "shuffle_mrr": shuffle_mrr,
     "shuffle_mrr_batches": shuffle_mrr_batches,
     "gpu": gpu,
+    "gpu_h200": gpu_h200,
     "compile_time": compile_time,
     "shuffle": shuffle,
     "gpu_ray_cpu": gpu_ray_cpu,
