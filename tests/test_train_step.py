@@ -248,6 +248,49 @@ def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
     assert figures == {"ms_per_step_median": 1000.0, "ms_per_step_p90": 2000.0}
 
 
+def test_the_plain_loop_with_a_gate_steps_only_after_it_and_leaves_the_wait_out(tiny_run) -> None:
+    """``gpu_ray.py --overlap``: the plain loop's untimed first step (its compile) comes
+    before the gate, every timed step after it, and the wait is not in its seconds."""
+    import argparse
+    import time
+
+    import torch
+
+    from bench.perf import gpu_ray
+
+    args = argparse.Namespace(
+        device="cpu",
+        steps=4,
+        window=2,
+        threads=1,
+        overrides=["train.global_batch_size=8", "train.max_document_length=96"],
+    )
+    seen: list[int] = []
+    original = torch.optim.AdamW.step
+
+    def counting(self, *a, **k):  # the optimizer steps taken so far, seen by the gate
+        seen.append(1)
+        return original(self, *a, **k)
+
+    at_gate: list[int] = []
+
+    def gate() -> None:
+        at_gate.append(len(seen))
+        time.sleep(3.0)
+
+    torch.optim.AdamW.step = counting
+    started = time.perf_counter()
+    try:
+        row = gpu_ray.run_plain(args, tiny_run["init"], gate=gate)
+    finally:
+        torch.optim.AdamW.step = original
+    wall_s = time.perf_counter() - started
+    assert at_gate == [1] and len(seen) == 5  # one untimed step, then the 4 timed ones
+    assert row["waited_for_ray_s"] >= 3.0
+    assert 0 < row["stage_s"] <= wall_s - row["waited_for_ray_s"]
+    assert len(row["windows_pairs_per_s"]) == 2
+
+
 def test_the_memory_bench_names_the_steps_working_set(tmp_path: Path) -> None:
     """``bench/perf/memory.py`` on the tiny recipe: the gradients are the parameters' size,
     AdamW's state twice that, the saved activations are counted and grouped by shape."""
