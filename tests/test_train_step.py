@@ -227,44 +227,42 @@ def test_local_session_keeps_checkpoints_under_its_root(tiny_run, tmp_path: Path
     assert DualEncoder.from_pretrained(str(tmp_path / kept[-1] / "model")) is not None
 
 
-def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
-    """``gpu_ray.py``'s ``local`` system (what ``step_overhead.py`` compares with the plain
-    step and Ray) trains the pairs through the real loop and reports its windows."""
+def bench_args(steps: int):
+    """``gpu_ray.py``'s arguments for a few tiny CPU steps in windows of 2."""
     import argparse
 
-    from bench.perf import gpu_ray, step_overhead
-
-    args = argparse.Namespace(
+    return argparse.Namespace(
         device="cpu",
-        steps=6,
+        steps=steps,
         window=2,
         threads=1,
         overrides=["train.global_batch_size=8", "train.max_document_length=96"],
     )
-    row = gpu_ray.run_local(args, tiny_run["init"], tiny_run["data"])
+
+
+def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
+    """``gpu_ray.py``'s ``local`` system (what ``step_overhead.py`` compares with the plain
+    step and Ray) trains the pairs through the real loop and reports its windows."""
+    from bench.perf import gpu_ray, step_overhead
+
+    row = gpu_ray.run_local(bench_args(6), tiny_run["init"], tiny_run["data"])
     assert row["system"] == "local" and len(row["windows_pairs_per_s"]) == 3
     assert row["phases_s"]["startup_tokenize_s"] > 0 and row["steady_pairs_per_s"] > 0
     figures = step_overhead.step_ms([1.0, 100.0, 50.0, 200.0], batch=100)
     assert figures == {"ms_per_step_median": 1000.0, "ms_per_step_p90": 2000.0}
 
 
-def test_the_plain_loop_with_a_gate_steps_only_after_it_and_leaves_the_wait_out(tiny_run) -> None:
+def test_the_plain_loop_with_a_gate_steps_only_after_it_and_leaves_the_wait_out(
+    tiny_run, monkeypatch
+) -> None:
     """``gpu_ray.py --overlap``: the plain loop's untimed first step (its compile) comes
     before the gate, every timed step after it, and the wait is not in its seconds."""
-    import argparse
     import time
 
     import torch
 
     from bench.perf import gpu_ray
 
-    args = argparse.Namespace(
-        device="cpu",
-        steps=4,
-        window=2,
-        threads=1,
-        overrides=["train.global_batch_size=8", "train.max_document_length=96"],
-    )
     seen: list[int] = []
     original = torch.optim.AdamW.step
 
@@ -278,12 +276,9 @@ def test_the_plain_loop_with_a_gate_steps_only_after_it_and_leaves_the_wait_out(
         at_gate.append(len(seen))
         time.sleep(3.0)
 
-    torch.optim.AdamW.step = counting
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting)
     started = time.perf_counter()
-    try:
-        row = gpu_ray.run_plain(args, tiny_run["init"], gate=gate)
-    finally:
-        torch.optim.AdamW.step = original
+    row = gpu_ray.run_plain(bench_args(4), tiny_run["init"], gate=gate)
     wall_s = time.perf_counter() - started
     assert at_gate == [1] and len(seen) == 5  # one untimed step, then the 4 timed ones
     assert row["waited_for_ray_s"] >= 3.0
