@@ -359,4 +359,7 @@ def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_faul
     ), lines[0]
     assert "init_model" not in lines[0]
     print(f"paused -> exit: {seconds:.1f} s; {lines[0]}")
-    assert seconds < (5 + 10) * 2 + 15, seconds
+    # The timeouts' 30 s, then the job's way out (Ray Train's controller and worker group,
+    # the local Ray): up to 16 s of it on a busy 2-core CI machine (46.0 s in all,
+    # 2026-11-28, the TensorBoard copy the first write), so 25 s for the way out.
+    assert seconds < (5 + 10) * 2 + 25, seconds
