@@ -161,3 +161,31 @@ def test_peak_flops_table_matches_whole_words(device_name: str, peak: float | No
     from bench.perf.gpu import match_peak
 
     assert match_peak(device_name)[1] == peak
+
+
+def test_the_gpu_session_compiles_the_carried_site_before_it_measures(tmp_path: Path) -> None:
+    """gpu_session.sh first compiles the bytecode of what is on PYTHONPATH (the unpacked
+    .gpu-site comes without any, and under PYTHONDONTWRITEBYTECODE each process would compile
+    Ray's modules again), then runs each step in what is left of its budget (none here)."""
+    import os
+
+    site = tmp_path / "site"
+    (site / "carried").mkdir(parents=True)
+    (site / "carried" / "__init__.py").write_text("")
+    (site / "carried" / "module.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        ["bash", "bench/perf/gpu_session.sh", str(tmp_path / "out"), "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[gpu] bytecode compiled in" in proc.stdout, proc.stdout
+    assert "PYTHONDONTWRITEBYTECODE=1" in proc.stdout
+    tag = sys.implementation.cache_tag
+    assert (site / "carried" / "__pycache__" / f"module.{tag}.pyc").is_file()
+    for name in ("gpu_ray", "step_overhead", "cuda_tests", "cuda_grad_cache"):
+        assert f"[gpu] {name} skipped" in proc.stdout, proc.stdout

@@ -15,6 +15,7 @@
 #    H200), then the bf16 + Inductor GradCache test alone (it compiles two graphs cold:
 #    more than 110 s there).
 # On one H200 (2026-11-28, budget 555) steps 1 and 2 took 318 and 89 s.
+# First, the bytecode of what was carried (see bytecode() below).
 # Logs and JSON land in OUT; a step that overruns its limit is cut, the next one runs.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [SCOPE]}
@@ -39,7 +40,22 @@ step() {  # step NAME LIMIT COMMAND...: run under min(LIMIT, what is left), outp
   echo "[gpu] $name: exit $rc at $((SECONDS - started)) s"
 }
 
+# The packed site (.gpu-site, unpacked onto PYTHONPATH) carries no bytecode, and a process
+# that may not write it (PYTHONDONTWRITEBYTECODE, set on this project's machines) compiles
+# every module it imports from source, each time: Ray's in every Train worker and actor.
+# Compile them once, as pip does at install, so that the start-up measured is a user's
+# (on 2 CPU cores, no bytecode at all made a tiny run's start-up 53-62 s instead of 17).
+bytecode() {
+  local t=$SECONDS dirs=() d
+  IFS=: read -ra dirs <<< "${PYTHONPATH:-}"
+  for d in "${dirs[@]}" santa ray_jobs bench tests; do
+    [ -d "$d" ] && [ "$(cd "$d" && pwd)" != "$PWD" ] && python -m compileall -q -j 0 "$d" >/dev/null 2>&1
+  done
+  echo "[gpu] bytecode compiled in $((SECONDS - t)) s (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+bytecode
 python -c "import torch, transformers, ray; print(torch.__version__, transformers.__version__, ray.__version__)"
 step gpu_ray 420 python bench/perf/gpu_ray.py --skip-local --overlap \
   --set "train.compile_scope=$scope" --output "$out/gpu_ray_$scope.json"
