@@ -172,6 +172,12 @@ def shared_fixtures(tmp_path_factory) -> Path:
     return write_shared_fixtures(tmp_path_factory.mktemp("shared_fixtures"))
 
 
+# The checkpoint a job interrupted once "[train] step 5/" is seen resumes from (a checkpoint
+# every 2 steps): 2 if step 4's was still being written, 4, or 6 or 8 where the steps went on
+# while the line travelled to the test through Ray's log forwarding and the fault landed (a
+# tiny step takes ~0.15 s on 2 cores since Ray Train's poll is 0.1 s).
+CHECKPOINT_NEAR_STEP_5 = r"[2468]"
+
 # The job the fault tests interrupt (a killed worker, Ctrl-C): 8 steps of the tiny recipe on
 # one worker, a checkpoint every 2, with its own local Ray as a user's command has.
 TINY_PRETRAIN = [

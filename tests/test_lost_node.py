@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.robustness.lost_node import ELASTIC_STEPS, goes_on_after
+from tests.conftest import CHECKPOINT_NEAR_STEP_5
 from tests.training import stdlib_pair_rows, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +56,8 @@ def test_a_lost_node_at_a_fixed_size_waits_a_bounded_time_then_ends_in_one_line(
     # The lost node and the rank on it, not the survivor's gloo error.
     lost = (
         r"^santa: warning: node [\d.]+ lost \(Ray node [0-9a-f]{8}: DEAD\) with training "
-        r"worker rank [01]; training resumes from checkpoint step [24] once 2 workers fit "
+        rf"worker rank [01]; training resumes from checkpoint step {CHECKPOINT_NEAR_STEP_5} "
+        r"once 2 workers fit "
         r"\(waiting up to 40 s\) \(retry 1 of 2\)$"
     )
     assert re.search(lost, lines[0]), lines[0]
@@ -77,7 +79,8 @@ def test_an_elastic_run_goes_on_with_the_worker_left_and_grows_back(tmp_path):
     # (The killed group's checkpoint upload, cut short, is removed at the end: a line too.)
     lines = [line for line in result["stderr"].strip().splitlines() if "checkpoint_" not in line]
     shrunk = (
-        r"^santa: training goes on with 1 of 1-2 workers from step [24]: node [\d.]+ lost "
+        rf"^santa: training goes on with 1 of 1-2 workers from step {CHECKPOINT_NEAR_STEP_5}: "
+        r"node [\d.]+ lost "
         r"\(Ray node [0-9a-f]{8}: DEAD\) with training worker rank [01] \(retry 1 of 2\)$"
     )
     grown = r"^santa: training is back to 2 of 1-2 workers from step \d+$"
