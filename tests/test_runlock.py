@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from santa.runtime import storage
@@ -124,3 +125,100 @@ def test_no_release_is_tried_after_an_unreachable_endpoint(tmp_path: Path, monke
     with pytest.raises(ValueError), RunLock(str(tmp_path / "run2")):
         raise ValueError("anything else")
     assert len(released) == 1
+
+
+def test_a_heartbeat_to_a_silent_endpoint_holds_up_neither_a_new_s3_client_nor_the_exit(
+    monkeypatch,
+) -> None:
+    """pyarrow makes a new S3 client of a process, and the process's exit, wait for that
+    process's requests in flight. A lease refreshed from a thread of the job's driver held
+    its way out up to the whole timeouts (~20 s: Ray Train's result, unpickled with its
+    filesystem, then the exit) when the endpoint went silent; the heartbeat's child holds
+    up neither."""
+    from tests.conftest import MotoServer
+
+    server = MotoServer()
+    beater: list[psutil.Process] = []
+    try:
+        keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        for name, value in {**keys, "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(name, value)
+        server.create_bucket("silent-lease")
+        code = textwrap.dedent(
+            """
+            import pickle, sys, time
+            from santa.runtime import storage
+            from santa.runtime.runlock import RunLock
+            lock = RunLock("s3://silent-lease/runs/r", settle_s=0.1, heartbeat_s=0.3).acquire()
+            filesystem, _ = storage.resolve("s3://silent-lease/runs/r")
+            print("locked", flush=True)
+            sys.stdin.readline()
+            time.sleep(1.0)  # a beat on its way to the silent endpoint by now
+            started = time.monotonic()
+            pickle.loads(pickle.dumps(filesystem))  # a new client, as Ray Train's result makes
+            print(f"client {time.monotonic() - started:.2f}", flush=True)
+            """
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANTA_S3_")}
+        env["AWS_ENDPOINT_URL"] = server.endpoint  # with santa's default timeouts
+        holder = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert holder.stdout.readline().strip() == "locked", holder.stderr.read()
+        beater += [c for c in psutil.Process(holder.pid).children() if "runlock" in c.cmdline()[-1]]
+        assert len(beater) == 1  # the heartbeat's own process
+        os.kill(server.process.pid, signal.SIGSTOP)  # silent: connections hang
+        started = time.monotonic()
+        stdout, stderr = holder.communicate("go\n", timeout=120)
+        seconds = time.monotonic() - started
+        assert holder.returncode == 0, stderr
+        assert stderr == ""  # the child's beats fail quietly
+        client = float(stdout.split()[-1])
+        # Waiting on the beat in flight took (5 + 10) s and more; here both are at once.
+        assert client < 2.0, stdout
+        assert seconds < 6.0, seconds
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+    # Its holder gone, the child leaves once its request gives up (the endpoint's end here).
+    beater[0].wait(timeout=30)
+
+
+def test_the_heartbeat_ends_with_a_killed_holder_and_a_stopped_one_is_told(moto_s3, caplog) -> None:
+    """kill -9 of the lock's holder: its heartbeat's child ends too (the pipe it reads is
+    closed by the kernel), so the lease goes stale as it should. A child that stopped
+    beating while its holder ran is said when the lock is released."""
+    run = f"{moto_s3.create_bucket('killed-holders')}/runs/demo"
+    code = textwrap.dedent(
+        f"""
+        import time
+        from santa.runtime.runlock import RunLock
+        RunLock({run!r}, settle_s=0.1, heartbeat_s=0.2).acquire()
+        print("locked", flush=True)
+        time.sleep(120)
+        """
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    (beater,) = psutil.Process(holder.pid).children()
+    holder.kill()
+    holder.wait()
+    beater.wait(timeout=10)  # raises TimeoutExpired if it beat on
+    lease = storage.read_json(storage.join(run, S3_LEASE_FILE))
+    time.sleep(0.6)
+    assert storage.read_json(storage.join(run, S3_LEASE_FILE)) == lease  # no beat since
+
+    lock = RunLock(run, settle_s=0.1, heartbeat_s=0.2, force=True, stale_after_s=0.1)
+    time.sleep(0.2)
+    lock.acquire()
+    lock._beater.kill()
+    lock._beater.wait()
+    with caplog.at_level("WARNING", logger="santa.runtime.runlock"):
+        lock.release()
+    assert "heartbeat" in caplog.text and "had stopped" in caplog.text
+    assert not storage.exists(storage.join(run, S3_LEASE_FILE))

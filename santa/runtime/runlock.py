@@ -7,8 +7,14 @@ one line naming the holder.
 - Local storage: an exclusive ``flock`` on ``NAME/.santa-lock`` (released by the kernel
   when the holder exits, even on ``kill -9``; the file says who holds it).
 - S3: a lease object ``NAME/.santa-lock.json`` with the owner, host, pid and a heartbeat
-  refreshed every ``heartbeat_s`` by a daemon thread. A lease whose heartbeat is older than
-  ``stale_after_s`` belongs to a run that died; ``force=True`` (``--force``) takes it over.
+  refreshed every ``heartbeat_s`` by a small child process (``python -m
+  santa.runtime.runlock``), not a thread: pyarrow makes every new S3 client of a process,
+  and the process's exit, wait for that process's requests in flight, so a heartbeat to an
+  endpoint gone silent held the job's way out up to its whole timeouts (Ray Train's result,
+  unpickled with its filesystem, and the exit each waited ~20 s). The child ends when the
+  lock is released or its holder is gone (the pipe it reads from closes, even on kill -9).
+  A lease whose heartbeat is older than ``stale_after_s`` belongs to a run that died;
+  ``force=True`` (``--force``) takes it over.
   S3 has no compare-and-swap that pyarrow exposes, so taking a lease is write-then-verify:
   after writing, the job waits ``settle_s`` and reads the lease back; of two jobs starting
   together, the one whose write landed last keeps it and the other fails.
@@ -19,8 +25,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import signal
 import socket
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -69,8 +78,7 @@ class RunLock:
             "job": description,
         }
         self._fd: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beater: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -90,10 +98,8 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._beater is not None:
+            self._stop_heartbeat()
             lease = self.read_lease()
             if lease is not None and lease.get("id") == self.owner["id"]:
                 fs, path = storage.resolve(self._lease_uri)
@@ -115,6 +121,7 @@ class RunLock:
 
         error = exc_info[0] if exc_info else None
         if isinstance(error, BaseException) and unreachable(root_cause(error)) is not None:
+            self._stop_heartbeat()
             return
         try:
             self.release()
@@ -195,15 +202,61 @@ class RunLock:
             raise RunLockedError(
                 f"{self.what} {self.run_uri} was taken by {_describe(lease or {})} at the same time"
             )
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._heartbeat, name="santa-run-lock", daemon=True)
-        self._thread.start()
+        self._start_heartbeat()
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            # A brief outage: the next beat retries; a long one lets the lease go stale.
-            with contextlib.suppress(storage.StorageError):
-                self._write_lease()
+    def _start_heartbeat(self) -> None:
+        """Start the child that refreshes the lease (see the module's docstring)."""
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+        path = os.environ.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, path) if p)}
+        self._beater = subprocess.Popen(
+            [sys.executable, "-m", "santa.runtime.runlock"],
+            stdin=subprocess.PIPE,
+            # Not the holder's output: whoever reads it to its end (a shell's pipe, the
+            # job's supervisor) would wait for this process too.
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        order = {"uri": self._lease_uri, "every_s": self.heartbeat_s}
+        order["lease"] = {**self.owner, "stale_after_s": self.stale_after_s}
+        self._beater.stdin.write(json.dumps(order) + "\n")
+        self._beater.stdin.flush()
+
+    def _stop_heartbeat(self) -> None:
+        """End the heartbeat's child: its pipe closed, it leaves between two beats; one that
+        is still waiting on a request after a moment is killed."""
+        beater, self._beater = self._beater, None
+        if beater is None:
+            return
+        if beater.poll() is not None:  # it should beat until told
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "the heartbeat of %s's lock had stopped (exit status %s): its lease may "
+                "have gone stale while the job ran",
+                self.run_uri,
+                beater.returncode,
+            )
+        with contextlib.suppress(OSError):
+            beater.stdin.close()
+        try:
+            beater.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            beater.kill()
+            beater.wait()
+
+
+def beat(order: dict[str, Any], pipe: Any) -> None:
+    """Write ``order["lease"]`` with a fresh heartbeat to ``order["uri"]`` every
+    ``order["every_s"]`` seconds until ``pipe`` is readable (closed by the lock's holder, or
+    by the kernel when the holder is gone)."""
+    while not select.select([pipe], [], [], float(order["every_s"]))[0]:
+        payload = {**order["lease"], "heartbeat": time.time()}
+        # A brief outage: the next beat retries; a long one lets the lease go stale.
+        with contextlib.suppress(storage.StorageError):
+            storage.write_bytes(order["uri"], json.dumps(payload).encode())
 
 
 def _died_here(lease: dict[str, Any]) -> bool:
@@ -253,3 +306,9 @@ def _describe(holder: dict[str, Any]) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
     job = f" ({holder['job']})" if holder.get("job") else ""
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, started {started}"
+
+
+if __name__ == "__main__":  # the heartbeat's child (RunLock._start_heartbeat)
+    # Ctrl-C reaches the whole process group: the holder decides when the lease ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    beat(json.loads(sys.stdin.readline()), sys.stdin)
