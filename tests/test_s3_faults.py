@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
 from santa.runtime import storage
@@ -361,6 +362,61 @@ def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_faul
     ), lines[0]
     assert "init_model" not in lines[0]
     # The timeouts' 30 s, then the job's way out (Ray Train's controller and worker group,
-    # the local Ray): up to 16 s of it on a busy 2-core CI machine (46.0 s in all,
-    # 2026-11-28, the TensorBoard copy the first write), so 25 s for the way out.
+    # the local Ray): up to 16 s of it on a busy 2-core CI machine, so 25 s for the way out.
+    # It once took 79.7 s: the run lock's heartbeat, a thread of the driver then, was on its
+    # way to the silent endpoint, and pyarrow made Ray Train's result (a new S3 client) and
+    # the exit wait for it; the heartbeat is a child process now (santa.runtime.runlock).
+    # Another took 105.8 s: Ray Train 2.60 tries a checkpoint upload that meets "AWS Error
+    # NETWORK_CONNECTION" three times (santa.train.session.persist_checkpoint now uploads).
+    # With the TensorBoard copy the first fault and two busy loops beside: 32.9 s in all,
+    # 7.3 s of it after the line; with the storage marker's read first: 30.5 s (2026-11-28).
     assert seconds < (5 + 10) * 2 + 25, seconds
+
+
+def test_a_checkpoint_upload_to_a_silent_endpoint_is_one_try_of_santas_attempts(
+    own_moto, tmp_path, monkeypatch
+):
+    """Ray Train 2.60 tries a checkpoint upload whose error reads "AWS Error
+    NETWORK_CONNECTION" three times (its own retry, around all of pyarrow's attempts): ~63 s
+    on a silent endpoint with santa's timeouts. santa's upload (``checkpoint_upload_fn``)
+    fails once, in one line naming the URI, and Ray Train's retry does not try it again."""
+    from ray._common.retry import call_with_retry
+    from ray.train.v2._internal.constants import AWS_RETRYABLE_TOKENS
+
+    from santa.train.session import persist_checkpoint
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
+    monkeypatch.setenv("SANTA_S3_READ_TIMEOUT", "1")
+    own_moto.create_bucket("ckpt-upload")
+    local = tmp_path / "checkpoint"
+    local.mkdir()
+    (local / "model.bin").write_bytes(b"weights")
+    filesystem, run = storage.resolve("s3://ckpt-upload/runs/r")
+
+    def upload(name: str) -> None:
+        persist_checkpoint(str(local), pafs.LocalFileSystem(), filesystem, run, f"{run}/{name}")
+
+    with pytest.raises(RuntimeError, match=r"cannot be seen from this node \(no s3://ckpt"):
+        upload("checkpoint_1")  # no storage marker: Ray Train's check, in one line
+    storage.write_bytes("s3://ckpt-upload/runs/r/.validate_storage_marker", b"")
+    upload("checkpoint_1")
+    assert storage.read_bytes("s3://ckpt-upload/runs/r/checkpoint_1/model.bin") == b"weights"
+
+    os.kill(own_moto.process.pid, signal.SIGSTOP)
+    calls = []
+
+    def counted() -> None:
+        calls.append(time.monotonic())
+        upload("checkpoint_2")
+
+    started = time.monotonic()
+    with pytest.raises(storage.StorageError) as raised:
+        call_with_retry(counted, "upload checkpoint", match=AWS_RETRYABLE_TOKENS, max_attempts=3)
+    assert len(calls) == 1  # not tried again by Ray Train's retry
+    assert str(raised.value) == (
+        f"cannot reach the S3 endpoint {own_moto.endpoint} to read "
+        "s3://ckpt-upload/runs/r/.validate_storage_marker (no answer in time)"
+    )
+    assert time.monotonic() - started < 2 * (1 + 1) + 3  # santa's 2 attempts of 1 s, once
