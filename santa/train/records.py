@@ -38,10 +38,18 @@ class MetricsRecord:
         self.printed_through = logged if logged > loop.logged_before else 0
 
     def keep(self, metrics: dict[str, float], step: int, line: str, publish: bool) -> None:
-        """The window's progress line (unless printed before), TensorBoard scalars, the
-        tracker, the JSON-lines history; the events copied to storage when ``publish``."""
+        """The JSON-lines history, then the window's progress line (unless printed before),
+        TensorBoard scalars, the tracker; the events copied to storage when ``publish``."""
         if not self.keeps:
             return
+        if self.loop.metrics_uri:
+            # First: a worker group that Ray Train restarts reads this history to know which
+            # progress lines were shown, so a line is never shown before its step is in it
+            # (a worker killed between the two would have its group show the step again).
+            # A resumed run drops the lines of steps it repeats.
+            self.history = [h for h in self.history if h["step"] < step] + [dict(metrics)]
+            lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in self.history)
+            storage.write_bytes(self.loop.metrics_uri, lines.encode())
         if step > self.printed_through:
             # Ray Train patches print() to log *and* tee it (two lines per call); the
             # process's own stdout is printed once and still reaches the driver.
@@ -53,11 +61,6 @@ class MetricsRecord:
             self.writer.flush()
         if self.tracker is not None:
             self.tracker.log(metrics, step)
-        if self.loop.metrics_uri:
-            # A resumed run drops the lines of steps it repeats.
-            self.history = [h for h in self.history if h["step"] < step] + [dict(metrics)]
-            lines = "".join(json.dumps(h, sort_keys=True) + "\n" for h in self.history)
-            storage.write_bytes(self.loop.metrics_uri, lines.encode())
         if publish:
             self._publish_tensorboard()
 
