@@ -59,3 +59,29 @@ def test_absolute_makes_local_paths_absolute_and_leaves_uris(tmp_path, monkeypat
     assert spec.layout.storage_path == str(tmp_path / "runs")
     assert spec.data == str(tmp_path / "data" / "pairs")
     assert spec.eval_data == "s3://b/dev" and spec.layout.root == str(tmp_path / "runs" / "x")
+
+
+def test_upload_dir_copies_every_file_keeping_paths_to_a_folder_or_s3(tmp_path, moto_s3):
+    """``upload_dir`` (the TensorBoard copy, a model saved to S3): every file, nested paths
+    kept, bytes verbatim; a second copy replaces what changed; no directory objects on S3."""
+    source = tmp_path / "source"
+    (source / "plugins" / "profile").mkdir(parents=True)
+    (source / "events.out").write_bytes(b"\x00" * 3 + b"events")
+    (source / "plugins" / "profile" / "trace.json.gz").write_bytes(b"not gzipped")
+    (source / "empty").mkdir()
+    bucket = moto_s3.create_bucket("upload-dir")
+    for target in (str(tmp_path / "copy"), f"{bucket}/runs/r/tensorboard"):
+        storage.upload_dir(str(source), target)
+        (source / "events.out").write_bytes(b"more events")
+        storage.upload_dir(str(source), target)
+        (source / "events.out").write_bytes(b"\x00" * 3 + b"events")
+        files = sorted(uri[len(target) + 1 :] for uri in storage.list_files(target))
+        assert files == ["events.out", "plugins/profile/trace.json.gz"]
+        assert storage.read_bytes(storage.join(target, "events.out")) == b"more events"
+        trace = storage.join(target, "plugins/profile/trace.json.gz")
+        assert storage.read_bytes(trace) == b"not gzipped"
+    keys = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket="upload-dir")["Contents"]]
+    assert sorted(keys) == [
+        "runs/r/tensorboard/events.out",
+        "runs/r/tensorboard/plugins/profile/trace.json.gz",
+    ]
