@@ -398,7 +398,7 @@ def test_a_checkpoint_upload_to_a_silent_endpoint_is_one_try_of_santas_attempts(
     def upload(name: str) -> None:
         persist_checkpoint(str(local), pafs.LocalFileSystem(), filesystem, run, f"{run}/{name}")
 
-    with pytest.raises(RuntimeError, match=r"cannot be seen from this node \(no s3://ckpt"):
+    with pytest.raises(storage.StorageError, match=r"cannot be seen from this node \(no s3://ckpt"):
         upload("checkpoint_1")  # no storage marker: Ray Train's check, in one line
     storage.write_bytes("s3://ckpt-upload/runs/r/.validate_storage_marker", b"")
     upload("checkpoint_1")

@@ -517,7 +517,7 @@ def upload_dir(local_dir: str, uri: str) -> None:
     One file after another, each one stream (no directory objects on S3): on an endpoint gone
     silent, the first request to fail ends the copy within santa's attempts. With
     ``pyarrow.fs.copy_files`` (directories first, files on its threads) a one-file TensorBoard
-    folder took 41 s to fail there against 35 s so (2026-11-28).
+    folder took 41 s to fail there, file by file 35 s (2026-11-28).
     """
     filesystem, path = resolve(uri)
     on_s3 = is_s3(uri)

@@ -137,7 +137,7 @@ def persist_checkpoint(
     marker = f"{run_path}/.validate_storage_marker"  # Ray Train's, written by its controller
     found = storage.classified(lambda: filesystem.get_file_info(marker), uri(marker), "read")
     if found.type == pafs.FileType.NotFound:
-        raise RuntimeError(
+        raise storage.StorageError(
             f"the run's storage {uri(run_path)} cannot be seen from this node (no "
             f"{uri(marker)}): use an s3:// URI or a folder that every node shares for --storage"
         )
