@@ -190,8 +190,9 @@ def test_a_heartbeat_to_a_silent_endpoint_holds_up_neither_a_new_s3_client_nor_t
 
 
 def test_the_heartbeat_ends_with_a_killed_holder_and_a_stopped_one_is_told(moto_s3, caplog) -> None:
-    """kill -9 of the lock's holder: its heartbeat's child ends too (the pipe it reads is
-    closed by the kernel), so the lease goes stale as it should. A child that stopped
+    """The heartbeat's child outlives no holder and no holder's lease: Ctrl-C or SIGTERM to the
+    process group leave it to its holder; kill -9 of the holder ends it too (the pipe it reads
+    is closed by the kernel), so the lease goes stale as it should. A child that stopped
     beating while its holder ran is said when the lock is released."""
     run = f"{moto_s3.create_bucket('killed-holders')}/runs/demo"
     code = textwrap.dedent(
@@ -206,6 +207,16 @@ def test_the_heartbeat_ends_with_a_killed_holder_and_a_stopped_one_is_told(moto_
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     (beater,) = psutil.Process(holder.pid).children()
+    assert os.getpgid(beater.pid) != os.getpgid(holder.pid)  # the group's Ctrl-C: the holder's
+    first = storage.read_json(storage.join(run, S3_LEASE_FILE))["heartbeat"]
+    deadline = time.time() + 10
+    while storage.read_json(storage.join(run, S3_LEASE_FILE))["heartbeat"] == first:
+        assert time.time() < deadline, "no heartbeat from the child"
+        time.sleep(0.1)
+    for signal_number in (signal.SIGINT, signal.SIGTERM):  # not its holder: it beats on
+        beater.send_signal(signal_number)
+    time.sleep(0.5)
+    assert beater.status() != psutil.STATUS_ZOMBIE
     holder.kill()
     holder.wait()
     beater.wait(timeout=10)  # raises TimeoutExpired if it beat on

@@ -216,6 +216,9 @@ class RunLock:
             # job's supervisor) would wait for this process too.
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # Its own session: Ctrl-C in a terminal and `ray job stop` signal the holder's
+            # process group, and the holder decides when the lease ends.
+            start_new_session=True,
             env=env,
             text=True,
         )
@@ -309,6 +312,7 @@ def _describe(holder: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":  # the heartbeat's child (RunLock._start_heartbeat)
-    # Ctrl-C reaches the whole process group: the holder decides when the lease ends.
+    # Signalled by anyone but its holder, it still beats: it ends with its holder's pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     beat(json.loads(sys.stdin.readline()), sys.stdin)
