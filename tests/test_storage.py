@@ -26,6 +26,9 @@ def test_s3_roundtrip_on_moto(moto_s3):
         f"{bucket}/run/data/part-0.jsonl"
     ]
     assert storage.file_sizes([f"{bucket}/run/data/part-0.jsonl"]) == [3]
+    # Only the files: no empty "folder/" object a level (one request each, and left behind).
+    keys = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket[5:])["Contents"]]
+    assert sorted(keys) == ["run/data/part-0.jsonl", "run/report.json"]
 
 
 def test_missing_paths_raise_clear_errors(tmp_path, moto_s3):

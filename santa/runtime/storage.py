@@ -157,14 +157,17 @@ def _relative_parts(path: str, root: str) -> list[str]:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri`` as is, creating parent directories.
+    """Write ``data`` to ``uri`` as is, creating parent directories (none on S3, which has
+    none: pyarrow's ``create_dir`` there costs requests for each level and leaves an empty
+    ``folder/`` object each, as ``upload_dir`` does not either).
 
     pyarrow would gzip a ``*.gz`` path on its own (``compression="detect"``); bytes are
     written and read verbatim here.
     """
     fs, path = resolve(uri)
     try:
-        fs.create_dir(posixpath.dirname(path), recursive=True)
+        if not is_s3(uri):
+            fs.create_dir(posixpath.dirname(path), recursive=True)
         with fs.open_output_stream(path, compression=None) as stream:
             stream.write(data)
     except OSError as error:
