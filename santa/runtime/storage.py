@@ -157,9 +157,9 @@ def _relative_parts(path: str, root: str) -> list[str]:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri`` as is, creating parent directories (none on S3, which has
-    none: pyarrow's ``create_dir`` there costs requests for each level and leaves an empty
-    ``folder/`` object each, as ``upload_dir`` does not either).
+    """Write ``data`` to ``uri`` as is, creating parent directories locally. On S3 (as in
+    ``upload_dir``) none: pyarrow's ``create_dir`` there costs requests for each level of
+    the path and leaves an empty ``folder/`` object at each.
 
     pyarrow would gzip a ``*.gz`` path on its own (``compression="detect"``); bytes are
     written and read verbatim here.
