@@ -150,6 +150,17 @@ def _training(batch: Setting, lr: Setting, epochs: Setting) -> dict[str, Setting
         "train.max_document_length": _DOCUMENT_LENGTH,
         "train.shuffle": _SHUFFLE,
         **unread("train.shuffle_buffer", why="train.shuffle=global permutes the whole set"),
+        "train.drop_last": code(
+            False,
+            "train_santa.py: Hugging Face's TrainingArguments.dataloader_drop_last default "
+            "(shell/*.sh do not set it); santa completes the last batch with the epoch's "
+            "first rows, where the released Trainer trains a smaller last batch",
+        ),
+        "train.epoch_unit": code(
+            "pair",
+            "train_santa.py: one example per line of the training file, one pair each "
+            "(build_code*.py, build_product_entity.py write a line per pair)",
+        ),
         "train.mask_duplicates": code(
             False,
             "model.py SModel.forward: cross-entropy over every in-batch score; a document "
@@ -442,6 +453,23 @@ _ESCI_FINETUNE = _finetune(
         "pretraining's 6)",
     ),
     batch=_ESCI_BATCH,
+)
+# The released product fine-tuning's epoch (trainer.py Sdataset.get_process_fn over
+# processing/Product/build_product.py's file of one line per query) and query length.
+_ESCI_FINETUNE.update(
+    {
+        "train.epoch_unit": code(
+            "query",
+            "trainer.py Sdataset.get_process_fn: one example per query and epoch, its positive "
+            "group_positives[(hash(seed) + epoch) % n]; build_product.py drops queries "
+            "without a negative judgment",
+        ),
+        "train.max_query_length": code(
+            21,
+            "processing/Product/build_product.py cuts ESCI queries to 20 tokens without special "
+            "tokens; trainer.py's create_one_example then adds </s> (--q_max_len 50 never binds)",
+        ),
+    }
 )
 _ESCI_ANCE = _ance(
     _ESCI_FINETUNE,

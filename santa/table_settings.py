@@ -34,6 +34,7 @@ NOT_COMPUTATIONAL: dict[str, str] = {
     "train.grad_cache_chunk_size": "GradCache: the whole batch's exact gradients in less memory",
     "train.distributed_backend": "the collectives' transport (NCCL or gloo)",
     "train.fused_rms_norm": "the same RMS norm as one fused kernel",
+    "train.input_threads": "threads that tokenize the next batches: the same batches",
     "negatives.encoder_actors": "how many actors share the mining",
     "negatives.encoder_gpus": "the miner's device (a GPU encoder runs under bf16 autocast)",
     "negatives.encoder_cpus": "CPUs reserved per mining actor",

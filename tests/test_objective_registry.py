@@ -8,41 +8,43 @@ import pytest
 
 from santa.runtime.layout import RunLayout
 from santa.train.loop_config import (
-    LISTWISE_ROWS,
     OBJECTIVES,
-    TOKENIZED_PAIRS,
     LoopConfig,
     ObjectiveEntry,
-    TrainData,
     objective_entry,
+    training_data,
 )
 from tests.training import tiny_config
 
+CALLS: list[str] = []
+
 
 class Reached(Exception):
-    """Raised by the toy objective's data hook: fit got that far, through the hook."""
+    """Raised by the toy objective's data function: fit got that far, through it."""
 
 
-def toy_entry(calls: list[tuple], **kwargs) -> ObjectiveEntry:
-    def build_dataset(config, data_uri: str, init_model: str):
-        calls.append((config, data_uri, init_model))
-        raise Reached
-
-    return ObjectiveEntry("tests.nowhere:Toy", TrainData(build_dataset, "pyarrow"), **kwargs)
+def toy_data(loop: LoopConfig):
+    """The toy objective's data function (named in its registry entry)."""
+    CALLS.append(loop.data_uri)
+    raise Reached
 
 
-@pytest.mark.usefixtures("ray_cluster")
-def test_fit_builds_the_data_and_the_start_that_a_new_objectives_entry_names(
+def toy_entry(**kwargs) -> ObjectiveEntry:
+    return ObjectiveEntry("tests.nowhere:Toy", "tests.test_objective_registry:toy_data", **kwargs)
+
+
+def test_fit_asks_a_new_objectives_entry_for_its_data_and_starts_it_from_its_folder(
     tmp_path, monkeypatch
 ) -> None:
-    """A toy objective, registered with one line: fit starts it from its own folder and
-    asks its hook for the dataset, with no branch of its own for it."""
-    from santa.train.trainer import RunSpec, fit
+    """A toy objective, registered with one line: fit asks its data function for what it
+    trains on (before any Ray work: the function's failure ends fit), and its start is its
+    own folder, handed over as is; no branch of fit names it."""
+    from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
-    calls: list[tuple] = []
-    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry(calls, own_start=True))
+    CALLS.clear()
+    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry(own_start=True))
     config = tiny_config(num_workers=1, max_steps=1)
-    start = tmp_path / "start"  # handed over as is: never read as a model folder
+    start = tmp_path / "start"  # never read as a model folder
     spec = RunSpec.of(
         data=str(tmp_path / "examples"),
         storage=str(tmp_path / "runs"),
@@ -53,25 +55,35 @@ def test_fit_builds_the_data_and_the_start_that_a_new_objectives_entry_names(
     )
     with pytest.raises(Reached):
         fit(config, spec)
-    assert calls == [(config, str(tmp_path / "examples"), str(start))]
-    assert LoopConfig(santa=config, init_model=str(start), objective="toy").batch_format == (
-        "pyarrow"
-    )
+    assert [str(tmp_path / "examples")] == CALLS
+    assert prepare_initial_model(config, spec) == str(start)
 
 
 def test_an_objective_with_its_own_start_needs_one_and_names_itself(tmp_path, monkeypatch) -> None:
     from santa.train.trainer import RunSpec, prepare_initial_model
 
-    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry([], own_start=True))
+    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry(own_start=True))
     spec = RunSpec.of(data=str(tmp_path), storage=str(tmp_path), name="r", objective="toy")
     with pytest.raises(ValueError, match="training toy needs its starting folder"):
         prepare_initial_model(tiny_config(), spec)
 
 
-def test_the_registered_objectives_data_and_an_unknown_name() -> None:
-    assert objective_entry("santa").data is TOKENIZED_PAIRS
-    assert TOKENIZED_PAIRS.batch_format == "numpy"
-    assert objective_entry("dual_encoder").data is LISTWISE_ROWS
+def test_the_registered_objectives_data_and_an_unknown_name(tmp_path) -> None:
+    from santa.train.data import PAIR_COLUMNS
+
+    (tmp_path / "data").mkdir()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "data" / "part-0.parquet")
+    loop = LoopConfig(santa=tiny_config(), init_model="", data_uri=str(tmp_path))
+    assert training_data(loop).source.columns == PAIR_COLUMNS
+    listwise = training_data(
+        LoopConfig(
+            santa=tiny_config(), init_model="", objective="dual_encoder", data_uri=str(tmp_path)
+        )
+    )
+    assert "candidates" in listwise.source.columns
     assert objective_entry("discriminators").own_start
     assert not objective_entry("dual_encoder").own_start
     with pytest.raises(ValueError, match="objective must be one of .*got 'nope'"):

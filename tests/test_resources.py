@@ -28,20 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 TWO_CPU_LAPTOP = ClusterShape(nodes=({"CPU": 2.0},), capacity={"CPU": 2.0})
 
 
-def test_two_workers_of_one_cpu_on_two_cpus_leave_ray_data_nothing_and_fail() -> None:
-    """The hang of issue 28: trainers take both CPUs, Ray Data's read task never runs."""
+def test_workers_that_read_their_own_rows_fit_every_cpu_and_no_more() -> None:
+    """No Ray Data task runs beside the trainers (they read their own rows): two workers
+    of one CPU fit two CPUs, and three fail in one line naming what they ask for."""
     plan = training_plan(tiny_config(num_workers=2), cpus_per_worker=1.0)
+    assert "Ray Data" not in plan.describe()
+    assert check_plan(plan, TWO_CPU_LAPTOP) == "fits"
+    three = training_plan(tiny_config(num_workers=3, global_batch_size=9), cpus_per_worker=1.0)
     with pytest.raises(ResourceError) as raised:
-        check_plan(plan, TWO_CPU_LAPTOP, job="ray_jobs.pretrain")
+        check_plan(three, TWO_CPU_LAPTOP, job="ray_jobs.pretrain")
     line = str(raised.value)
     assert "\n" not in line
-    assert "2 training workers × {1 CPU}" in line and "1 Ray Data task × {0.5 CPUs}" in line
+    assert "3 training workers × {1 CPU} (3 CPUs in all)" in line
     assert "the cluster has 2 CPUs, 0 GPUs on 1 node, no autoscaler" in line
-    # Half a CPU each leaves Ray Data its share: that plan runs.
-    assert (
-        check_plan(training_plan(tiny_config(num_workers=2), cpus_per_worker=0.5), TWO_CPU_LAPTOP)
-        == "fits"
-    )
 
 
 def test_a_gpu_on_a_cluster_without_one_is_named_as_the_reason() -> None:
@@ -120,7 +119,7 @@ def test_fit_refuses_a_miner_and_trainers_larger_than_the_cluster_before_any_wor
     assert "3 miner encoder actors × {1 CPU}" in str(raised.value)
     assert str(raised.value).endswith(
         "the cluster has 2 CPUs, 0 GPUs, 1 head on 2 nodes, no autoscaler: "
-        "more CPU (4.5 > 2) than the cluster has"
+        "more CPU (4 > 2) than the cluster has"
     )
     assert not (tmp_path / "too-big" / "init_model").exists()  # nothing was built
 

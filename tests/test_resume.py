@@ -11,6 +11,7 @@ import pytest
 from santa.train.resume import (
     ResumeError,
     load_newest_loadable,
+    ray_candidates,
     registered_checkpoints,
     remove_unregistered_checkpoints,
 )
@@ -68,7 +69,7 @@ def test_fallback_names_the_broken_checkpoint(tmp_path, capsys):
         return _state_of(checkpoint)
 
     latest = ray.train.Checkpoint(folders[2])
-    state, used = load_newest_loadable(latest, folders[::-1], load)
+    state, used = load_newest_loadable(ray_candidates(latest, folders[::-1]), load)
     assert state == {"step": 2} and used.path == folders[1]
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
@@ -77,7 +78,7 @@ def test_fallback_names_the_broken_checkpoint(tmp_path, capsys):
     for folder in folders:
         Path(folder, "trainer_state.json").write_text("")
     with pytest.raises(ResumeError, match="no registered checkpoint loads"):
-        load_newest_loadable(latest, folders[::-1], load, announce=False)
+        load_newest_loadable(ray_candidates(latest, folders[::-1]), load, announce=False)
 
 
 def test_unregistered_folders_are_removed_only_with_a_readable_snapshot(tmp_path):

@@ -88,10 +88,10 @@ def test_trial_config_applies_lr_and_lambda():
 
 def test_max_concurrent_trials_fits_the_cluster():
     fit = sweep.max_concurrent_trials
-    assert fit({"CPU": 2}, 2, 0.5, False, 1.0) == 1  # the test cluster: one at a time
-    assert fit({"CPU": 16}, 2, 1.0, False, 1.0) == 5
-    assert fit({"CPU": 64, "GPU": 8}, 2, 1.0, True, 1.0) == 4  # GPUs bound it
-    assert fit({"CPU": 1}, 4, 1.0, False, 1.0) == 1  # never less than one
+    assert fit({"CPU": 2}, 2, 0.5, False) == 1  # the test cluster: one at a time
+    assert fit({"CPU": 16}, 2, 1.0, False) == 7  # one CPU stays free
+    assert fit({"CPU": 64, "GPU": 8}, 2, 1.0, True) == 4  # GPUs bound it
+    assert fit({"CPU": 1}, 4, 1.0, False) == 1  # never less than one
 
 
 def test_base_config_sets_the_eval_cadence():

@@ -133,7 +133,12 @@ FROM_SANTAS_CODE = {
     "train.mask_duplicates": False,  # model.py: cross-entropy over every in-batch score
     "train.bf16": False,  # no --fp16/--bf16: float32
     "train.max_steps": None,  # --num_train_epochs
+    "train.drop_last": False,  # Trainer default dataloader_drop_last
+    "train.epoch_unit": "pair",  # a line per pair
 }
+# ESCI's fine-tuning stages: build_product.py's queries (20 tokens, then </s>), one example
+# per query and epoch (trainer.py Sdataset).
+FROM_SANTAS_CODE_ESCI_FINETUNE = {"train.max_query_length": 21, "train.epoch_unit": "query"}
 # ... and the pretraining stages' MEP: HF's token mean (model.py), targets cut at 35.
 FROM_SANTAS_CODE_PRETRAIN = {
     "train.mep_reduction": "token_mean",
@@ -162,6 +167,8 @@ def test_table_recipes_hold_the_papers_numbers(recipe: str, stage: str) -> None:
     expected_code = dict(FROM_SANTAS_CODE)
     if stage == "pretrain":
         expected_code.update(FROM_SANTAS_CODE_PRETRAIN)
+    if recipe == "t5-base-esci" and stage != "pretrain":
+        expected_code.update(FROM_SANTAS_CODE_ESCI_FINETUNE)
     for key, expected in expected_code.items():
         assert value_of(config, key) == expected and settings[key].source == CODE, key
     marked = set(TABLE_RECIPES[recipe].settings(stage, SANTA))

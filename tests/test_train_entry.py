@@ -1,4 +1,5 @@
-"""The workers' entry point: light to import, and epoch 0 read ahead of the model."""
+"""The workers' entry point: light to import, and the node's row file opened (built)
+while the worker imports the loop and builds the model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from santa.train.epochs import FirstEpoch
+from santa.train.epochs import BackgroundRows
+from santa.train.rows import RowSource
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,29 +31,19 @@ def test_driver_side_of_training_imports_neither_torch_models_nor_the_loop() -> 
     assert done.stdout.strip() == "[]"
 
 
-def test_first_epoch_yields_every_batch_in_order_starting_in_the_background() -> None:
-    pulled = threading.Event()
+def test_the_row_file_opens_in_the_background_and_hands_its_error_over(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    def batches():
-        pulled.set()
-        yield from ({"step": i} for i in range(3))
-
-    epoch = FirstEpoch(batches())
-    assert pulled.wait(5)  # the first batch is pulled before anyone asks
-    assert [b["step"] for b in epoch.batches()] == [0, 1, 2]
-
-
-def test_first_epoch_of_an_empty_shard_yields_nothing() -> None:
-    assert list(FirstEpoch(iter([])).batches()) == []
-
-
-def test_first_epoch_hands_the_pipelines_error_to_the_training_thread() -> None:
-    def broken():
-        raise OSError("s3://bucket/pairs/data/part-0.parquet: connection reset")
-        yield  # pragma: no cover
-
-    with pytest.raises(OSError, match="connection reset"):
-        list(FirstEpoch(broken()).batches())
+    pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "part-0.parquet")
+    rows = BackgroundRows(RowSource((str(tmp_path / "part-0.parquet"),), ("text",)), str(tmp_path))
+    assert threading.current_thread() is threading.main_thread()
+    assert rows.result().num_rows == 2 and rows.ready_at is not None
+    broken = BackgroundRows(
+        RowSource((str(tmp_path / "missing.parquet"),), ("text",)), str(tmp_path)
+    )
+    with pytest.raises(Exception, match="missing.parquet"):
+        broken.result()
 
 
 def test_ray_train_polls_every_tenth_of_a_second_unless_the_user_says_otherwise(

@@ -17,15 +17,16 @@ from santa.models.tokenizer import train_tokenizer
 from santa.train.compiling import compile_for_training, repeated_blocks
 from santa.train.epochs import EpochReader, pin_batch
 from santa.train.loop import WorkerTrainer, read_means, run_worker
-from santa.train.loop_config import LoopConfig
-from santa.train.session import ArrayShard, LocalSession, local_shard
+from santa.train.loop_config import LoopConfig, training_data
+from santa.train.order import EpochPlan
+from santa.train.rows import open_rows
+from santa.train.session import LocalSession
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> dict:
-    """Pairs of real functions, a tiny T5 saved as the initial model, and the tokenized
-    shard (the streaming input's tokenization, in memory)."""
+    """Pairs of real functions and a tiny T5 saved as the initial model."""
     work = tmp_path_factory.mktemp("local-run")
     rows = stdlib_pair_rows()[:64]
     config = tiny_config()
@@ -34,24 +35,24 @@ def tiny_run(tmp_path_factory) -> dict:
     tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)
     model = DualEncoder.build_tiny(config.model, tokenizer, seed=0)
     model.save_pretrained(str(work / "init"), santa_config=config)
-    return {
-        "init": str(work / "init"),
-        "shard": local_shard(data, str(work / "init"), config),
-        "data": data,
-        "work": work,
-    }
+    return {"init": str(work / "init"), "data": data, "work": work}
+
+
+def loop_config(tiny_run, config, **fields) -> LoopConfig:
+    """The loop over the run's pairs, its row files in the run's own cache folder."""
+    return LoopConfig(
+        santa=config,
+        init_model=tiny_run["init"],
+        data_uri=tiny_run["data"],
+        row_cache=str(tiny_run["work"] / "rows"),
+        **fields,
+    )
 
 
 def local_trainer(tiny_run, steps: int, **train) -> tuple[WorkerTrainer, LocalSession]:
     config = tiny_config(**train)
-    session = LocalSession(tiny_run["shard"], device="cuda" if train.get("use_gpu") else "cpu")
-    loop = LoopConfig(
-        santa=config,
-        init_model=tiny_run["init"],
-        train_rows=tiny_run["shard"].rows,
-        stop_at_step=steps,
-    )
-    return WorkerTrainer(loop, session), session
+    session = LocalSession(device="cuda" if train.get("use_gpu") else "cpu")
+    return WorkerTrainer(loop_config(tiny_run, config, stop_at_step=steps), session), session
 
 
 def test_a_step_reads_nothing_back_and_a_window_reads_once(tiny_run) -> None:
@@ -151,22 +152,12 @@ def test_prepared_padding_masks_embed_as_the_2d_mask(implementation: str) -> Non
     torch.testing.assert_close(mep, reference_mep)
 
 
-def test_array_shard_reads_batches_as_a_ray_data_shard() -> None:
-    shard = ArrayShard({"a": np.arange(10), "b": np.arange(10) * 2})
-    batches = list(shard.iter_batches(batch_size=4))
-    assert [list(batch["a"]) for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    shuffled = list(
-        shard.iter_batches(batch_size=5, local_shuffle_buffer_size=8, local_shuffle_seed=1)
-    )
-    rows = np.concatenate([batch["a"] for batch in shuffled])
-    assert sorted(rows) == list(range(10)) and list(rows) != list(range(10))
-    assert all((batch["b"] == batch["a"] * 2).all() for batch in shuffled)
-    with pytest.raises(ValueError, match="different lengths"):
-        ArrayShard({"a": np.arange(3), "b": np.arange(4)})
-
-
 def test_a_reader_asked_to_pin_without_cuda_hands_numpy_batches(tiny_run) -> None:
-    reader = EpochReader(lambda: tiny_run["shard"], tiny_config().train, 0, pin_memory=True)
+    config = tiny_config()
+    data = training_data(loop_config(tiny_run, config))
+    rows = open_rows(data.source, str(tiny_run["work"] / "rows"))
+    plan = EpochPlan(rows=rows.num_rows, global_batch=8, seed=0)
+    reader = EpochReader(rows, plan, data.collate, pin_memory=True)
     try:
         batch = next(iter(reader.epoch()))
     finally:
@@ -215,16 +206,24 @@ def test_gpu_steps_after_the_first_never_wait_for_the_device(tiny_run) -> None:
     assert len(calls) == 6 and session.reports[-1]["step"] == 6
 
 
-def test_local_session_keeps_checkpoints_under_its_root(tiny_run, tmp_path: Path) -> None:
-    config = tiny_config(log_every=2, checkpoint_every=2)
-    session = LocalSession(tiny_run["shard"], checkpoint_root=str(tmp_path))
-    loop = LoopConfig(
-        santa=config, init_model=tiny_run["init"], train_rows=tiny_run["shard"].rows, stop_at_step=4
-    )
-    run_worker(WorkerTrainer(loop, session))
-    kept = sorted(path.name for path in tmp_path.iterdir())
+def test_local_session_keeps_checkpoints_under_its_root_and_resumes_from_them(
+    tiny_run, tmp_path: Path
+) -> None:
+    """Stopped at step 4 and run again over the same root, the loop resumes from its newest
+    checkpoint and repeats the uninterrupted run's losses exactly."""
+    config = tiny_config(log_every=2, checkpoint_every=2, max_steps=8)
+    whole = LocalSession(checkpoint_root=str(tmp_path / "whole"))
+    run_worker(WorkerTrainer(loop_config(tiny_run, config), whole))
+    session = LocalSession(checkpoint_root=str(tmp_path / "cut"))
+    run_worker(WorkerTrainer(loop_config(tiny_run, config, stop_at_step=4), session))
+    kept = sorted(path.name for path in (tmp_path / "cut").iterdir())
     assert kept == ["checkpoint_000002", "checkpoint_000004"]
-    assert DualEncoder.from_pretrained(str(tmp_path / kept[-1] / "model")) is not None
+    assert DualEncoder.from_pretrained(str(tmp_path / "cut" / kept[-1] / "model")) is not None
+    resumed = LocalSession(checkpoint_root=str(tmp_path / "cut"))
+    trainer = WorkerTrainer(loop_config(tiny_run, config), resumed)
+    assert trainer.state["step"] == 4 and trainer.state["resumed_at"] == [4]
+    run_worker(trainer)
+    assert [r["loss"] for r in resumed.reports] == [r["loss"] for r in whole.reports[2:]]
 
 
 def bench_args(steps: int):
@@ -247,7 +246,7 @@ def test_the_benches_run_the_worker_loop_without_ray(tiny_run) -> None:
 
     row = gpu_ray.run_local(bench_args(6), tiny_run["init"], tiny_run["data"])
     assert row["system"] == "local" and len(row["windows_pairs_per_s"]) == 3
-    assert row["phases_s"]["startup_tokenize_s"] > 0 and row["steady_pairs_per_s"] > 0
+    assert row["phases_s"]["startup_first_step_s"] > 0 and row["steady_pairs_per_s"] > 0
     figures = step_overhead.step_ms([1.0, 100.0, 50.0, 200.0], batch=100)
     assert figures == {"ms_per_step_median": 1000.0, "ms_per_step_p90": 2000.0}
 
@@ -296,7 +295,7 @@ def test_the_memory_bench_names_the_steps_working_set(tmp_path: Path) -> None:
         + ["--workdir", str(tmp_path), "--output", str(tmp_path / "memory.json")]
     )
     phases = {row["phase"]: row for row in result["phases"]}
-    parameters_mb = phases["model, optimizer, reader"]["named_mb"]
+    parameters_mb = phases["model, optimizer, row file"]["named_mb"]
     first = phases["first step"]
     assert parameters_mb == pytest.approx(result["parameters"] * 4 / memory.MB, rel=0.01)
     assert first["gradients_mb"] == pytest.approx(parameters_mb, rel=0.01)
@@ -304,5 +303,5 @@ def test_the_memory_bench_names_the_steps_working_set(tmp_path: Path) -> None:
     assert first["activations_saved_mb"] > 0
     by_shape = result["saved_by_shape"]
     assert by_shape and sum(row["mb"] for row in by_shape) <= first["activations_saved_mb"] + 1e-6
-    assert first["peak_mb"] >= phases["tokenized set"]["peak_mb"]
+    assert first["peak_mb"] >= phases["model, optimizer, row file"]["peak_mb"]
     assert (tmp_path / "memory.json").exists()

@@ -46,3 +46,59 @@ def own_cluster(head: dict[str, Any], *node_cpus: int) -> Iterator[tuple[Any, li
         cluster.shutdown()
         if session:
             init_ray(session, log_to_driver=False)
+
+
+def _train_rank(rank: int, world: int, port: int, loop: dict, root: str, out: str) -> None:
+    """One rank of :func:`train_on_ranks` (a spawned process)."""
+    import json
+
+    import torch.distributed as dist
+
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
+
+    if world > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+    try:
+        session = LocalSession(checkpoint_root=root, rank=rank, world_size=world)
+        trainer = WorkerTrainer(LoopConfig.from_dict(loop), session)
+        rows: list[list[str]] = []
+        step = trainer.train_step
+
+        def recorded_step(batch):
+            rows.append([str(query) for query in batch["query_id"]])
+            return step(batch)
+
+        trainer.train_step = recorded_step
+        run_worker(trainer)
+        with open(f"{out}/rank{rank}.json", "w") as handle:
+            json.dump({"reports": session.reports, "rows": rows}, handle)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def train_on_ranks(world: int, loop: Any, root: str, out: str) -> list[dict[str, Any]]:
+    """The worker loop on ``world`` gloo processes without Ray (``LocalSession``, resumed
+    from ``root``'s newest checkpoint when it has one): each rank's reports and the query
+    ids of every step's batch, rank by rank."""
+    import json
+    import os
+
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    os.makedirs(out, exist_ok=True)
+    if world == 1:
+        _train_rank(0, 1, 0, loop.to_dict(), root, out)
+    else:
+        mp.spawn(_train_rank, args=(world, free_port(), loop.to_dict(), root, out), nprocs=world)
+    results = []
+    for rank in range(world):
+        with open(f"{out}/rank{rank}.json") as handle:
+            results.append(json.load(handle))
+    return results

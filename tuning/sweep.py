@@ -75,15 +75,16 @@ def max_concurrent_trials(
     num_workers: int,
     cpus_per_worker: float,
     use_gpu: bool,
-    data_cpus: float,
 ) -> int:
     """Trials that fit the cluster at once: its CPUs (and GPUs) over one trial's needs.
 
     One trial takes ``num_workers × cpus_per_worker`` CPUs (and ``num_workers`` GPUs with
-    ``use_gpu``) plus ``data_cpus`` left to its Ray Data pipeline; at least 1.
+    ``use_gpu``); one CPU of the cluster stays free for the trials' drivers and Ray Train's
+    controllers (as ``worker_cpus`` leaves one); at least 1.
     """
-    per_trial_cpus = num_workers * cpus_per_worker + data_cpus
-    fits = math.floor(resources.get("CPU", 0) / per_trial_cpus + 1e-9) if per_trial_cpus else 1
+    per_trial_cpus = num_workers * cpus_per_worker
+    spare = max(0.0, resources.get("CPU", 0) - 1)
+    fits = math.floor(spare / per_trial_cpus + 1e-9) if per_trial_cpus else 1
     if use_gpu:
         fits = min(fits, math.floor(resources.get("GPU", 0) / num_workers + 1e-9))
     return max(1, fits)
@@ -302,9 +303,6 @@ def build_parser() -> argparse.ArgumentParser:
         "default 0 to 2 (scoder: 0 to 1)",
     )
     parser.add_argument(
-        "--data-cpus", type=float, default=1.0, help="CPUs left to each trial's Ray Data"
-    )
-    parser.add_argument(
         "--max-concurrent", type=int, default=0, help="parallel trials; 0: sized to the cluster"
     )
     parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
@@ -432,12 +430,12 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
         capacity = cluster_capacity()
         resources = {key: capacity_of(key, capacity) for key in ("CPU", "GPU")}
         concurrent = args.max_concurrent or max_concurrent_trials(
-            resources, args.num_workers, cpus, args.gpu, args.data_cpus
+            resources, args.num_workers, cpus, args.gpu
         )
         print(
             f"max_concurrent_trials={concurrent} (cluster up to {resources['CPU']:g} CPU, "
             f"{resources['GPU']:g} GPU; per trial: {args.num_workers} workers × "
-            f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''} + {args.data_cpus:g} CPU for Ray Data)"
+            f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''})"
         )
         sweep = {
             "name": args.name,

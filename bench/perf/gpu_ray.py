@@ -337,17 +337,17 @@ def run_plain(
     }
 
 
-def local_trainer(config, init_model: str, shard, *, steps: int, threads: int, device: str):
-    """The worker loop over an in-memory ``shard`` in this process, and its session."""
+def local_trainer(config, init_model: str, data: str, *, steps: int, threads: int, device: str):
+    """The worker loop over the pairs under ``data`` in this process, and its session."""
     from santa.train.loop import WorkerTrainer
     from santa.train.loop_config import LoopConfig
     from santa.train.session import LocalSession
 
-    session = LocalSession(shard, device=device)
+    session = LocalSession(device=device)
     loop = LoopConfig(
         santa=config,
         init_model=init_model,
-        train_rows=shard.rows,
+        data_uri=data,
         stop_at_step=steps,
         torch_threads=threads,
     )
@@ -358,12 +358,11 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
     """The worker loop itself (``WorkerTrainer``: the objective, the reader thread, the
     window metrics) in this process through :class:`~santa.train.session.LocalSession`,
     on the same pairs as the Ray run: what the loop costs beyond the plain step, without
-    Ray's data ingest and reports."""
+    Ray's reports."""
     import torch
 
     from santa.recipes import get_recipe
     from santa.train.loop import run_worker
-    from santa.train.session import local_shard
 
     on_gpu = args.device == "cuda"
     config = get_recipe("tiny").with_overrides(
@@ -373,10 +372,8 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    shard = local_shard(data, init_model, config)
-    tokenized_s = time.perf_counter() - started
     trainer, session = local_trainer(
-        config, init_model, shard, steps=args.steps, threads=args.threads, device=args.device
+        config, init_model, data, steps=args.steps, threads=args.threads, device=args.device
     )
     run_worker(trainer)
     stage_s = time.perf_counter() - started
@@ -392,7 +389,7 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
         "loop_pairs_per_s": last["run_pairs_per_s"],
         "windows_pairs_per_s": rates,
         **window_figures(rates),
-        "phases_s": {"startup_tokenize_s": tokenized_s, **phases},
+        "phases_s": phases,
     }
 
 

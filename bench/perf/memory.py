@@ -105,7 +105,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.corpora import write_stdlib_pairs
     from santa.recipes import get_recipe
-    from santa.train.session import local_shard
 
     torch.set_num_threads(args.threads)
     phase("imports (torch, transformers, santa's loop)")
@@ -120,14 +119,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         init_model = prepare_initial_model(config, spec)
     else:
         init_model = config.model.backbone
-    shard = local_shard(data, init_model, config)
-    arrays = {key: value for key, value in shard.columns.items() if hasattr(value, "nbytes")}
-    phase("tokenized set", named_mb=sum(a.nbytes for a in arrays.values()) / MB)
     trainer, _ = gpu_ray.local_trainer(
-        config, init_model, shard, steps=args.steps, threads=args.threads, device="cpu"
+        config, init_model, data, steps=args.steps, threads=args.threads, device="cpu"
     )
     parameters = list(trainer.model.parameters())
-    phase("model, optimizer, reader", named_mb=tensors_mb(parameters))
+    phase("model, optimizer, row file", named_mb=tensors_mb(parameters))
     # What train() sets before its first step.
     trainer.run_started, trainer.run_first_step = time.perf_counter(), trainer.state["step"]
     trainer.loop_started_at = time.time()
@@ -163,7 +159,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             config.train.max_target_length,
         ],
         "parameters": sum(p.numel() for p in parameters),
-        "rows": shard.rows,
+        "rows": trainer.row_file.num_rows,
         "phases": phases,
     }
 

@@ -2,8 +2,8 @@
 streaming buffer (``train.shuffle=local``) and with the global per-epoch shuffle
 (``train.shuffle=global``, the default now), issue 38.
 
-``bench/perf/shuffle.py`` showed that a local buffer leaves batches far from uniform (many
-in-batch pairs from one file or repository); this asks whether that shows in retrieval.
+A local buffer leaves batches far from uniform (many in-batch pairs from one file or
+repository; the shares are printed first); this asks whether that shows in retrieval.
 
 Data: the CodeSearchNet Ruby valid sample (``--data``, 1,400 functions in corpus order: the
 functions of a file together, the files of a repository together), split by repository:
@@ -30,14 +30,14 @@ this training set (1,077 pairs), so it would shuffle everything and the two runs
 the same experiment. Keeping the default's ratio to CodeSearchNet's ~1.9 M pairs (about
 1 : 900) would leave about one row here: no shuffle at all, which is not what the old
 default did either. What matters to training is how many in-batch negatives come from the
-query's own file or repository. In ``bench/perf/shuffle.py`` (100,000 CodeSearchNet-shaped
-rows, the 2,048-row buffer, batch 128) 0.34 % of in-batch pairs share a file and 9.5 %
-a repository; a 64-row buffer at batch 32 over these 1,077 rows gives about 1.7 % and
+query's own file or repository. On 100,000 CodeSearchNet-shaped rows with the 2,048-row
+buffer at batch 128, 0.34 % of in-batch pairs shared a file and 9.5 % a repository
+(issue 38's measurement); a 64-row buffer at batch 32 over these 1,077 rows gives about 1.7 % and
 5 % (printed first by this script): the same order of magnitude, where 128 rows would
 halve the repository share again and 32 would be no buffer at all (one batch). Those
 shares are measured on the first ``--check-batches`` batches that the trainer's own input
-path draws (``build_train_dataset`` → ``materialize`` → ``streaming_split`` →
-``epoch_batches``) for each shuffle, beside corpus order and a uniform sample: the rows
+path draws (the row file, :class:`santa.train.order.EpochPlan`'s global batches) for each
+shuffle, beside corpus order and a uniform sample: the rows
 are seen to reach training in corpus order (``train.shuffle_buffer=0``: ~28× uniform).
 
 Each shuffle trains once per seed (``--seeds``; ``train.seed`` changes the batch order
@@ -198,18 +198,24 @@ def uniform_share(keys: Sequence[str]) -> float:
 
 
 def batch_mix(config, pairs: str, tokenizer: str, count: int) -> dict[str, dict[str, float]]:
-    """Same-file and same-repository shares of the first ``count`` batches of epoch 0, as
-    the trainer's input path draws them (one worker), for corpus order and each shuffle."""
-    from santa.train.data import build_train_dataset, tokenization_settings
-    from santa.train.epochs import ArrayShard, epoch_batches
+    """Same-file and same-repository shares of the first ``count`` global batches of epoch
+    0, as the trainer's input path draws them (its row file and epoch order), for corpus
+    order and each shuffle. (``tokenizer`` is unused: the order does not depend on it.)"""
+    import tempfile
 
-    prepared = build_train_dataset(pairs, tokenizer, tokenization_settings(config)).materialize()
+    from santa.train.data import pairs_source
+    from santa.train.order import EpochPlan
+    from santa.train.rows import open_rows
+
+    with tempfile.TemporaryDirectory(prefix="santa-mix-") as cache:
+        rows = open_rows(pairs_source(pairs), cache)
+        doc_ids = rows.columns(["doc_id"]).column("doc_id").to_pylist()
+        rows.close()
     variants = {
         "corpus order": ["train.shuffle=local", "train.shuffle_buffer=0"],
         "local": ["train.shuffle=local"],
         "global": ["train.shuffle=global"],
     }
-    doc_ids = prepared.select_columns(["doc_id"]).to_pandas()["doc_id"]
     every = [file_and_repository(d) for d in doc_ids]
     mix = {
         "uniform": {
@@ -219,14 +225,18 @@ def batch_mix(config, pairs: str, tokenizer: str, count: int) -> dict[str, dict[
     }
     for name, overrides in variants.items():
         train = config.with_overrides(overrides).train
-        (shard,) = prepared.streaming_split(1, equal=True)
-        if train.shuffle == "global":  # what EpochReader holds for a global shuffle
-            shard = ArrayShard.read(shard)
-        batches = []
-        for batch in epoch_batches(shard, train, rank=0, epoch=0):
-            batches.append([file_and_repository(d) for d in batch["doc_id"]])
-            if len(batches) == count:
-                break
+        plan = EpochPlan(
+            rows=len(doc_ids),
+            global_batch=train.global_batch_size,
+            seed=train.seed,
+            shuffle=train.shuffle,
+            buffer=train.shuffle_buffer,
+        )
+        order = plan.epoch(0)
+        batches = [
+            [every[row] for row in order.batch_rows(batch).tolist()]
+            for batch in range(min(count, plan.batches_per_epoch))
+        ]
         mix[name] = {
             "same_file": same_share([[f for f, _ in b] for b in batches]),
             "same_repo": same_share([[r for _, r in b] for b in batches]),

@@ -11,6 +11,7 @@ from santa.config.common import (
     COMPILE_MODES,
     COMPILE_SCOPES,
     DISTRIBUTED_BACKENDS,
+    EPOCH_UNITS,
     MEP_REDUCTIONS,
     OPTIMIZERS,
     SHUFFLES,
@@ -98,19 +99,34 @@ class TrainConfig:
     """Checkpoint every this many steps; ``None``: at the end of every epoch only."""
 
     shuffle: str = "global"
-    """How each epoch's batches are drawn. ``global``: each worker holds its share of the
-    tokenized training set in memory and draws a new seeded permutation of all of it every
-    epoch; with several workers the shares are equal parts of the set in corpus order, so a
-    global batch is a uniform sample of each part. ``local``: batches stream in corpus order
-    (all functions of a file together) through a seeded buffer of ``shuffle_buffer`` rows,
-    for a set larger than the workers' memory; SANTA's released code streams its files the
-    same way through a 10,000-row buffer (OpenMatch's ``StreamTrainDatasetMixin``), its
-    code pretraining file shuffled once when built. Objectives whose rows are tokenized in
-    the worker (SCodeR's listwise rows) always stream (``local``)."""
+    """The order of each epoch's rows, one order for the whole run whatever its number of
+    workers (each worker takes its slice of every global batch; :mod:`santa.train.order`).
+    ``global``: a new seeded permutation of every training row each epoch. ``local``: the
+    rows in corpus order (all functions of a file together) through a seeded shuffle
+    buffer of ``shuffle_buffer`` rows, as SANTA's released code streams its files through a
+    10,000-row buffer (OpenMatch's ``StreamTrainDatasetMixin``; its code pretraining file
+    shuffled once when built)."""
 
     shuffle_buffer: int = 2048
-    """``shuffle="local"``: rows each worker shuffles in a buffer (seeded) before batching;
-    0 keeps corpus order."""
+    """``shuffle="local"``: the shuffle buffer's rows (seeded by seed and epoch); 0 keeps
+    corpus order."""
+
+    epoch_unit: str = "pair"
+    """What an epoch passes over once: every training ``pair``, or every ``query`` (one
+    example per query and epoch, the query's positive rotated by seed + epoch among its
+    Exact judgments, queries without a judged negative left out: SANTA's released product
+    fine-tuning, ``Sdataset.get_process_fn`` over ``build_product.py``'s groups)."""
+
+    drop_last: bool = True
+    """Drop an epoch's last, incomplete global batch; False completes it with the epoch's
+    first rows (every step keeps one shape), as ``DistributedSampler`` pads, so that no row
+    is left out of an epoch (SANTA's released code: Hugging Face's ``dataloader_drop_last``
+    default, False)."""
+
+    input_threads: int = 1
+    """Threads per worker that read, tokenize and collate the next batches while the
+    current step trains (the tokenizers release the GIL): more when one thread does not
+    keep up with the device (``bench/scale``: pairs tokenized per second per core)."""
 
     eval_every: int | None = None
     """With a dev set (``RunSpec.eval_data``): report dev MRR/NDCG every this many steps;
@@ -179,6 +195,8 @@ class TrainConfig:
             fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
         if self.compile not in COMPILE_MODES:
             fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.epoch_unit not in EPOCH_UNITS:
+            fail(f"TrainConfig.epoch_unit must be one of {EPOCH_UNITS}, got {self.epoch_unit!r}")
         if self.shuffle not in SHUFFLES:
             fail(f"TrainConfig.shuffle must be one of {SHUFFLES}, got {self.shuffle!r}")
         if self.compile_scope not in COMPILE_SCOPES:
@@ -212,6 +230,7 @@ class TrainConfig:
             "log_every",
             "checkpoint_every",
             "eval_every",
+            "input_threads",
         )
         if self.grad_cache_chunk_size < 0:
             fail(

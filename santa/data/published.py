@@ -39,6 +39,7 @@ __all__ = [
     "iter_parquet",
     "pair_columns",
     "pair_files",
+    "parquet_file",
     "pairs_dataset",
     "pairs_folder",
     "parquet_dataset",
@@ -108,6 +109,13 @@ def _read_file(
                 f"{uri} has no column(s) {missing} (its columns: {', '.join(names)})"
             ) from None
         raise ValueError(f"cannot read {uri}: {' '.join(str(error).split())}") from None
+
+
+def parquet_file(uri: str) -> pq.ParquetFile:
+    """One Parquet file opened for reading in batches (``iter_batches``: the row files of
+    :mod:`santa.train.rows` stream from it); an unreachable storage is one line naming it."""
+    filesystem, path = storage.resolve(uri)
+    return storage.classified(lambda: pq.ParquetFile(filesystem.open_input_file(path)), uri, "read")
 
 
 def iter_parquet(

@@ -33,6 +33,8 @@ __all__ = [
     "all_reduce_min",
     "identity_gather",
     "is_distributed",
+    "mean_over_ranks",
+    "share_of_global_mean",
 ]
 
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
@@ -73,6 +75,33 @@ def all_reduce_min(value: int, device: torch.device | str) -> int:
     tensor = torch.tensor([value], dtype=torch.long, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return int(tensor.item())
+
+
+def share_of_global_mean(local_count: torch.Tensor) -> torch.Tensor:
+    """The factor that turns this rank's mean over its ``local_count`` items (a scalar
+    tensor) into its part of the mean over every rank's items, as DDP averages gradients:
+    ``local_count · world / Σ_ranks local_count`` (1 on one process).
+
+    A loss that is a mean over a variable number of items per rank (MEP's target tokens)
+    times this factor, averaged over the ranks by DDP, is the mean over all the global
+    batch's items: what one process computes on the whole batch. A collective on a scalar
+    that stays on the device (nothing is read back).
+    """
+    if not is_distributed():
+        return torch.ones((), device=local_count.device)
+    total = local_count.detach().to(torch.float32).clone()
+    dist.all_reduce(total)
+    return local_count.to(torch.float32) * dist.get_world_size() / total.clamp(min=1)
+
+
+def mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """``values`` averaged over the ranks (a collective; the tensor itself on one process):
+    what a logged window reports, so that the loss a run logs is the global batch's."""
+    if not is_distributed():
+        return values
+    total = values.detach().clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
 
 
 _CHECKED_SHAPES: set[tuple[int, ...]] = set()

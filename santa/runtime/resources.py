@@ -108,7 +108,7 @@ class ResourcePlan:
         return total
 
     def describe(self) -> str:
-        """``2 training workers × {1 CPU} + Ray Data tasks × {0.5 CPU} (2.5 CPUs in all)``."""
+        """``2 training workers × {1 CPU} + 1 miner × {1 GPU} (2 CPUs, 1 GPU in all)``."""
         parts = " + ".join(bundle.describe() for bundle in self.bundles if bundle.count)
         return f"{parts} ({describe_resources(self.total())} in all)"
 
@@ -195,20 +195,13 @@ def training_plan(
     cpus_per_worker: float,
     miner_gpus: float = 0.0,
     miner_resources: dict[str, float] | None = None,
-    data_cpus: float | None = None,
 ) -> ResourcePlan:
-    """What a training run asks for: its workers, Ray Data's share, and with ``async``
-    hard negatives the miner actor and its encoder actors."""
-    if data_cpus is None:
-        from santa.train.data import DATA_TASK_CPUS
-
-        data_cpus = DATA_TASK_CPUS
+    """What a training run asks for: its workers (which read their own rows: no Ray Data
+    task runs beside them), and with ``async`` hard negatives the miner actor and its
+    encoder actors."""
     train, negatives = config.train, config.negatives
     worker = {"CPU": cpus_per_worker, "GPU": trainer_gpus(config)}
     bundles = [Bundle("training worker", worker, train.num_workers)]
-    # Train V2 takes the trainers' resources out of Ray Data's budget: at least one data
-    # task must fit in what is left, or the first batch never comes.
-    bundles.append(Bundle("Ray Data task", {"CPU": data_cpus}))
     if negatives.source == "async":
         bundles.append(Bundle("miner", {"GPU": miner_gpus, **(miner_resources or {})}))
         encoder = {"CPU": negatives.encoder_cpus, "GPU": negatives.encoder_gpus}

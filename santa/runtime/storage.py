@@ -135,17 +135,23 @@ def list_files(uri: str, suffixes: Iterable[str] = ()) -> list[str]:
 
 def file_sizes(uris: list[str]) -> list[int]:
     """The size in bytes of each file (one listing call, not one per file)."""
+    return [size for size, _ in file_infos(uris)]
+
+
+def file_infos(uris: list[str]) -> list[tuple[int, int | None]]:
+    """Each file's size in bytes and modification time (ns; None where the storage keeps
+    none), in one listing call."""
     if not uris:
         return []
-    fs, _ = resolve(uris[0])  # one filesystem: resolving every s3 URI would connect anew
+    fs, _ = resolve(uris[0])
     paths = [uri.removeprefix("s3://") if is_s3(uri) else resolve(uri)[1] for uri in uris]
-    infos = fs.get_file_info(paths)
+    infos = classified(lambda: fs.get_file_info(paths), uris[0], "read")
     missing = [
         uri for uri, info in zip(uris, infos, strict=True) if info.type != pafs.FileType.File
     ]
     if missing:
         raise StorageError(f"no such file: {missing[0]}")
-    return [int(info.size) for info in infos]
+    return [(int(info.size), info.mtime_ns) for info in infos]
 
 
 def _relative_parts(path: str, root: str) -> list[str]:

@@ -21,6 +21,7 @@ from santa.data.published import iter_pairs, parquet_dataset, read_parquet
 from santa.negatives.mining import MiningCorpus, NegativesTable
 from santa.runtime import storage
 from santa.scoder.discriminator import discriminator_kind
+from santa.scoder.rows import LISTWISE, LISTWISE_SCHEMA
 
 __all__ = [
     "LISTWISE_SCHEMA",
@@ -31,17 +32,7 @@ __all__ = [
     "write_listwise",
 ]
 
-LISTWISE_SCHEMA = pa.schema(
-    [
-        ("query_id", pa.string()),
-        ("kind", pa.string()),  # text_code (D_φ) | code_code (D_ψ)
-        ("query", pa.string()),
-        ("candidates", pa.list_(pa.string())),  # the positive first
-        ("heldout", pa.bool_()),  # never trained on by the discriminators
-    ]
-)
 ROWS_PER_FILE = 10_000
-LISTWISE = "listwise examples"  # what the readers' errors call them
 
 
 def is_heldout(query_id: str, fraction: float) -> bool:
@@ -129,7 +120,8 @@ def read_listwise(uri: str) -> pa.Table:
 
 
 def read_listwise_dataset(uri: str):
-    """The listwise Parquet rows under ``uri/data`` as a Ray Dataset (the training input)."""
+    """The listwise Parquet rows under ``uri/data`` as a Ray Dataset (scored by the
+    discriminators in Ray Data, :mod:`santa.scoder.soft_labels`)."""
     return parquet_dataset(storage.join(uri, "data"), LISTWISE)
 
 

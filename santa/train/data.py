@@ -1,7 +1,7 @@
-"""The streaming training input: preprocessed Parquet pairs → tokenized tensors.
-
-Tokenization runs in Ray Data operators (so it overlaps with training and scales with the
-cluster), turning the tokenizer-independent text columns into fixed-length id arrays.
+"""SANTA's training input: the preprocessed pairs' rows (:mod:`santa.train.rows`) → each
+batch tokenized as it is collated, on the worker, ahead of its step
+(:mod:`santa.train.epochs`): the tokenizer-independent text columns become fixed-length id
+arrays. Nothing is tokenized before the first step, and nothing is kept after its step.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import numpy as np
 import pyarrow as pa
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind
-from santa.data.published import DATA_TASK_CPUS, pair_columns, pairs_dataset
+from santa.data.published import pair_files
 from santa.runtime import storage
+from santa.train.rows import RowSource
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple
 # all-gather); lengths are small enough that dynamic padding would buy little.
@@ -167,20 +168,7 @@ def tokenize_pairs(
     tokenizer = load_tokenizer(tokenizer_path)
     kinds: list[str] = []
     if "dataset" in batch.column_names:
-        given = (
-            batch.column("kind").to_pylist()
-            if "kind" in batch.column_names
-            else [None] * batch.num_rows
-        )
-        kinds = [
-            row_kind(kind, dataset, target)
-            for kind, dataset, target in zip(
-                given,
-                batch.column("dataset").to_pylist(),
-                batch.column("mep_target").to_pylist(),
-                strict=True,
-            )
-        ]
+        kinds = pair_kinds(batch)
         keep = [
             is_training_row(kind, label)
             for kind, label in zip(kinds, batch.column("label").to_pylist(), strict=True)
@@ -223,29 +211,125 @@ def tokenize_pairs(
     return out
 
 
-def build_train_dataset(data_uri: str, tokenizer_path: str, settings: dict[str, Any]):
-    """The Ray Dataset of tokenized training pairs read from ``data_uri`` (Parquet)."""
-    columns = [
-        "dataset",
-        "label",
-        "query_id",
-        "doc_id",
-        "query",
-        "title",
-        "document",
-        "masked_document",
-        "mep_target",
-    ]
-    if "kind" in pair_columns(data_uri):
-        columns.append("kind")  # corpora from before the kind column infer it (data.kinds)
-    return (
-        pairs_dataset(data_uri)
-        .select_columns(columns)
-        .map_batches(
-            tokenize_pairs,
-            fn_kwargs={"tokenizer_path": tokenizer_path, **settings},
-            batch_format="pyarrow",
-            batch_size=256,
-            num_cpus=DATA_TASK_CPUS,
+def pair_kinds(batch: pa.Table | pa.RecordBatch) -> list[str]:
+    """Each pair row's kind (:func:`santa.data.kinds.row_kind`: its ``kind`` column, else
+    inferred from the dataset and the MEP target)."""
+    given = (
+        batch.column("kind").to_pylist()
+        if "kind" in batch.column_names
+        else [None] * batch.num_rows
+    )
+    return [
+        row_kind(kind, dataset, target)
+        for kind, dataset, target in zip(
+            given,
+            batch.column("dataset").to_pylist(),
+            batch.column("mep_target").to_pylist(),
+            strict=True,
         )
+    ]
+
+
+def training_pair_mask(batch: pa.RecordBatch) -> np.ndarray:
+    """Which pair rows train (:func:`santa.data.kinds.is_training_row`): all but ESCI's
+    non-Exact judgments."""
+    labels = batch.column("label").to_pylist()
+    return np.array(
+        [
+            is_training_row(kind, label)
+            for kind, label in zip(pair_kinds(batch), labels, strict=True)
+        ],
+        dtype=bool,
+    )
+
+
+PAIR_COLUMNS = (
+    "dataset",
+    "label",
+    "query_id",
+    "doc_id",
+    "query",
+    "title",
+    "document",
+    "masked_document",
+    "mep_target",
+)
+
+
+def pairs_source(data_uri: str) -> RowSource:
+    """The training pairs of the preprocess output ``data_uri``: its training rows, the
+    columns the collator reads (``kind`` where the corpus has it)."""
+    return RowSource(
+        files=tuple(pair_files(data_uri)),
+        columns=PAIR_COLUMNS,
+        optional=("kind",),
+        filter_name="training_pairs",
+        keep=training_pair_mask,
+    )
+
+
+class PairCollator:
+    """A batch of pair rows (a Table) → the model's id arrays (:func:`tokenize_pairs`)."""
+
+    def __init__(self, tokenizer_path: str, settings: dict[str, Any]) -> None:
+        self.tokenizer_path, self.settings = tokenizer_path, settings
+
+    def __call__(self, rows: pa.Table) -> dict[str, np.ndarray]:
+        return tokenize_pairs(rows, tokenizer_path=self.tokenizer_path, **self.settings)
+
+
+def query_groups(files: tuple[str, ...]):
+    """The units of ``train.epoch_unit="query"``: each query's training rows (its Exact
+    judgments) as a group, in the order queries first appear, leaving out queries without
+    a judged negative (a non-Exact judgment anywhere in ``files``), as SANTA's
+    ``build_product.py`` drops them. ``(offsets, members)`` for
+    :class:`santa.train.order.EpochPlan`."""
+
+    def groups(rows) -> tuple[np.ndarray, np.ndarray]:
+        import pyarrow.compute as pc
+
+        from santa.data.published import iter_parquet
+
+        with_negatives: set[str] = set()
+        for table in iter_parquet(
+            files, ["dataset", "label", "query_id", "mep_target"], optional=["kind"]
+        ):
+            trains = training_pair_mask(table)
+            ids = table.column("query_id").to_pylist()
+            with_negatives.update(q for q, t in zip(ids, trains, strict=True) if not t)
+        queries = rows.columns(["query_id"]).column("query_id").combine_chunks()
+        encoded = pc.dictionary_encode(queries)
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        kept_query = np.array(
+            [q in with_negatives for q in encoded.dictionary.to_pylist()], dtype=bool
+        )
+        rows_kept = np.flatnonzero(kept_query[codes])
+        order = rows_kept[np.argsort(codes[rows_kept], kind="stable")]
+        renumbered = np.cumsum(kept_query) - 1  # query code → unit number
+        sizes = np.bincount(renumbered[codes[order]], minlength=int(kept_query.sum()))
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return offsets, order.astype(np.int64)
+
+    return groups
+
+
+def pair_data(loop) -> Any:
+    """SANTA's training data (``LoopConfig`` → ``TrainingData``): the preprocessed pairs'
+    training rows, each batch tokenized for the run's model as it is collated; with
+    ``train.epoch_unit="query"``, an epoch of one example per query."""
+    import dataclasses
+
+    from santa.train.loop_config import TrainingData
+
+    source = pairs_source(loop.data_uri)
+    units = "rows"
+    if loop.santa.train.epoch_unit == "query":
+        source = dataclasses.replace(
+            source, filter_name="training_pairs+query_groups", groups=query_groups(source.files)
+        )
+        units = "groups"
+    return TrainingData(
+        source=source,
+        collate=PairCollator(loop.init_model, tokenization_settings(loop.santa)),
+        units=units,
     )

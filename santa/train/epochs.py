@@ -1,143 +1,61 @@
-"""Reading a worker's shard: one epoch's batches, and every epoch read ahead.
+"""A worker's batches, epoch after epoch: its slice of each global batch, read by row number
+from the node's row file (:mod:`santa.train.rows`) in the epoch's global order
+(:mod:`santa.train.order`), collated (tokenized) ahead of the training thread.
 
-Pulling the first batch is what starts the data pipeline (Ray Data's split coordinator, its
-read and tokenize tasks, each a fresh process on a fresh cluster). :class:`EpochReader`
-does it in a background thread from the worker's first moment on, while the worker imports
-the loop and loads the model, and keeps a few batches ahead of the training thread from
-then on, across epoch boundaries: the next epoch's first batches are read while the last
-steps of the current one train. (:class:`FirstEpoch` reads ahead epoch 0 only.)
+:class:`BackgroundRows` opens the row file (building it once per node) in a thread from the
+worker's first moment on, while the worker imports the loop and loads the model.
+:class:`EpochReader` then keeps a few collated batches ahead of the training thread, across
+epoch boundaries, collating in ``threads`` threads (the tokenizers release the GIL), so the
+next steps' batches are ready while the current one trains.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from santa.config import TrainConfig
+from santa.train.order import EpochPlan
+from santa.train.rows import RowFile, RowSource, open_rows
 
-_END = object()
+__all__ = ["PREFETCH_BATCHES", "BackgroundRows", "EpochReader", "pin_batch"]
 
-
-class ArrayShard:
-    """Tokenized columns in memory, read in batches as a Ray Data shard reads them
-    (``iter_batches`` with the same arguments; where a shuffle is asked for, it is a seeded
-    permutation of every row, not a buffer)."""
-
-    def __init__(self, columns: dict[str, np.ndarray]) -> None:
-        lengths = {len(values) for values in columns.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"columns of different lengths: {sorted(lengths)}")
-        self.columns = columns
-        self.rows = lengths.pop()
-
-    @classmethod
-    def read(cls, shard, batch_size: int = 4096) -> ArrayShard:
-        """Every row of a (Ray Data) shard, read once in its order, held in memory."""
-        parts: dict[str, list[np.ndarray]] = {}
-        for batch in shard.iter_batches(
-            batch_size=batch_size, drop_last=False, batch_format="numpy"
-        ):
-            for key, values in batch.items():
-                parts.setdefault(key, []).append(values)
-        if not parts:
-            raise ValueError("a worker's shard of the training set is empty")
-        return cls({key: np.concatenate(values) for key, values in parts.items()})
-
-    def iter_batches(
-        self,
-        *,
-        batch_size: int,
-        drop_last: bool = True,
-        batch_format: str = "numpy",
-        local_shuffle_buffer_size: int | None = None,
-        local_shuffle_seed: int | None = None,
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Batches of ``batch_size`` rows (numpy), shuffled when a buffer is asked for."""
-        if batch_format != "numpy":
-            raise ValueError(f"ArrayShard reads numpy batches, not {batch_format!r}")
-        order = np.arange(self.rows)
-        if local_shuffle_buffer_size:
-            order = np.random.default_rng(local_shuffle_seed).permutation(self.rows)
-        end = self.rows - self.rows % batch_size if drop_last else self.rows
-        for start in range(0, end, batch_size):
-            rows = order[start : start + batch_size]
-            yield {key: values[rows] for key, values in self.columns.items()}
+PREFETCH_BATCHES = 4
+"""Batches an :class:`EpochReader` holds ahead of the training thread."""
+_EPOCH_END = object()
 
 
-def holds_in_memory(train: TrainConfig, batch_format: str) -> bool:
-    """Whether a worker holds its share in memory and permutes it every epoch
-    (``train.shuffle="global"``, for tokenized numpy batches)."""
-    return train.shuffle == "global" and batch_format == "numpy"
+class BackgroundRows:
+    """This node's row file of ``source``, opened (built, the first time on a node) in a
+    background thread from construction on; :meth:`result` waits for it."""
 
-
-def epoch_batches(
-    shard,
-    train: TrainConfig,
-    rank: int,
-    epoch: int,
-    batch_format: str = "numpy",
-    world_size: int | None = None,
-) -> Iterator[Any]:
-    """One epoch of this worker's shard, in batches of the per-worker batch size (of the
-    ``world_size`` workers present: an elastic run keeps its global batch).
-
-    The order is seeded by (seed, rank, epoch), so a resumed run repeats the uninterrupted
-    one. Held in memory (:class:`ArrayShard`, ``train.shuffle="global"``): a permutation of
-    the worker's whole share every epoch. Streamed (``local``): pairs arrive in corpus order
-    (all functions of a file together) and a buffer of ``train.shuffle_buffer`` rows mixes
-    them.
-    """
-    seed = train.seed + 1000 * rank + epoch
-    if isinstance(shard, ArrayShard) and train.shuffle == "global":
-        buffer: int | None = shard.rows
-    else:
-        buffer = train.shuffle_buffer or None
-    return iter(
-        shard.iter_batches(
-            batch_size=train.per_worker_batch_size(world_size),
-            drop_last=True,
-            batch_format=batch_format,
-            local_shuffle_buffer_size=buffer,
-            local_shuffle_seed=seed if buffer else None,
+    def __init__(self, source: RowSource, cache_dir: str = "") -> None:
+        self.started_at = time.time()
+        self.ready_at: float | None = None
+        self._future: Future = Future()
+        self._thread = threading.Thread(
+            target=self._open, args=(source, cache_dir), name="santa-rows", daemon=True
         )
-    )
-
-
-class FirstEpoch:
-    """Epoch 0's batches, the first one pulled in a background thread from construction on.
-
-    Pulling the first batch is what starts the pipeline (Ray Data's split coordinator, its
-    read and tokenize tasks, each a fresh process on a fresh cluster). :meth:`batches`
-    waits for it and re-raises what the pipeline raised.
-    """
-
-    def __init__(self, batches: Iterator[Any]) -> None:
-        self._batches = batches
-        self._first: Any = _END
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._pull, name="santa-first-batch", daemon=True)
         self._thread.start()
 
-    def _pull(self) -> None:
+    def _open(self, source: RowSource, cache_dir: str) -> None:
         try:
-            self._first = next(self._batches, _END)
-        except BaseException as error:  # handed to the training thread in batches()
-            self._error = error
+            rows = open_rows(source, cache_dir)
+        except BaseException as error:  # handed to the training thread in result()
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(rows)
+        self.ready_at = time.time()
 
-    def batches(self) -> Iterator[Any]:
-        """The epoch's batches: the prefetched first, then the rest."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        if self._first is _END:
-            return
-        first, self._first = self._first, _END
-        yield first
-        yield from self._batches
+    def result(self) -> RowFile:
+        """The row file (re-raising what opening it raised)."""
+        return self._future.result()
 
 
 def pin_batch(batch: Any) -> Any:
@@ -156,46 +74,43 @@ def pin_batch(batch: Any) -> Any:
     }
 
 
-PREFETCH_BATCHES = 4
-"""Batches an :class:`EpochReader` holds ahead of the training thread."""
-_EPOCH_END = object()
-
-
 class EpochReader:
-    """A worker's shard, epoch after epoch, read ahead in a background thread.
+    """A worker's batches from epoch ``start_epoch`` on, past its first ``skip`` global
+    batches (those trained before a resume), read ahead in a background thread.
 
-    ``open_shard`` gives the shard (``ray.train.get_dataset_shard``; called in the thread,
-    since it waits for the dataset to be prepared). Epochs start at ``start_epoch``; the
-    first skips ``skip`` batches (those trained before a resume). :meth:`epoch` yields the
-    next epoch's batches; errors of the pipeline are raised there. The thread keeps
-    ``prefetch`` batches queued, running into the next epoch while the current one's last
-    batches train. Batches are the per-worker size of ``world_size`` workers (those
-    present, in an elastic run). With ``pin_memory`` (training on a GPU) the thread puts
-    each batch's token ids in pinned memory (:func:`pin_batch`), off the training thread.
+    Each batch is this worker's slice (``rank`` of ``world_size``, the workers present in
+    an elastic run) of the next global batch of ``plan``: rows read from ``rows`` and handed
+    to ``collate`` (a Table → the objective's batch). :meth:`epoch` yields the next epoch's
+    batches; errors of reading or collating are raised there. Up to ``prefetch`` batches
+    wait ahead, collated by ``threads`` threads. With ``pin_memory`` (training on a GPU)
+    each batch's token ids go to pinned memory (:func:`pin_batch`), off the training thread.
     """
 
     def __init__(
         self,
-        open_shard: Callable[[], Any],
-        train: TrainConfig,
-        rank: int,
-        batch_format: str = "numpy",
+        rows: RowFile,
+        plan: EpochPlan,
+        collate: Callable[[Any], Any],
         *,
-        world_size: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
         start_epoch: int = 0,
         skip: int = 0,
         prefetch: int = PREFETCH_BATCHES,
+        threads: int = 1,
         pin_memory: bool = False,
     ) -> None:
-        self._open_shard = open_shard
+        self.rows, self.plan, self._collate = rows, plan, collate
+        self._rank, self._world_size = rank, world_size
         self._pin = pin_memory
-        self._train, self._rank, self._format = train, rank, batch_format
-        self._world_size = world_size  # of the workers present (elastic runs)
         self._epoch, self._skip = start_epoch, skip
+        self._threads = max(1, threads)
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self.first_batch_at: float | None = None
-        """``time.time()`` when the first batch was ready (the data pipeline's start-up)."""
+        """``time.time()`` when the first batch was ready."""
+        self.rows_read = 0
+        """Rows this reader has read from the row file (collated or queued)."""
         self._thread = threading.Thread(target=self._read, name="santa-epochs", daemon=True)
         self._thread.start()
 
@@ -208,35 +123,52 @@ class EpochReader:
                 continue
         return False
 
-    def _read(self) -> None:
-        import time
+    def _load(self, order, batch: int) -> Any:
+        """Worker ``rank``'s slice of global batch ``batch``: read, collated, pinned."""
+        rows = order.batch_rows(batch, self._rank, self._world_size)
+        collated = self._collate(self.rows.take(rows))
+        return pin_batch(collated) if self._pin else collated
 
+    def _schedule(self) -> Iterator[tuple[int, Any, int]]:
+        """``(epoch, order, batch)`` from the start on; ``batch`` -1 ends an epoch."""
+        epoch, skip = self._epoch, self._skip
+        if self.plan.batches_per_epoch < 1:
+            raise ValueError(
+                f"the training set has {self.plan.rows} rows: less than one global batch of "
+                f"train.global_batch_size={self.plan.global_batch}"
+            )
+        while True:
+            order = self.plan.epoch(epoch)
+            for batch in range(skip, self.plan.batches_per_epoch):
+                yield epoch, order, batch
+            yield epoch, order, -1
+            epoch, skip = epoch + 1, 0
+
+    def _read(self) -> None:
         try:
             if self._pin:  # asked for a GPU; a worker without CUDA has no pinned memory
                 import torch
 
                 self._pin = torch.cuda.is_available()
-            shard = self._open_shard()
-            if holds_in_memory(self._train, self._format) and not isinstance(shard, ArrayShard):
-                shard = ArrayShard.read(shard)  # once: every epoch permutes it
-            epoch, skip = self._epoch, self._skip
-            while not self._stop.is_set():
-                batches = epoch_batches(
-                    shard, self._train, self._rank, epoch, self._format, self._world_size
-                )
-                for batch in batches:
-                    if skip:
-                        skip -= 1
-                        continue
-                    if self._pin:
-                        batch = pin_batch(batch)
-                    if self.first_batch_at is None:
-                        self.first_batch_at = time.time()
-                    if not self._put((epoch, batch)):
+            with ThreadPoolExecutor(self._threads, thread_name_prefix="santa-collate") as pool:
+                pending: deque[tuple[int, Future | None]] = deque()
+                for epoch, order, batch in self._schedule():
+                    if self._stop.is_set():
                         return
-                if not self._put((epoch, _EPOCH_END)):
-                    return
-                epoch += 1
+                    if batch < 0:
+                        pending.append((epoch, None))
+                    else:
+                        pending.append((epoch, pool.submit(self._load, order, batch)))
+                        self.rows_read += self.plan.global_batch // self._world_size
+                    while len(pending) > self._threads or (
+                        pending and (pending[0][1] is None or pending[0][1].done())
+                    ):
+                        done_epoch, future = pending.popleft()
+                        item = _EPOCH_END if future is None else future.result()
+                        if item is not _EPOCH_END and self.first_batch_at is None:
+                            self.first_batch_at = time.time()
+                        if not self._put((done_epoch, item)):
+                            return
         except BaseException as error:  # handed to the training thread in epoch()
             self._put((None, error))
 

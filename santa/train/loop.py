@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from santa.method.distributed import all_gather_with_grad, identity_gather
+from santa.method.distributed import (
+    all_gather_with_grad,
+    identity_gather,
+    mean_over_ranks,
+    share_of_global_mean,
+)
 from santa.runtime import storage
 from santa.runtime.errors import root_cause
 from santa.runtime.layout import CacheLayout
@@ -38,10 +43,11 @@ from santa.train.compile_cache import (
     shape_key,
 )
 from santa.train.compiling import compile_for_training
-from santa.train.epochs import EpochReader
-from santa.train.loop_config import LoopConfig
+from santa.train.epochs import BackgroundRows, EpochReader
+from santa.train.loop_config import LoopConfig, training_data
 from santa.train.objective import Objective, objective_class
 from santa.train.optim import build_optimizer
+from santa.train.order import EpochPlan
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
 from santa.train.records import DevEvaluation, MetricsRecord
 from santa.train.resume import load_newest_loadable
@@ -60,22 +66,19 @@ logger = logging.getLogger(__name__)
 
 def train_loop_per_worker(
     loop_config: dict[str, Any],
-    first_epoch: EpochReader | None = None,
+    rows: BackgroundRows | None = None,
     entered_at: float | None = None,
 ) -> None:
     """Ray Train entry point: build, resume, train, report, checkpoint.
 
-    ``first_epoch``: the shard already being read from epoch 0 (``santa.train.entry``), for
-    a fresh run; ``entered_at``: ``time.time()`` when the worker's entry started.
+    ``rows``: the node's row file, already being opened (``santa.train.entry``);
+    ``entered_at``: ``time.time()`` when the worker's entry started.
     """
     from santa.train.session import RaySession
 
     run_worker(
         WorkerTrainer(
-            LoopConfig.from_dict(loop_config),
-            RaySession(),
-            first_epoch=first_epoch,
-            entered_at=entered_at,
+            LoopConfig.from_dict(loop_config), RaySession(), rows=rows, entered_at=entered_at
         )
     )
 
@@ -104,7 +107,7 @@ class WorkerTrainer:
         self,
         loop: LoopConfig,
         session: Session,
-        first_epoch: EpochReader | None = None,
+        rows: BackgroundRows | None = None,
         entered_at: float | None = None,
     ) -> None:
         config = self.config = loop.santa
@@ -118,6 +121,10 @@ class WorkerTrainer:
         if entered_at is not None and loop.submitted_at:
             self.startup["startup_worker_start_s"] = max(0.0, entered_at - loop.submitted_at)
             self.startup["startup_imports_s"] = imported_at - entered_at
+        # The training rows: opened (built once per node) in the background from here on,
+        # unless the entry point started that already.
+        self.data = training_data(loop)
+        self.rows = rows or BackgroundRows(self.data.source, loop.row_cache)
         self.objective = objective_class(loop.objective)(loop)
         if os.environ.get("SANTA_QUIET"):
             _quiet_train_reports()
@@ -147,7 +154,8 @@ class WorkerTrainer:
             fused=self.use_gpu,  # one kernel for all parameters on CUDA
             learning_rate=self.objective.learning_rate(),
         )
-        self.steps = total_steps(config, loop.train_rows)
+        self.plan = self._epoch_plan()  # waits for the row file
+        self.steps = total_steps(config, self.plan.batches_per_epoch)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
         resumed_at = time.time()
@@ -192,27 +200,47 @@ class WorkerTrainer:
         self.compile_cache_saved = False
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else nullcontext()
         self.gather = all_gather_with_grad if self.world_size > 1 else identity_gather
-        if first_epoch is not None and self.state["step"] == 0:
-            self.reader = first_epoch
-        else:  # resumed: read from the checkpoint's epoch and batch on
-            if first_epoch is not None:
-                first_epoch.close()
-            self.reader = EpochReader(
-                session.open_shard,
-                config.train,
-                self.rank,
-                loop.batch_format,
-                world_size=self.world_size,
-                start_epoch=self.state["epoch"],
-                skip=self.state["batches_in_epoch"],
-                pin_memory=self.use_gpu,
-            )
+        # A mean over a number of items that varies by rank (MEP's target tokens) weighs
+        # each rank's part so that DDP's average is the global batch's mean.
+        self.global_share = share_of_global_mean
+        # From the checkpoint's epoch and global batch on (a fresh run: the first), this
+        # worker's slice of each global batch of the epoch's global order.
+        self.reader = EpochReader(
+            self.row_file,
+            self.plan,
+            self.data.collate,
+            rank=self.rank,
+            world_size=self.world_size,
+            start_epoch=self.state["epoch"],
+            skip=self.state["batches_in_epoch"],
+            threads=config.train.input_threads,
+            pin_memory=self.use_gpu,
+        )
         # The parts the loop composes (santa.train.records): the metrics' record and the
         # dev evaluation.
         self.record = MetricsRecord(loop, self.rank)
         self.dev = DevEvaluation(loop, self.rank, self.objective.evaluates(), self.steps)
         self.objective.setup(self)
         self._reset_window()
+
+    def _epoch_plan(self) -> EpochPlan:
+        """The epochs' global order over the node's row file (waited for here: the model
+        was built meanwhile)."""
+        waited = time.time()
+        self.row_file = self.rows.result()
+        self.startup["startup_rows_wait_s"] = time.time() - waited
+        self.startup["startup_rows_build_s"] = self.row_file.build_s
+        train = self.config.train
+        groups = self.row_file.groups if self.data.units == "groups" else None
+        return EpochPlan(
+            rows=self.row_file.num_rows if groups is None else len(groups[0]) - 1,
+            global_batch=train.global_batch_size,
+            seed=train.seed,
+            shuffle=train.shuffle,
+            buffer=train.shuffle_buffer,
+            drop_last=train.drop_last,
+            groups=groups,
+        )
 
     def _resume(self) -> dict[str, Any]:
         """The loop state: fresh, or restored with the weights from Ray's checkpoint."""
@@ -225,9 +253,8 @@ class WorkerTrainer:
                     self.objective.load_model(directory, self.model)
                     return load_loop_state(directory, self.optimizer, self.scheduler)
 
-            state, _ = load_newest_loadable(
-                checkpoint, list(self.loop.registered_checkpoints), load, announce=self.rank == 0
-            )
+            candidates = self.session.resume_candidates(list(self.loop.registered_checkpoints))
+            state, _ = load_newest_loadable(candidates, load, announce=self.rank == 0)
             state["resumed_at"] = [*state.get("resumed_at", []), state["step"]]
             logger.info("rank %d resumed at step %d", self.rank, state["step"])
         return state
@@ -269,17 +296,10 @@ class WorkerTrainer:
         self.run_started, self.run_first_step = time.perf_counter(), self.state["step"]
         self.loop_started_at = time.time()
         while self.state["step"] < self.stop_at:
-            trained = False
             for batch in self._batches():
-                trained = True
                 self.train_step(batch)
                 if self.report():
                     return
-            if not trained and self.state["batches_in_epoch"] == 0:
-                raise ValueError(
-                    "a worker's shard has less than one batch: fewer rows than "
-                    f"train.global_batch_size={self.config.train.global_batch_size}"
-                )
             self.state["epoch"] += 1
             self.state["batches_in_epoch"] = 0
 
@@ -328,7 +348,12 @@ class WorkerTrainer:
         waited for it after the model was built) and the whole start-up."""
         now, ready = time.time(), self.reader.first_batch_at
         if ready is not None:
-            self.startup["startup_first_batch_wait_s"] = max(0.0, ready - self.loop_started_at)
+            # The data's wait before step 1: for the row file (after the model was built),
+            # then for the first batch (after the loop started).
+            self.startup["startup_first_batch_wait_s"] = self.startup["startup_rows_wait_s"] + max(
+                0.0, ready - self.loop_started_at
+            )
+            self.startup["startup_rows_read_at_first_step"] = float(self.reader.rows_read)
             if self.entered_at is not None:
                 self.startup["startup_data_ready_s"] = max(0.0, ready - self.entered_at)
         if self.loop.submitted_at:
@@ -378,7 +403,9 @@ class WorkerTrainer:
         import resource
 
         steps = max(1, self.window_steps)
-        means = read_means(self.window_sums, steps)  # waits for the window's last step
+        # The global batch's means (every rank reports at the same steps), read once.
+        over_ranks = mean_over_ranks if self.world_size > 1 else None
+        means = read_means(self.window_sums, steps, over_ranks)  # waits for the last step
         elapsed = time.perf_counter() - self.window_started
         metrics: dict[str, float] = {"step": self.state["step"], "epoch": self.state["epoch"]}
         metrics.update(means)
@@ -416,9 +443,13 @@ class WorkerTrainer:
             self.objective.close()
 
 
-def read_means(sums: dict[str, torch.Tensor | float], steps: int) -> dict[str, float]:
+def read_means(
+    sums: dict[str, torch.Tensor | float], steps: int, over_ranks=None
+) -> dict[str, float]:
     """``sums`` divided by ``steps``, as floats: the tensors of one device are read in one
-    transfer (one host-device sync a window, not one per value and step)."""
+    transfer (one host-device sync a window, not one per value and step), averaged over the
+    ranks first by ``over_ranks`` (:func:`santa.method.distributed.mean_over_ranks`) when
+    given."""
     means = {
         key: value / steps for key, value in sums.items() if not isinstance(value, torch.Tensor)
     }
@@ -428,6 +459,8 @@ def read_means(sums: dict[str, torch.Tensor | float], steps: int) -> dict[str, f
             by_device.setdefault(value.device, []).append(key)
     for keys in by_device.values():
         stacked = torch.stack([sums[key].float().reshape(()) for key in keys])  # (keys,)
+        if over_ranks is not None:
+            stacked = over_ranks(stacked)
         for key, value in zip(keys, (stacked / steps).tolist(), strict=True):
             means[key] = float(value)
     return means

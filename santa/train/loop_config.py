@@ -13,34 +13,16 @@ from typing import Any, NamedTuple
 from santa.config import SantaConfig
 
 
-def tokenized_pairs(config: SantaConfig, data_uri: str, init_model: str) -> Any:
-    """SANTA's data: the preprocessed pairs, tokenized by Ray Data for ``init_model``."""
-    from santa.train.data import build_train_dataset, tokenization_settings
+class TrainingData(NamedTuple):
+    """What an objective trains on, as a worker reads it (:mod:`santa.train.epochs`)."""
 
-    return build_train_dataset(data_uri, init_model, tokenization_settings(config))
-
-
-def listwise_rows(config: SantaConfig, data_uri: str, init_model: str) -> Any:
-    """SCodeR's data: listwise examples as raw rows, which the objective tokenizes in the
-    worker."""
-    from santa.scoder.examples import read_listwise_dataset
-
-    return read_listwise_dataset(data_uri)
-
-
-class TrainData(NamedTuple):
-    """What an objective trains on: how the driver builds it, and the batches it makes."""
-
-    build_dataset: Callable[[SantaConfig, str, str], Any]
-    """``(config, data_uri, init_model) -> ray.data.Dataset``, called by ``trainer.fit`` on
-    the driver (so it imports neither torch's model side nor transformers)."""
-    batch_format: str
-    """The batches the workers read: ``numpy`` (tokenized by Ray Data) or ``pyarrow`` (raw
-    rows the objective tokenizes itself)."""
-
-
-TOKENIZED_PAIRS = TrainData(tokenized_pairs, "numpy")
-LISTWISE_ROWS = TrainData(listwise_rows, "pyarrow")
+    source: Any
+    """The rows (:class:`santa.train.rows.RowSource`): files, columns, which rows train."""
+    collate: Callable[[Any], Any]
+    """A Table of a worker's slice of a global batch → the batch the objective takes."""
+    units: str = "rows"
+    """What an epoch is made of: ``rows``, or ``groups`` (the row file's units, e.g.
+    ESCI's one example per query and epoch; :class:`santa.train.order.EpochPlan`)."""
 
 
 class ObjectiveEntry(NamedTuple):
@@ -48,23 +30,28 @@ class ObjectiveEntry(NamedTuple):
     know of it, so that neither names an objective."""
 
     objective: str
-    """``module:Class`` of its :class:`santa.train.loop.Objective` (its model, a batch's
-    losses, the saved model), imported in the worker only."""
-    data: TrainData
-    """Its training data (``trainer.fit`` calls ``data.build_dataset``)."""
+    """``module:Class`` of its :class:`santa.train.objective.Objective` (its model, a
+    batch's losses, the saved model), imported in the worker only."""
+    data: str
+    """``module:function`` of its training data, ``(LoopConfig) -> TrainingData``, in a
+    module light to import (the worker starts reading before it imports the objective)."""
     own_start: bool = False
     """True: it starts from a folder of its own (``RunSpec.warm_start``, required), handed
     to it as is; False: from a model (a warm start, the backbone or a new tiny T5)."""
 
 
 # What the one worker loop (santa.train.loop) can train, by name. Adding a loss: its
-# objective module, and its line here (with the data it trains on).
+# objective module, its data function, and its line here.
 OBJECTIVES: dict[str, ObjectiveEntry] = {
-    "santa": ObjectiveEntry("santa.train.objectives:SantaObjective", TOKENIZED_PAIRS),
+    "santa": ObjectiveEntry("santa.train.objectives:SantaObjective", "santa.train.data:pair_data"),
     "discriminators": ObjectiveEntry(
-        "santa.scoder.objectives:DiscriminatorObjective", LISTWISE_ROWS, own_start=True
+        "santa.scoder.objectives:DiscriminatorObjective",
+        "santa.scoder.rows:listwise_data",
+        own_start=True,
     ),
-    "dual_encoder": ObjectiveEntry("santa.scoder.objectives:SoftLabelObjective", LISTWISE_ROWS),
+    "dual_encoder": ObjectiveEntry(
+        "santa.scoder.objectives:SoftLabelObjective", "santa.scoder.rows:listwise_data"
+    ),
 }
 
 
@@ -73,6 +60,14 @@ def objective_entry(name: str) -> ObjectiveEntry:
     if name not in OBJECTIVES:
         raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {name!r}")
     return OBJECTIVES[name]
+
+
+def training_data(loop: LoopConfig) -> TrainingData:
+    """The training data of ``loop``'s objective (its registered data function)."""
+    import importlib
+
+    module_name, _, function = objective_entry(loop.objective).data.partition(":")
+    return getattr(importlib.import_module(module_name), function)(loop)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,8 +83,6 @@ class LoopConfig:
     discriminators or soft-labeled dual encoder."""
     discriminators: str = ""
     """``dual_encoder`` with online soft labels: the discriminators' folder."""
-    train_rows: int | None = None
-    """Pairs in the training data, when counted (an epoch-based schedule needs it)."""
     torch_threads: int = 1
     """Intra-op threads of each worker's torch."""
     tensorboard_dir: str = ""
@@ -103,7 +96,12 @@ class LoopConfig:
     stop_at_step: int = 0
     """Stop (with a checkpoint) at this step though the schedule spans the run; 0: no."""
     data_uri: str = ""
-    """The preprocessed pairs (hard negatives look their documents up there)."""
+    """What the objective trains on (the preprocessed pairs, SCodeR's listwise examples);
+    hard negatives look their documents up there."""
+    row_cache: str = ""
+    """Where each node keeps its row files (:mod:`santa.train.rows`); empty:
+    ``SANTA_ROW_CACHE``, else ``<tmp>/santa-rows``."""
+
     miner_name: str = ""
     """The named actor of ``async`` hard negatives."""
     eval_data: str = ""
@@ -142,11 +140,6 @@ class LoopConfig:
         payload = {f.name: getattr(self, f.name) for f in fields(self)}
         payload["santa"] = self.santa.to_dict()
         return payload
-
-    @property
-    def batch_format(self) -> str:
-        """The format of the batches the objective takes."""
-        return objective_entry(self.objective).data.batch_format
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> LoopConfig:

@@ -122,20 +122,39 @@ def sda_loss(
     )
 
 
+def global_mep(
+    mep: torch.Tensor | None, labels: torch.Tensor | None, model: DualEncoder, config, share
+) -> torch.Tensor | None:
+    """This rank's MEP mean as its part of the global batch's mean (``share``:
+    :func:`santa.method.distributed.share_of_global_mean`): the ranks' target tokens differ
+    in number, so DDP's average of their means would not be the batch's mean."""
+    if mep is None or labels is None:
+        return mep
+    return mep * share(model.mep_token_count(labels, config.train.mep_reduction))
+
+
 def compute_losses(
     ddp_model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     config,
     gather,
     use_hard_negatives: bool = True,
+    *,
+    model: DualEncoder | None = None,
+    share=None,
 ) -> dict[str, torch.Tensor]:
     """One forward through the (DDP-wrapped) model and the SDA/DR + MEP losses
-    (``use_hard_negatives=False``: the batch's hard negatives are encoded, not scored)."""
+    (``use_hard_negatives=False``: the batch's hard negatives are encoded, not scored).
+    With several ranks, ``model`` (the plain model) and ``share`` make MEP the global
+    batch's token mean (:func:`global_mep`)."""
     inputs = {BATCH_KEYS[key]: value for key, value in batch.items() if key in BATCH_KEYS}
     output = ddp_model(**inputs, mep_reduction=config.train.mep_reduction)
     sda = sda_loss(embeddings_of(output, use_hard_negatives), batch, config, gather)
-    loss = total_loss(sda, output.mep_loss, config.train.mep_weight, config.train.sda_weight)
-    mep = output.mep_loss if output.mep_loss is not None else torch.zeros((), device=sda.device)
+    mep = output.mep_loss
+    if share is not None and model is not None:
+        mep = global_mep(mep, inputs.get("mep_labels"), model, config, share)
+    loss = total_loss(sda, mep, config.train.mep_weight, config.train.sda_weight)
+    mep = mep if mep is not None else torch.zeros((), device=sda.device)
     return {"loss": loss, "loss_sda": sda, "loss_mep": mep}
 
 
@@ -150,6 +169,7 @@ def santa_grad_cache_step(
     autocast: contextlib.AbstractContextManager | None = None,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
     use_hard_negatives: bool = True,
+    share=None,
 ) -> dict[str, torch.Tensor]:
     """:func:`compute_losses` and its backward, by GradCache (:mod:`santa.train.grad_cache`).
 
@@ -172,6 +192,8 @@ def santa_grad_cache_step(
     labels = inputs.get("mep_labels")
     reduction = train.mep_reduction
     batch_tokens = None if labels is None else model.mep_token_count(labels, reduction).clamp(min=1)
+    # Several ranks: each chunk's part of the global batch's mean, not of this rank's.
+    rank_share = 1.0 if labels is None or share is None else share(batch_tokens)
     # Hard negatives are query-major: a chunk of queries owns a block of them.
     chunks = chunk_inputs(inputs, rows, chunk_size, grouped="hard_negative", per_row=per_query)
 
@@ -182,8 +204,8 @@ def santa_grad_cache_step(
             return ChunkForward(embeddings)
         # The chunk's mean (over its target tokens, or its documents), as a part of the
         # batch's mean.
-        share = model.mep_token_count(chunk["mep_labels"], reduction) / batch_tokens
-        mep = output.mep_loss * share
+        part = model.mep_token_count(chunk["mep_labels"], reduction) / batch_tokens
+        mep = output.mep_loss * part * rank_share
         loss = train.mep_weight * mep if train.mep_weight else None
         return ChunkForward(embeddings, loss=loss, metrics={"loss_mep": mep})
 
@@ -288,6 +310,8 @@ class SantaObjective(DualEncoderObjective):
             self.config,
             trainer.gather,
             use_hard_negatives=self.table is not None,
+            model=trainer.model,
+            share=trainer.global_share if trainer.world_size > 1 else None,
         )
 
     def forward_backward(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -305,6 +329,7 @@ class SantaObjective(DualEncoderObjective):
             autocast=trainer.autocast,
             no_sync=ddp_no_sync(trainer.ddp_model),
             use_hard_negatives=self.table is not None,
+            share=trainer.global_share if trainer.world_size > 1 else None,
         )
 
     def after_step(self, trainer) -> None:

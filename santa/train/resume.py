@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ResumeError",
     "load_newest_loadable",
+    "ray_candidates",
     "registered_checkpoints",
     "remove_unregistered_checkpoints",
 ]
@@ -81,24 +82,26 @@ def _same_checkpoint(path: str, uri: str) -> bool:
     return norm(str(path)) == norm(uri)
 
 
+def ray_candidates(latest: Any, registered: list[str]) -> list[Any]:
+    """Ray's latest checkpoint (``ray.train.get_checkpoint()``), then the older ones of
+    ``registered`` (the run's checkpoint URIs, newest first), as ``ray.train.Checkpoint``."""
+    import ray.train
+
+    return [latest] + [
+        ray.train.Checkpoint(uri) for uri in registered if not _same_checkpoint(latest.path, uri)
+    ]
+
+
 def load_newest_loadable(
-    latest: Any,
-    registered: list[str],
+    candidates: list[Any],
     load: Callable[[Any], dict[str, Any]],
     *,
     announce: bool = True,
 ) -> tuple[dict[str, Any], Any]:
-    """``load`` Ray's latest checkpoint, else the next newest of ``registered`` that loads.
-
-    ``latest`` is ``ray.train.get_checkpoint()``; ``registered`` the run's checkpoint URIs
-    newest first. Each one skipped is named on stderr (``announce``: rank 0 only). Returns
-    the loaded state and the checkpoint it came from.
+    """``load`` the first of ``candidates`` (checkpoints with a ``path``, newest first) that
+    loads. Each one skipped is named on stderr (``announce``: rank 0 only). Returns the
+    loaded state and the checkpoint it came from.
     """
-    import ray.train
-
-    candidates = [latest] + [
-        ray.train.Checkpoint(uri) for uri in registered if not _same_checkpoint(latest.path, uri)
-    ]
     failures = []
     for checkpoint in candidates:
         try:

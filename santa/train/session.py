@@ -1,12 +1,14 @@
-"""Where a worker loop runs: under Ray Train, or in a plain process.
+"""Where a worker loop runs: under Ray Train, or in plain processes.
 
 :class:`~santa.train.loop.WorkerTrainer` touches its surroundings only through a session:
 its rank and world, the checkpoint to resume from, wrapping the model for data parallelism,
-its shard of the training set, and reporting metrics (with a checkpoint folder). Under Ray
-Train that is :class:`RaySession` (``ray.train``'s context, ``prepare_model``, the dataset
-shard, ``ray.train.report``); :class:`LocalSession` runs the same loop, step and reports in
-one process without Ray, over tokenized columns held in memory (:class:`ArrayShard`), so
-benchmarks and tests call the real step instead of a copy of it.
+and reporting metrics (with a checkpoint folder). Under Ray Train that is
+:class:`RaySession` (``ray.train``'s context, ``prepare_model``, ``ray.train.report``);
+:class:`LocalSession` runs the same loop, step, reports, checkpoints and resumes without
+Ray: in one process, or as one of several processes of a ``torch.distributed`` group
+(gloo on CPU), so that tests and benchmarks call the real step instead of a copy of it.
+Both read the training rows the same way, from the node's row file
+(:mod:`santa.train.epochs`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from santa.train.epochs import ArrayShard
-
-__all__ = ["ArrayShard", "LocalSession", "RaySession", "Session"]
+__all__ = ["LocalCheckpoint", "LocalSession", "RaySession", "Session"]
 
 
 class Session(Protocol):
@@ -31,6 +31,10 @@ class Session(Protocol):
     def checkpoint(self) -> Any:
         """The checkpoint to resume from, or None for a fresh run."""
 
+    def resume_candidates(self, registered: list[str]) -> list[Any]:
+        """The checkpoints to try, newest first, when resuming (``registered``: the run's
+        registered checkpoint URIs, newest first)."""
+
     def device(self) -> torch.device:
         """The worker's device."""
 
@@ -38,9 +42,6 @@ class Session(Protocol):
         self, model: torch.nn.Module, *, use_gpu: bool, find_unused_parameters: bool
     ) -> torch.nn.Module:
         """The model on its device, wrapped for data parallelism where there are peers."""
-
-    def open_shard(self) -> Any:
-        """The worker's shard: ``iter_batches(batch_size=..., ...)`` as Ray Data's."""
 
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
         """Report a window's metrics, with rank 0's checkpoint folder when there is one."""
@@ -61,6 +62,12 @@ class RaySession:
 
         return ray.train.get_checkpoint()
 
+    def resume_candidates(self, registered: list[str]) -> list[Any]:
+        """Ray's latest checkpoint, then the older registered ones."""
+        from santa.train.resume import ray_candidates
+
+        return ray_candidates(self.checkpoint(), registered)
+
     def device(self) -> torch.device:
         """This worker's device as Ray Train assigned it."""
         import ray.train.torch
@@ -80,12 +87,6 @@ class RaySession:
             move_to_device=True if use_gpu else torch.device("cpu"),
             parallel_strategy_kwargs={"find_unused_parameters": find_unused_parameters},
         )
-
-    def open_shard(self) -> Any:
-        """This worker's shard of the training set (waits for the dataset to be prepared)."""
-        import ray.train
-
-        return ray.train.get_dataset_shard("train")
 
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
         """``ray.train.report`` (a barrier on every rank); ``checkpoint_dir`` from rank 0."""
@@ -158,25 +159,55 @@ def persist_checkpoint(
     storage.classified(copy, uri(destination), "upload to")
 
 
-class LocalSession:
-    """One worker in this process, without Ray: rank 0 of 1, the model unwrapped, reports
-    kept in :attr:`reports`; checkpoint folders copied under ``checkpoint_root`` when one is
-    given (``checkpoint_<step>``), else dropped. Starts fresh (no resume)."""
+class LocalCheckpoint:
+    """A checkpoint folder on this machine, as the loop reads Ray Train's checkpoints
+    (``path`` and ``filesystem``)."""
 
-    rank = 0
-    world_size = 1
+    def __init__(self, path: str) -> None:
+        import pyarrow.fs
+
+        self.path = path
+        self.filesystem = pyarrow.fs.LocalFileSystem()
+
+    def __repr__(self) -> str:
+        return f"LocalCheckpoint({self.path!r})"
+
+
+class LocalSession:
+    """The loop without Ray: rank ``rank`` of ``world_size`` processes (more than one: a
+    ``torch.distributed`` group must be up, and the model is wrapped in DDP), reports kept
+    in :attr:`reports`. Checkpoint folders are copied under ``checkpoint_root``
+    (``checkpoint_<step>``) when one is given, and a session over a root that holds some
+    resumes from the newest, as Ray Train resumes a run from its storage."""
 
     def __init__(
-        self, shard: ArrayShard, *, device: str | torch.device = "cpu", checkpoint_root: str = ""
+        self,
+        *,
+        device: str | torch.device = "cpu",
+        checkpoint_root: str = "",
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
-        self.shard = shard
         self._device = torch.device(device)
         self.checkpoint_root = checkpoint_root
+        self.rank, self.world_size = rank, world_size
         self.reports: list[dict[str, float]] = []
 
-    def checkpoint(self) -> None:
-        """A local run starts fresh."""
-        return None
+    def checkpoints(self) -> list[str]:
+        """The checkpoint folders under the root, newest first."""
+        root = Path(self.checkpoint_root) if self.checkpoint_root else None
+        if root is None or not root.is_dir():
+            return []
+        return [str(p) for p in sorted(root.glob("checkpoint_*"), reverse=True)]
+
+    def checkpoint(self) -> LocalCheckpoint | None:
+        """The newest checkpoint under the root, or None (a fresh run)."""
+        found = self.checkpoints()
+        return LocalCheckpoint(found[0]) if found else None
+
+    def resume_candidates(self, registered: list[str]) -> list[Any]:
+        """Every checkpoint under the root, newest first."""
+        return [LocalCheckpoint(path) for path in self.checkpoints()]
 
     def device(self) -> torch.device:
         return self._device
@@ -184,27 +215,22 @@ class LocalSession:
     def prepare_model(
         self, model: torch.nn.Module, *, use_gpu: bool, find_unused_parameters: bool
     ) -> torch.nn.Module:
-        """The model on the session's device (one process: no DDP)."""
-        return model.to(self._device if use_gpu else torch.device("cpu"))
+        """The model on the session's device, in DDP when there are peers."""
+        model = model.to(self._device if use_gpu else torch.device("cpu"))
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
 
-    def open_shard(self) -> ArrayShard:
-        return self.shard
+        return DistributedDataParallel(model, find_unused_parameters=find_unused_parameters)
 
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
-        """Keep the metrics; copy the checkpoint folder when there is a root to keep it in."""
+        """Keep the metrics; rank 0 copies the checkpoint folder when there is a root to
+        keep it in (the ranks meet here, as at Ray Train's report)."""
         self.reports.append(dict(metrics))
         if checkpoint_dir is not None and self.checkpoint_root:
             target = Path(self.checkpoint_root) / f"checkpoint_{int(metrics['step']):06d}"
             shutil.copytree(checkpoint_dir, target, dirs_exist_ok=True)
+        if self.world_size > 1:
+            import torch.distributed as dist
 
-
-def local_shard(data_uri: str, tokenizer_path: str, config) -> ArrayShard:
-    """The preprocessed pairs under ``data_uri`` tokenized as the streaming training input
-    tokenizes them (:func:`santa.train.data.tokenize_pairs`), held in memory."""
-    from santa.data.published import read_pairs
-    from santa.train.data import tokenization_settings, tokenize_pairs
-
-    pairs = read_pairs(data_uri)
-    return ArrayShard(
-        tokenize_pairs(pairs, tokenizer_path=tokenizer_path, **tokenization_settings(config))
-    )
+            dist.barrier()

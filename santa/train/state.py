@@ -108,13 +108,11 @@ def load_training_state(
     return load_loop_state(directory, optimizer, scheduler)
 
 
-def total_steps(config: SantaConfig, rows: int | None) -> int:
+def total_steps(config: SantaConfig, batches_per_epoch: int) -> int:
     """Steps to run: ``max_steps``, else epochs × the global batches per epoch."""
     if config.train.max_steps:
         return config.train.max_steps
-    if not rows:
-        raise ValueError("set train.max_steps, or give a dataset whose size is known")
-    return max(1, config.train.epochs * (rows // config.train.global_batch_size))
+    return max(1, config.train.epochs * batches_per_epoch)
 
 
 @contextmanager

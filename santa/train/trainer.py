@@ -1,4 +1,9 @@
-"""The Ray Train adapter: build the initial model, the streaming dataset and a TorchTrainer."""
+"""The Ray Train adapter: build the initial model and a TorchTrainer, and run it.
+
+The workers read their training rows themselves (:mod:`santa.train.epochs`): the driver
+hands them where the data is, not a dataset, so nothing is read or tokenized before they
+start, and a restarted worker group plans nothing again.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +34,8 @@ from santa.runtime.resources import (
 )
 from santa.runtime.tracking import Tracking, finish_tracking
 from santa.train.entry import train_loop_per_worker
-from santa.train.ingest import PreparedSplits
 from santa.train.kept import describe_run
-from santa.train.loop_config import LoopConfig, objective_entry
+from santa.train.loop_config import LoopConfig, objective_entry, training_data
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -47,7 +51,7 @@ TOKENIZER_SAMPLE_ROWS = 20_000
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 POLL_INTERVAL_S = "0.1"
 # What fit() imports first (torch, by Ray Train's torch side): for init_ray(preload=...).
-FIT_IMPORTS = ("ray.train.torch", "ray.data")
+FIT_IMPORTS = ("ray.train.torch",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +92,10 @@ class RunSpec:
     objective: str = "santa"
     """What the loop trains: a name in ``santa.train.loop_config.OBJECTIVES``, whose entry
     says what data it trains on and where it starts from."""
+    row_cache: str = ""
+    """Where each node keeps its row files (:mod:`santa.train.rows`); empty:
+    ``SANTA_ROW_CACHE`` on the node, else its ``<tmp>/santa-rows``."""
+
     discriminators: str = ""
     """``dual_encoder`` with online soft labels: the discriminators' folder."""
     cache: str = ""
@@ -277,7 +285,6 @@ def last_logged_step(metrics_uri: str) -> int:
 
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
-    import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -287,6 +294,11 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     train = config.train
     layout = spec.layout
     set_poll_interval()
+    # What the objective trains on must be there: one line naming it, before anything is
+    # built and before Ray Train starts workers that would each fail on it.
+    training_data(
+        LoopConfig(santa=config, init_model="", objective=spec.objective, data_uri=spec.data)
+    )
     cpus = worker_cpus(spec.cpus_per_worker, train.num_workers)
     # Before anything is built or submitted: a request the cluster can never hold fails
     # here in one line instead of waiting forever in Ray Train's retries.
@@ -298,19 +310,6 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     started = time.time()
     init_model = prepare_initial_model(config, spec)
     startup["startup_initial_model_s"] = time.time() - started
-    started = time.time()
-    # Same order every run: what makes a resumed run repeat the uninterrupted one.
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    # The objective's own data (santa.train.loop_config.OBJECTIVES): tokenized pairs
-    # streamed by Ray Data, listwise rows tokenized in the worker, ...
-    dataset = objective_entry(spec.objective).data.build_dataset(config, spec.data, init_model)
-    rows = None
-    if not train.max_steps:
-        # An epoch-based schedule needs the row count: tokenize now, once (the workers'
-        # splits reuse it, santa.train.ingest); otherwise that happens while they start.
-        dataset = dataset.materialize()
-        rows = dataset.count()
-    startup["startup_data_plan_s"] = time.time() - started
     # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
     remove_unregistered_checkpoints(layout.root)
     started = time.time()
@@ -343,7 +342,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             init_model=init_model,
             objective=spec.objective,
             discriminators=spec.discriminators,
-            train_rows=rows,
+            row_cache=spec.row_cache,
             torch_threads=max(1, int(cpus)),
             tensorboard_dir=layout.tensorboard_dir,
             # On S3 the events are written on the rank-0 node and copied into the run at
@@ -398,9 +397,6 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             # Ray Train's own INFO lines ("Reporting training result ...") only when verbose.
             logging_config=TrainLoggingConfig(log_level=ray_log_level()),
         ),
-        datasets={"train": dataset},
-        # Tokenized once per run, then each epoch re-reads the worker's split.
-        dataset_config=PreparedSplits(),
     )
     try:
         # In a helper thread: from the main thread, Ray Train takes SIGINT over (and ends

@@ -1,0 +1,97 @@
+"""The same model on 1 or 2 workers (the loop on gloo processes, without Ray): the same
+rows in every global batch for two epochs, the same losses step by step (MEP the global
+batch's token mean), and a run resized from 2 workers to 1 mid-epoch that goes on with the
+next global batch, training no row twice and skipping none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.recipes import get_recipe
+from santa.train.loop_config import LoopConfig
+from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs
+
+STEPS = 16  # two epochs of 64 pairs at a global batch of 8
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("ranks")
+    rows = stdlib_pair_rows()[:64]
+    config = get_recipe("tiny-ci").with_overrides(
+        [
+            "model.tiny_dropout=0",
+            f"train.max_steps={STEPS}",
+            "train.log_every=1",
+            "train.checkpoint_every=5",
+            "train.global_batch_size=8",
+        ]
+    )
+    data = write_pairs(work / "pairs", rows)
+    tokenizer = train_tokenizer(
+        [r["query"] for r in rows] + [r["document"] for r in rows],
+        vocab_size=config.model.tiny_vocab_size,
+    )
+    DualEncoder.build_tiny(config.model, tokenizer, seed=0).save_pretrained(
+        str(work / "init"), santa_config=config
+    )
+    return {"config": config, "data": data, "init": str(work / "init"), "work": work}
+
+
+def loop_of(run_inputs: dict, stop_at_step: int = 0, *overrides: str) -> LoopConfig:
+    return LoopConfig(
+        santa=run_inputs["config"].with_overrides(list(overrides)),
+        init_model=run_inputs["init"],
+        data_uri=run_inputs["data"],
+        stop_at_step=stop_at_step,
+        row_cache=str(run_inputs["work"] / "rows"),
+    )
+
+
+def losses(result: dict) -> list[float]:
+    """Each logged step's SDA and MEP losses, flat (step, sda, mep, step, ...)."""
+    return [value for r in result["reports"] for value in (r["step"], r["loss_sda"], r["loss_mep"])]
+
+
+@pytest.fixture(scope="module")
+def one_worker(run_inputs: dict, tmp_path_factory) -> list[dict]:
+    """The uninterrupted run on one worker (the reference)."""
+    work = tmp_path_factory.mktemp("one")
+    return train_on_ranks(1, loop_of(run_inputs), str(work / "c"), str(work / "o"))
+
+
+@pytest.mark.parametrize("chunk", [0, 2], ids=["plain", "grad_cache"])
+def test_one_and_two_workers_train_the_same_batches_to_the_same_losses(
+    run_inputs: dict, one_worker: list[dict], tmp_path: Path, chunk: int
+) -> None:
+    """Two workers, with the plain step or GradCache in chunks of 2, against one."""
+    one = one_worker
+    loop = loop_of(run_inputs, 0, f"train.grad_cache_chunk_size={chunk}")
+    two = train_on_ranks(2, loop, str(tmp_path / "c2"), str(tmp_path / "o2"))
+    # Every global batch holds the same rows: rank 0's slice, then rank 1's.
+    assert len(one[0]["rows"]) == STEPS
+    assert [a + b for a, b in zip(two[0]["rows"], two[1]["rows"], strict=True)] == one[0]["rows"]
+    # Each epoch trains every row once.
+    for epoch in range(2):
+        seen = sum(one[0]["rows"][epoch * 8 : (epoch + 1) * 8], [])
+        assert len(set(seen)) == len(seen) == 64
+    # The same losses, logged as the global batch's on every rank.
+    assert losses(two[0]) == pytest.approx(losses(one[0]), rel=1e-4)
+    assert losses(two[1]) == pytest.approx(losses(two[0]), rel=1e-6)
+
+
+def test_a_run_resized_from_two_workers_to_one_goes_on_with_the_next_global_batch(
+    run_inputs: dict, one_worker: list[dict], tmp_path: Path
+) -> None:
+    whole = one_worker
+    root = str(tmp_path / "resized")
+    first = train_on_ranks(2, loop_of(run_inputs, stop_at_step=5), root, str(tmp_path / "o1"))
+    rest = train_on_ranks(1, loop_of(run_inputs), root, str(tmp_path / "o2"))
+    trained = [a + b for a, b in zip(first[0]["rows"], first[1]["rows"], strict=True)]
+    trained += rest[0]["rows"]
+    assert trained == whole[0]["rows"]  # no global batch twice, none skipped
+    assert losses(rest[0]) == pytest.approx(losses(whole[0])[15:], rel=1e-4)
