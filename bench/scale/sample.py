@@ -1,0 +1,80 @@
+"""Peak memory of every process of a job: its process tree sampled while it runs.
+
+A job started here (``python -m ray_jobs.X``) starts its own local Ray: the GCS, the
+raylet and every Ray worker (Ray Train's workers and controller, Ray Data's tasks and
+actors, the miner) are its descendants. :class:`TreeSampler` reads the resident set size
+of each of them every ``interval`` seconds and keeps each process's peak, named by its
+role (Ray's process titles: ``ray::RayTrainWorker``, ``ray::_StatsActor``, ...).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+
+__all__ = ["TreeSampler", "role"]
+
+
+def role(process: psutil.Process) -> str:
+    """A process's role: Ray's title (``ray::Name``, its method cut), else its program."""
+    try:
+        command = process.cmdline()
+        name = process.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+    title = command[0] if command else name
+    if title.startswith("ray::"):
+        return title.split(".")[0].split(" ")[0]
+    joined = " ".join(command)
+    for marker in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py"):
+        if marker in joined:
+            return marker
+    if "-m" in command:
+        return " ".join(command[command.index("-m") : command.index("-m") + 2])
+    return name
+
+
+class TreeSampler:
+    """Each process's peak RSS in the tree under ``pid``, sampled in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peaks: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        try:
+            processes = [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in processes:
+            try:
+                rss = process.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            seen = self.peaks.get(process.pid)
+            if seen is None:
+                seen = self.peaks[process.pid] = {"role": role(process), "peak_mb": 0.0}
+            elif seen["role"].startswith("ray::IDLE") or seen["role"] == "?":
+                seen["role"] = role(process)  # a pooled worker that took a task since
+            seen["peak_mb"] = max(seen["peak_mb"], rss / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            time.sleep(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the peak RSS (MB) of each role (its largest process)."""
+        self._stop.set()
+        self._thread.join()
+        by_role: dict[str, float] = {}
+        for seen in self.peaks.values():
+            by_role[seen["role"]] = max(by_role.get(seen["role"], 0.0), round(seen["peak_mb"], 1))
+        return dict(sorted(by_role.items(), key=lambda item: -item[1]))

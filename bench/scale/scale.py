@@ -1,0 +1,470 @@
+"""The real size: santa's stages on CodeSearchNet-shaped data of 10 k to 2 M pairs and on
+ESCI-shaped data of its real size, each stage's seconds and every process's peak memory.
+
+    python bench/scale/scale.py [--sizes 10000,100000,1000000,2000000] [--esci]
+                                [--restart-sizes 10000,1000000] [--workdir /tmp/santa-scale]
+    python bench/scale/scale.py tokenize     # pairs tokenized per second per core (T5-base)
+
+For each size ``n`` (data from :mod:`bench.scale.data`, ``n`` training functions and
+``n / 20`` test functions; a folder kept between runs):
+
+1. ``preprocess``: ``ray_jobs.preprocess --stage pretrain`` of the training split, and
+   ``--stage eval`` of the test split (a BEIR folder);
+2. ``pretrain``: the ``tiny`` recipe's first 50 steps on one worker
+   (``ray_jobs.pretrain``), twice: ``cold``, a node that has never read this data (its
+   row file is built, :mod:`santa.train.rows`), then ``warm`` (found): the first-batch
+   wait, the row file's build, the worker's ``max_rss_mb``, steps per second;
+3. ``refresh``: one hard-negative refresh over the whole corpus with the trained model
+   (``santa.negatives.miner.refresh_table``: encode every document and training query,
+   build the index, flat below 500 k documents and IVF from there as
+   ``negatives.index=auto`` says, mine), in a process of its own;
+4. ``evaluate``: ``ray_jobs.evaluate`` of the trained model on the test split;
+5. ``restart`` (``--restart-sizes``): a pretrain whose worker is killed (SIGKILL) after
+   step 20: the seconds from the kill to the restarted group's first new step.
+
+Every stage runs as its own process tree, sampled twice a second
+(:class:`bench.scale.sample.TreeSampler`): the peak RSS of each role (driver, Ray Train
+worker, Ray Data tasks, ...). The tables give each figure per size and its growth from
+size to size; ``bench/results/scale.json`` keeps everything, ``bench/SCALING.md`` the
+reading and the extrapolation to a GPU node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file (python bench/scale/x.py): the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import psutil
+
+from bench import common
+from bench.scale import data as scale_data
+from bench.scale.sample import TreeSampler, role
+
+ROOT = common.ROOT
+STEPS = 50
+
+
+def job_env(row_cache: str) -> dict[str, str]:
+    """A job's environment: santa's code, its NLTK tagger, quiet Ray Data, the row cache."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    nltk = ROOT.parent / "shared" / "nltk_data"
+    if nltk.is_dir():
+        env.setdefault("NLTK_DATA", str(nltk))
+    env["SANTA_ROW_CACHE"] = row_cache
+    return env
+
+
+def run_job(command: list[str], env: dict[str, str], log: Path, watch=None) -> dict[str, Any]:
+    """Run ``command`` (a job) with its tree sampled; its seconds, exit and peaks.
+    ``watch(process, started)`` runs in a thread beside it (the restart probe)."""
+    started = time.perf_counter()
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+        sampler = TreeSampler(process.pid)
+        watcher = None
+        if watch is not None:
+            watcher = threading.Thread(target=watch, args=(process, started), daemon=True)
+            watcher.start()
+        code = process.wait()
+        peaks = sampler.stop()
+        if watcher is not None:
+            watcher.join(5)
+    seconds = time.perf_counter() - started
+    if code:
+        tail = log.read_text()[-2000:]
+        raise RuntimeError(f"{' '.join(command[:4])} … exited {code}: {tail}")
+    return {"seconds": round(seconds, 1), "peak_mb": peaks}
+
+
+def python_job(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def metrics_rows(storage: Path, name: str) -> list[dict[str, Any]]:
+    path = storage / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def preprocess(work: Path, size: int, env: dict[str, str]) -> dict[str, Any]:
+    """Both preprocess runs of a size (kept when done: their outputs are reused)."""
+    corpus = work / "csn"
+    written = scale_data.write_codesearchnet(corpus, size, test=max(200, size // 20))
+    results: dict[str, Any] = {"language": written.get("language")}
+    for stage, split in (("pretrain", "train"), ("eval", "test")):
+        output = work / f"pre-{stage}"
+        marker = work / f"pre-{stage}.json"
+        if marker.exists():
+            results[stage] = json.loads(marker.read_text())
+            continue
+        result = run_job(
+            python_job(
+                "ray_jobs.preprocess",
+                "--dataset",
+                "codesearchnet",
+                "--input",
+                str(corpus),
+                "--stage",
+                stage,
+                "--split",
+                split,
+                "--output",
+                str(output),
+            ),
+            env,
+            work / f"preprocess-{stage}.log",
+        )
+        report = json.loads((output / "report.json").read_text())
+        result["rows_read"] = report.get("rows_read")
+        result["rows_written"] = report.get("rows_written")
+        marker.write_text(json.dumps(result))
+        results[stage] = result
+    return results
+
+
+def pretrain(work: Path, name: str, env: dict[str, str], extra: list[str] = (), watch=None):
+    """The tiny recipe's first steps on one worker; its figures from ``metrics.jsonl``."""
+    storage = work / "runs"
+    result = run_job(
+        python_job(
+            "ray_jobs.pretrain",
+            "--recipe",
+            "tiny",
+            "--data",
+            str(work / "pre-pretrain"),
+            "--storage",
+            str(storage),
+            "--name",
+            name,
+            "--num-workers",
+            "1",
+            "--max-steps",
+            str(STEPS),
+            "--force",
+            *extra,
+        ),
+        env,
+        work / f"pretrain-{name}.log",
+        watch=watch,
+    )
+    rows = metrics_rows(storage, name)
+    last = rows[-1]
+    keys = (
+        "startup_first_batch_wait_s",
+        "startup_rows_build_s",
+        "startup_rows_wait_s",
+        "startup_total_s",
+        "startup_data_ready_s",
+        "startup_rows_read_at_first_step",
+        "max_rss_mb",
+        "run_pairs_per_s",
+    )
+    result.update({key: round(float(last[key]), 3) for key in keys if key in last})
+    steady = [row["pairs_per_s"] for row in rows[1:]]
+    result["steady_pairs_per_s"] = round(sorted(steady)[len(steady) // 2], 1) if steady else None
+    return result
+
+
+def refresh(work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One refresh over the whole corpus, in a process of its own."""
+    output = work / "refresh.json"
+    result = run_job(
+        [
+            sys.executable,
+            str(Path(__file__)),
+            "refresh-once",
+            "--data",
+            str(work / "pre-pretrain"),
+            "--run",
+            str(work / "runs" / "warm"),
+            "--output",
+            str(output),
+        ],
+        env,
+        work / "refresh.log",
+    )
+    result.update(json.loads(output.read_text()))
+    return result
+
+
+def refresh_once(args: argparse.Namespace) -> None:
+    """(In its own process.) Load the corpus and the model, refresh once, write figures."""
+    import resource
+
+    from santa.models.checkpoints import resolve_model
+    from santa.models.dual_encoder import DualEncoder
+    from santa.negatives.miner import index_kind, refresh_table
+    from santa.negatives.mining import load_mining_corpus
+
+    started = time.perf_counter()
+    corpus = load_mining_corpus(args.data)
+    loaded_s = time.perf_counter() - started
+    model = DualEncoder.from_pretrained(resolve_model(args.run).model_uri).eval()
+    config = model.santa_config.with_overrides(["negatives.per_query=1", "negatives.top_k=100"])
+    table = refresh_table(model, corpus, config)
+    figures = {
+        "documents": len(corpus.documents),
+        "queries": len(corpus.queries),
+        "index": index_kind(config.negatives.index, len(corpus.documents)),
+        "load_s": round(loaded_s, 1),
+        "encode_s": round(table.encode_s, 1),
+        "refresh_s": round(table.build_s, 1),
+        "search_and_mine_s": round(table.build_s - table.encode_s, 1),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    Path(args.output).write_text(json.dumps(figures))
+
+
+def evaluate(work: Path, env: dict[str, str]) -> dict[str, Any]:
+    return run_job(
+        python_job(
+            "ray_jobs.evaluate",
+            "--checkpoint",
+            str(work / "runs" / "warm"),
+            "--data",
+            str(work / "pre-eval"),
+            "--baseline",
+            "none",
+            "--output",
+            str(work / "eval"),
+        ),
+        env,
+        work / "evaluate.log",
+    )
+
+
+def restart(work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """A worker killed after step 20: seconds from the kill to the next new step."""
+    storage = work / "runs"
+    name = "restart"
+    probe: dict[str, Any] = {}
+
+    def steps_logged() -> int:
+        path = storage / name / "metrics.jsonl"
+        if not path.exists():
+            return 0
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return max((int(json.loads(line)["step"]) for line in lines), default=0)
+
+    def watch(process: subprocess.Popen, started: float) -> None:
+        while process.poll() is None and steps_logged() < 20:
+            time.sleep(0.2)
+        workers = [
+            p
+            for p in psutil.Process(process.pid).children(recursive=True)
+            if role(p).startswith("ray::RayTrainWorker")
+        ]
+        if not workers:
+            return
+        at_kill = steps_logged()
+        killed = time.perf_counter()
+        os.kill(workers[0].pid, signal.SIGKILL)
+        while process.poll() is None and steps_logged() <= at_kill:
+            time.sleep(0.1)
+        probe["killed_at_step"] = at_kill
+        probe["restart_to_next_step_s"] = round(time.perf_counter() - killed, 1)
+
+    extra = [
+        "--max-failures",
+        "2",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.checkpoint_every=10",
+    ]
+    result = pretrain(work, name, env, extra, watch=watch)
+    result.update(probe)
+    return result
+
+
+def tokenize_rate(args: argparse.Namespace) -> dict[str, Any]:
+    """Pairs tokenized and collated per second on one core at the T5-base table recipe's
+    lengths (50/240, the masked document and a 35-token target), with a T5 tokenizer."""
+    import torch
+
+    from bench.corpora import stdlib_pair_rows
+    from santa.data.schema import rows_to_table
+    from santa.train.data import PairCollator
+
+    torch.set_num_threads(1)
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    tokenizer = args.tokenizer or _t5_tokenizer_folder()
+    rows = rows_to_table(stdlib_pair_rows())
+    settings = {
+        "max_query_length": 50,
+        "max_document_length": 240,
+        "max_target_length": 35,
+        "with_mep": True,
+        "with_document": False,
+        "lowercase": False,
+    }
+    collate = PairCollator(tokenizer, settings)
+    batch = 128
+    collate(rows.slice(0, batch))  # loads the tokenizer
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < args.seconds:
+        start = (done * 7) % max(1, rows.num_rows - batch)
+        collate(rows.slice(start, batch))
+        done += batch
+    rate = done / (time.perf_counter() - started)
+    return {"tokenizer": tokenizer, "pairs_per_s_per_core": round(rate, 1), "batch": batch}
+
+
+def _t5_tokenizer_folder() -> str:
+    """A T5-style SentencePiece tokenizer built here (no download): the T5 vocabulary's
+    size and special tokens over this repository's text."""
+    from santa.models.tokenizer import train_tokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="santa-t5tok-"))
+    from bench.corpora import stdlib_pair_rows
+
+    rows = stdlib_pair_rows()
+    texts = [row["query"] for row in rows] + [row["document"] for row in rows]
+    train_tokenizer(texts, vocab_size=32_100).save_pretrained(str(folder))
+    return str(folder)
+
+
+def growth(rows: list[dict[str, Any]], key: str) -> list[str]:
+    """Each size's figure over the previous size's (``-`` for the first)."""
+    out, previous = [], None
+    for row in rows:
+        value = row.get(key)
+        out.append("-" if previous in (None, 0) or value is None else f"{value / previous:.2f}x")
+        previous = value
+    return out
+
+
+def flat(result: dict[str, Any]) -> dict[str, Any]:
+    """One size's headline figures."""
+    pre, cold, warm = result["preprocess"]["pretrain"], result["cold"], result["warm"]
+    row = {
+        "size": result["size"],
+        "preprocess_s": pre["seconds"],
+        "preprocess_rows_s": round(pre["rows_read"] / pre["seconds"], 1)
+        if pre["seconds"]
+        else None,
+        "rows_build_s": cold.get("startup_rows_build_s"),
+        "first_batch_wait_cold_s": cold.get("startup_first_batch_wait_s"),
+        "first_batch_wait_s": warm.get("startup_first_batch_wait_s"),
+        "worker_rss_mb": warm.get("max_rss_mb"),
+        "steady_pairs_per_s": warm.get("steady_pairs_per_s"),
+        "refresh_s": result.get("refresh", {}).get("refresh_s"),
+        "refresh_rss_mb": result.get("refresh", {}).get("max_rss_mb"),
+        "evaluate_s": result.get("evaluate", {}).get("seconds"),
+        "restart_s": result.get("restart", {}).get("restart_to_next_step_s"),
+    }
+    peaks: dict[str, float] = {}
+    for stage in ("preprocess", "cold", "warm", "refresh", "evaluate"):
+        part = result.get(stage, {})
+        groups = [part] if stage != "preprocess" else [part["pretrain"], part["eval"]]
+        for group in groups:
+            for name, mb in (group.get("peak_mb") or {}).items():
+                peaks[f"{stage}:{name}"] = max(peaks.get(f"{stage}:{name}", 0), mb)
+    row["largest_process"] = max(peaks.items(), key=lambda item: item[1]) if peaks else None
+    return row
+
+
+def print_tables(results: list[dict[str, Any]]) -> None:
+    rows = [flat(result) for result in results]
+    keys = [
+        "preprocess_s",
+        "rows_build_s",
+        "first_batch_wait_cold_s",
+        "first_batch_wait_s",
+        "worker_rss_mb",
+        "steady_pairs_per_s",
+        "refresh_s",
+        "refresh_rss_mb",
+        "evaluate_s",
+        "restart_s",
+    ]
+    table = []
+    for key in keys:
+        ratios = growth(rows, key)
+        table.append(
+            [key]
+            + [
+                f"{row[key]}" + ("" if ratio == "-" else f" ({ratio})")
+                for row, ratio in zip(rows, ratios, strict=True)
+            ]
+        )
+    table.append(["largest process"] + [f"{r['largest_process']}" for r in rows])
+    print(common.format_table(["figure", *[f"{r['size']:,}" for r in rows]], table))
+
+
+def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.workdir) / f"csn-{size}"
+    work.mkdir(parents=True, exist_ok=True)
+    row_cache = tempfile.mkdtemp(prefix=f"rows-{size}-", dir=args.workdir)
+    env = job_env(row_cache)
+    result: dict[str, Any] = {"size": size}
+    print(f"[scale] {size:,}: preprocess", flush=True)
+    result["preprocess"] = preprocess(work, size, env)
+    print(f"[scale] {size:,}: pretrain (cold, then warm)", flush=True)
+    result["cold"] = pretrain(work, "cold", env)
+    result["warm"] = pretrain(work, "warm", env)
+    if not args.skip_refresh:
+        print(f"[scale] {size:,}: refresh", flush=True)
+        result["refresh"] = refresh(work, env)
+    print(f"[scale] {size:,}: evaluate", flush=True)
+    result["evaluate"] = evaluate(work, env)
+    if size in args.restart_sizes:
+        print(f"[scale] {size:,}: restart", flush=True)
+        result["restart"] = restart(work, env)
+    print(json.dumps(flat(result)), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "command", nargs="?", default="run", choices=("run", "tokenize", "refresh-once")
+    )
+    parser.add_argument("--sizes", default="10000,100000,1000000,2000000")
+    parser.add_argument("--restart-sizes", default="10000,1000000")
+    parser.add_argument("--workdir", default="/tmp/santa-scale")
+    parser.add_argument("--skip-refresh", action="store_true")
+    parser.add_argument("--output", default=str(common.RESULTS_DIR / "scale.json"))
+    parser.add_argument("--data", help="refresh-once: the preprocessed pairs")
+    parser.add_argument("--run", help="refresh-once: the trained run folder")
+    parser.add_argument("--tokenizer", default="", help="tokenize: a tokenizer folder")
+    parser.add_argument("--seconds", type=float, default=20.0, help="tokenize: seconds to run")
+    args = parser.parse_args(argv)
+    if args.command == "refresh-once":
+        refresh_once(args)
+        return 0
+    run = common.BenchRun(__file__, argv)
+    if args.command == "tokenize":
+        result = tokenize_rate(args)
+        print(json.dumps(result))
+        run.write_json(Path(args.output).with_name("scale_tokenize.json"), result)
+        return 0
+    args.restart_sizes = {int(s) for s in args.restart_sizes.split(",") if s}
+    output = Path(args.output)
+    previous = json.loads(output.read_text()) if output.exists() else {}
+    results = {r["size"]: r for r in previous.get("sizes", [])}
+    for size in (int(s) for s in args.sizes.split(",")):
+        results[size] = run_size(size, args)
+        # Written after every size: a size that runs out of room keeps the others.
+        run.write_json(output, {"sizes": [results[s] for s in sorted(results)]})
+    print_tables([results[s] for s in sorted(results)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
