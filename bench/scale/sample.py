@@ -61,7 +61,7 @@ class TreeSampler:
             seen = self.peaks.get(process.pid)
             if seen is None:
                 seen = self.peaks[process.pid] = {"role": role(process), "peak_mb": 0.0}
-            elif seen["role"].startswith("ray::IDLE") or seen["role"] == "?":
+            elif seen["role"] in ("?", "python", "ray::IDLE") or "default_worker" in seen["role"]:
                 seen["role"] = role(process)  # a pooled worker that took a task since
             seen["peak_mb"] = max(seen["peak_mb"], rss / 2**20)
 

@@ -206,6 +206,7 @@ def refresh_once(args: argparse.Namespace) -> None:
     """(In its own process.) Load the corpus and the model, refresh once, write figures."""
     import resource
 
+    from santa.config import SantaConfig
     from santa.models.checkpoints import resolve_model
     from santa.models.dual_encoder import DualEncoder
     from santa.negatives.miner import index_kind, refresh_table
@@ -214,8 +215,11 @@ def refresh_once(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     corpus = load_mining_corpus(args.data)
     loaded_s = time.perf_counter() - started
-    model = DualEncoder.from_pretrained(resolve_model(args.run).model_uri).eval()
-    config = model.santa_config.with_overrides(["negatives.per_query=1", "negatives.top_k=100"])
+    resolved = resolve_model(args.run)
+    model = DualEncoder.from_pretrained(resolved.model_uri).eval()
+    config = SantaConfig.from_dict(resolved.santa_config).with_overrides(
+        ["negatives.per_query=1", "negatives.top_k=100"]
+    )
     table = refresh_table(model, corpus, config)
     figures = {
         "documents": len(corpus.documents),
