@@ -9,6 +9,7 @@ role (Ray's process titles: ``ray::RayTrainWorker``, ``ray::_StatsActor``, ...).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -28,10 +29,14 @@ def role(process: psutil.Process) -> str:
     title = command[0] if command else name
     if title.startswith("ray::"):
         return title.split(".")[0].split(" ")[0]
+    program = os.path.basename(title)
+    if program in ("raylet", "gcs_server"):
+        return program
     joined = " ".join(command)
-    for marker in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py"):
+    # Ray's Python processes by their script (a worker's command line names the raylet too).
+    for marker in ("default_worker.py", "dashboard.py", "agent.py", "log_monitor.py", "monitor.py"):
         if marker in joined:
-            return marker
+            return "ray worker" if marker == "default_worker.py" else marker
     if "-m" in command:
         return " ".join(command[command.index("-m") : command.index("-m") + 2])
     return name
@@ -61,7 +66,7 @@ class TreeSampler:
             seen = self.peaks.get(process.pid)
             if seen is None:
                 seen = self.peaks[process.pid] = {"role": role(process), "peak_mb": 0.0}
-            elif seen["role"] in ("?", "python", "ray::IDLE") or "default_worker" in seen["role"]:
+            elif seen["role"] in ("?", "python", "ray::IDLE", "ray worker"):
                 seen["role"] = role(process)  # a pooled worker that took a task since
             seen["peak_mb"] = max(seen["peak_mb"], rss / 2**20)
 
