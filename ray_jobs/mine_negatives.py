@@ -23,7 +23,7 @@ from santa.data.outputs import claim_output
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from santa.negatives.miner import refresh_table
-from santa.negatives.mining import load_mining_corpus, publish_table
+from santa.negatives.mining import NO_NEGATIVE, load_mining_corpus, publish_table
 from santa.runtime import interrupts
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_pairs, check_writable
@@ -94,17 +94,17 @@ def _mine(args: argparse.Namespace) -> int:
         ]
     )
     print(
-        f"mining {args.sample} negative(s) per query for {len(corpus.queries)} queries "
-        f"among {len(corpus.documents)} documents (top {args.top_k})"
+        f"mining {args.sample} negative(s) per query for {corpus.num_queries} queries "
+        f"among {corpus.num_docs} documents (top {args.top_k})"
     )
     table = refresh_table(model, corpus, config)
-    target = publish_table(table, args.output)
-    counts = [len(ids) for ids in table.negatives.values()]
+    target = publish_table(table, args.output, corpus)
+    counts = (table.negatives != NO_NEGATIVE).sum(axis=1)  # (queries,)
     summary = {
         "output": target,
-        "queries": len(counts),
-        "negatives": sum(counts),
-        "queries_short": sum(1 for c in counts if c < args.sample),
+        "queries": int(len(counts)),
+        "negatives": int(counts.sum()),
+        "queries_short": int((counts < args.sample).sum()),
         "filtered": table.filtered,
         "build_s": round(table.build_s, 2),
     }

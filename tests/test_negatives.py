@@ -14,7 +14,7 @@ from santa.negatives.mining import (
     positive_scores,
     read_negatives_table,
 )
-from tests.training import write_pairs
+from tests.training import mining_corpus, negatives_by_id, write_pairs
 
 
 def test_positives_and_their_duplicates_never_come_back_as_negatives() -> None:
@@ -77,26 +77,45 @@ def test_mining_from_an_exact_search_matches_brute_force_torch() -> None:
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_table_round_trips_through_parquet(where, tmp_path, moto_s3) -> None:
+    """By ids on disk, by numbers of the reader's corpus in memory."""
+    corpus = mining_corpus(
+        tmp_path, {"p1": "x", "p2": "y", "a": "a", "b": "b"}, {"q1": "q1", "q2": "q2"},
+        {"q1": {"p1"}, "q2": {"p2"}},
+    )  # fmt: skip
+    numbers = dict(zip(corpus.doc_ids(range(4)), range(4), strict=True))
+    negatives = np.array([[numbers["a"], numbers["b"]], [-1, -1]])
+    table = NegativesTable(negatives, corpus.key, step=30, version=2, build_s=1.5)
     uri = str(tmp_path / "neg") if where == "local" else f"{moto_s3.create_bucket('neg')}/t"
-    table = NegativesTable({"q1": ["a", "b"], "q2": []}, step=30, version=2, build_s=1.5)
-    target = table.write_parquet(uri)
+    target = table.write_parquet(uri, corpus)
     assert target.endswith("negatives.parquet")
-    back = read_negatives_table(uri)
-    assert back.negatives == table.negatives
+    back = read_negatives_table(uri, corpus)
+    assert back.negatives.tolist() == negatives.tolist()
+    assert negatives_by_id(back, corpus) == {"q1": ["a", "b"]}
     assert (back.step, back.version, back.build_s) == (30, 2, 1.5)
     assert back.built_at == pytest.approx(table.built_at)
 
 
 def test_reading_a_missing_or_foreign_table_fails_clearly(tmp_path) -> None:
+    from santa.negatives.mining import write_id_table
+
+    corpus = mining_corpus(tmp_path, {"p": "x", "a": "a"}, {"q": "q"}, {"q": {"p"}})
     with pytest.raises(FileNotFoundError, match="no hard-negatives table"):
-        read_negatives_table(str(tmp_path / "nothing"))
+        read_negatives_table(str(tmp_path / "nothing"), corpus)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (tmp_path / "foreign").mkdir()
     pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign" / "negatives.parquet")
     with pytest.raises(ValueError, match="not a hard-negatives table"):
-        read_negatives_table(str(tmp_path / "foreign"))
+        read_negatives_table(str(tmp_path / "foreign"), corpus)
+    # A document the corpus does not hold, and no text for it: named.
+    write_id_table({"q": ["a", "ghost"]}, None, str(tmp_path / "ghost"))
+    with pytest.raises(ValueError, match="names documents not in the corpus: 'ghost'"):
+        read_negatives_table(str(tmp_path / "ghost"), corpus)
+    # With its text (a user's own negatives): read, its text kept.
+    write_id_table({"q": ["a", "ghost"]}, {"a": "a", "ghost": "boo"}, str(tmp_path / "own"))
+    own = read_negatives_table(str(tmp_path / "own"), corpus)
+    assert own.of(0)[0] == 1 and own.of(0)[1] == -2 and own.extra_texts == ["boo"]
 
 
 def _row(**values):
@@ -129,11 +148,17 @@ def test_corpus_keeps_judged_products_and_trains_on_exact_only(tmp_path) -> None
         _row(query_id="q2", query="lamp", doc_id="p4", document="a lamp", label=0),
         _row(query_id="q3", query="red", doc_id="p5", document="a red shoe", label=3),
     ]
-    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows))
-    assert corpus.queries == {"q1": "red shoe", "q3": "red"}  # q2 has no Exact product
-    assert corpus.positives == {"q1": {"p1", "p2", "p3"}, "q3": {"p5"}}  # I is a negative
-    assert set(corpus.documents) == {"p1", "p2", "p3", "p4", "p5"}
-    assert corpus.duplicate_of["p5"] == "p1"  # same description text
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows), str(tmp_path / "rows"))
+    queries = range(corpus.num_queries)
+    assert corpus.query_ids(queries) == ["q1", "q3"]  # q2 has no Exact product
+    assert corpus.query_texts(queries) == ["red shoe", "red"]
+    positives = [set(corpus.doc_ids(corpus.positives(q))) for q in queries]
+    assert positives == [{"p1", "p2", "p3"}, {"p5"}]  # I is a negative
+    assert corpus.doc_ids(range(corpus.num_docs)) == ["p1", "p2", "p3", "p4", "p5"]
+    assert corpus.duplicate_of.tolist() == [0, 1, 2, 3, 0]  # p5: p1's description text
+    # The training rows (the training row file's) name their queries and documents.
+    assert corpus.query_of_training_row.tolist() == [0, 1]
+    assert corpus.doc_of_training_row.tolist() == [0, 4]
 
 
 def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path) -> None:
@@ -163,8 +188,8 @@ def test_esci_judgments_are_embedded_as_title_and_text_like_evaluation(tmp_path)
             document="def f(): pass",
         ),
     ]
-    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows))
-    assert corpus.documents == {"p1": "Acme a lamp", "c1": "def f(): pass"}
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows), str(tmp_path / "rows"))
+    assert corpus.doc_texts([0, 1]) == ["Acme a lamp", "def f(): pass"]
 
     tokenizer = train_tokenizer(["Acme a lamp def f(): pass read_file lamp read"] * 20, 400)
     tokenizer.save_pretrained(tmp_path / "tok")
@@ -200,15 +225,17 @@ def test_a_planted_near_duplicate_of_the_positive_is_removed_counted_and_the_res
             for i in range(3, 9)
         ),
     ]
-    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows))
-    assert corpus.duplicate_of["copy"] == "pos"
-    hits = [["pos", "copy", "near", "d3", "d4", "d5", "d6", "d7", "d8"]]
+    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", rows), str(tmp_path / "rows"))
+    names = dict(zip(corpus.doc_ids(range(corpus.num_docs)), range(corpus.num_docs), strict=True))
+    assert corpus.duplicate_of[names["copy"]] == names["pos"]
+    hits = [[names[d] for d in ("pos", "copy", "near", "d3", "d4", "d5", "d6", "d7", "d8")]]
+    positives = {"q": {names["pos"]}}
     scores = [[10.0, 9.9, 9.8, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]
     filtered: dict[str, int] = {}
     mined = mine_hard_negatives(
         ["q"],
         hits,
-        corpus.positives,
+        positives,
         n=20,
         duplicate_of=corpus.duplicate_of,
         hit_scores=scores,
@@ -216,7 +243,7 @@ def test_a_planted_near_duplicate_of_the_positive_is_removed_counted_and_the_res
         score_filter=FalseNegativeFilter(max_score_ratio=0.95),
         filtered=filtered,
     )
-    assert mined == {"q": ["d3", "d4", "d5", "d6", "d7", "d8"]}
+    assert corpus.doc_ids(mined["q"]) == ["d3", "d4", "d5", "d6", "d7", "d8"]
     assert filtered == {
         "positive": 1,
         "same_text": 1,
@@ -225,10 +252,8 @@ def test_a_planted_near_duplicate_of_the_positive_is_removed_counted_and_the_res
         "score_margin": 0,
     }
     # Without the score filter the near-duplicate is a negative; the normalized copy never.
-    plain = mine_hard_negatives(
-        ["q"], hits, corpus.positives, n=20, duplicate_of=corpus.duplicate_of
-    )
-    assert plain == {"q": ["near", "d3", "d4", "d5", "d6", "d7", "d8"]}
+    plain = mine_hard_negatives(["q"], hits, positives, n=20, duplicate_of=corpus.duplicate_of)
+    assert corpus.doc_ids(plain["q"]) == ["near", "d3", "d4", "d5", "d6", "d7", "d8"]
 
 
 def test_margin_filter_and_negative_positive_scores() -> None:
@@ -260,13 +285,12 @@ def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
     """refresh_table with the ratio filter on: counts in the table, its Parquet metadata
     and the trainers' metrics; with a trained-looking model a near copy is filtered."""
     from santa.negatives.miner import NegativesClient, refresh_table
-    from santa.negatives.mining import MiningCorpus
 
-    corpus = MiningCorpus(
-        documents={"p": "positive", "n": "near copy", "f1": "far one", "f2": "far two"},
-        queries={"q": "query"},
-        positives={"q": {"p"}},
-        duplicate_of={"p": "p", "n": "n", "f1": "f1", "f2": "f2"},
+    corpus = mining_corpus(
+        tmp_path,
+        {"p": "positive", "n": "near copy", "f1": "far one", "f2": "far two"},
+        {"q": "query"},
+        {"q": {"p"}},
     )
     vectors = {
         "query": [1.0, 0.0],
@@ -287,11 +311,11 @@ def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
     )
     with caplog.at_level("WARNING", logger="santa.negatives.miner"):
         table = refresh_table(None, corpus, config, encoder=Encoder())
-    assert table.negatives == {"q": ["f1", "f2"]}
+    assert negatives_by_id(table, corpus) == {"q": ["f1", "f2"]}
     # Most queries short of negatives (here the one): said, since trainers fill them.
     assert "left 1 of 1 queries with fewer than 3" in caplog.text
     assert table.filtered["score_ratio"] == 1 and table.filtered["positive"] == 1
-    back = read_negatives_table(table.write_parquet(str(tmp_path / "t")))
+    back = read_negatives_table(table.write_parquet(str(tmp_path / "t"), corpus), corpus)
     assert back.filtered == table.filtered
     unfiltered = refresh_table(
         None,
@@ -299,30 +323,31 @@ def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
         config.with_overrides(["negatives.max_score_ratio=none"]),
         encoder=Encoder(),
     )
-    assert unfiltered.negatives == {"q": ["n", "f1", "f2"]}
+    assert negatives_by_id(unfiltered, corpus) == {"q": ["n", "f1", "f2"]}
     assert unfiltered.filtered["score_ratio"] == 0
     client = NegativesClient(
-        f"table:{tmp_path / 't'}", data_uri="", n=3, seed=0, rank=0, world_size=1
+        f"table:{tmp_path / 't'}",
+        data_uri=str(tmp_path / "pairs"),
+        n=3,
+        seed=0,
+        rank=0,
+        world_size=1,
+        row_cache=str(tmp_path / "rows"),
     )
     metrics = client.metrics(5, client.tables[0])
     assert metrics["negatives_filtered_score_ratio"] == 1.0
     assert metrics["negatives_filtered_positive"] == 1.0
 
 
-def test_a_cosine_model_mines_by_cosine_like_evaluation() -> None:
+def test_a_cosine_model_mines_by_cosine_like_evaluation(tmp_path) -> None:
     """Vectors are normalized before the inner-product index when the model's similarity
     is cosine (evaluation does the same), so a long vector does not win by its norm."""
     from santa.config import SantaConfig
     from santa.negatives.miner import refresh_table
-    from santa.negatives.mining import MiningCorpus
 
     vectors = {"q": [1.0, 0.0], "pos": [0.0, 1.0], "long": [3.0, 3.0], "aligned": [1.0, 0.05]}
-    corpus = MiningCorpus(
-        documents={name: name for name in ("pos", "long", "aligned")},
-        queries={"q": "q"},
-        positives={"q": {"pos"}},
-        duplicate_of={name: name for name in ("pos", "long", "aligned")},
-    )
+    names = ("pos", "long", "aligned")
+    corpus = mining_corpus(tmp_path, {n: n for n in names}, {"q": "q"}, {"q": {"pos"}})
 
     class Encoder:
         def encode(self, jobs):
@@ -332,24 +357,18 @@ def test_a_cosine_model_mines_by_cosine_like_evaluation() -> None:
     for similarity, expected in (("dot", ["long", "aligned"]), ("cosine", ["aligned", "long"])):
         config = SantaConfig().with_overrides([*common, f"model.similarity={similarity}"])
         table = refresh_table(None, corpus, config, encoder=Encoder())
-        assert table.negatives == {"q": expected}, similarity  # in rank order
+        assert negatives_by_id(table, corpus) == {"q": expected}, similarity  # rank order
 
 
-def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it() -> None:
+def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it(tmp_path) -> None:
     """negatives.pool (SCodeR's mined pool) is what a table keeps per query; per_query is
     what a training step takes; SCodeR's old scoder.negatives_* keys move here."""
     from santa.config import SantaConfig
     from santa.negatives.miner import refresh_table
-    from santa.negatives.mining import MiningCorpus
     from santa.recipes import get_recipe
 
     documents = {f"d{i}": f"d{i}" for i in range(8)}
-    corpus = MiningCorpus(
-        documents=documents,
-        queries={"q": "q"},
-        positives={"q": {"d0"}},
-        duplicate_of={name: name for name in documents},
-    )
+    corpus = mining_corpus(tmp_path, documents, {"q": "q"}, {"q": {"d0"}})
     vectors = {"q": [1.0, 0.0], **{f"d{i}": [1.0 - i / 10, i / 10] for i in range(8)}}
 
     class Encoder:
@@ -359,9 +378,9 @@ def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it() -> None
     common = ["negatives.per_query=2", "negatives.top_k=6"]
     pooled = SantaConfig().with_overrides([*common, "negatives.pool=5"])
     assert pooled.negatives.mined_per_query == 5
-    assert len(refresh_table(None, corpus, pooled, encoder=Encoder()).negatives["q"]) == 5
+    assert len(refresh_table(None, corpus, pooled, encoder=Encoder()).of(0)) == 5
     plain = SantaConfig().with_overrides(common)
-    assert len(refresh_table(None, corpus, plain, encoder=Encoder()).negatives["q"]) == 2
+    assert len(refresh_table(None, corpus, plain, encoder=Encoder()).of(0)) == 2
     with pytest.raises(ValueError, match="pool=7 must be at least per_query=2 and at most"):
         SantaConfig().with_overrides([*common, "negatives.pool=7"])
     # SCodeR's recipes hold their negatives in the negatives section; old keys move there.

@@ -85,10 +85,15 @@ def test_pairs_job_keeps_every_pair_and_counts_bad_rows(tmp_path, ray_cluster, c
     assert sum(row["document"] == shared for row in rows) == 3
     assert len({row["doc_id"] for row in rows if row["document"] == shared}) == 1
 
-    negatives = read_negatives_table(report["negatives"]["table"])
+    corpus = load_mining_corpus(str(output), str(tmp_path / "rows"))
+    negatives = read_negatives_table(report["negatives"]["table"], corpus)
     by_query = {row["query"]: row["query_id"] for row in rows}
-    opened = negatives.negatives[by_query["open a file"]]
-    assert [negatives.documents[doc] for doc in opened] == ["os.remove(path)", "os.stat(path)"]
+    (opened,) = corpus.query_numbers([by_query["open a file"]])
+    # Negatives that are not documents of the pairs keep their own texts.
+    assert [negatives.extra_texts[-2 - d] for d in negatives.of(int(opened))] == [
+        "os.remove(path)",
+        "os.stat(path)",
+    ]
 
     # The trainer's input pipeline takes the rows (kind text_pair embeds the positive).
     from santa.recipes import minilm_path
@@ -105,9 +110,9 @@ def test_pairs_job_keeps_every_pair_and_counts_bad_rows(tmp_path, ray_cluster, c
     )
     assert tokenized["document_input_ids"].shape == (6, 32)
 
-    corpus = load_mining_corpus(str(output))
-    assert len(corpus.positives[by_query["reverse a string"]]) == 2
-    assert len(corpus.queries) == 4 and len(corpus.documents) == 4
+    (reverse,) = corpus.query_numbers([by_query["reverse a string"]])
+    assert len(corpus.positives(int(reverse))) == 2
+    assert corpus.num_queries == 4 and corpus.num_docs == 4
 
 
 def test_cosqa_dev_keeps_all_313_labelled_pairs(shared_fixtures, tmp_path, ray_cluster):

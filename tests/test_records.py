@@ -230,6 +230,8 @@ def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
     assert out["query_input_ids"].shape[0] == 2  # the entity-less pair trains
     assert (out["labels"][0] == IGNORE_INDEX).all()  # ...with no MEP label
     assert (out["labels"][1] != IGNORE_INDEX).any()
-    corpus = load_mining_corpus(write_pairs(tmp_path / "pairs", [row, with_entities]))
-    assert set(corpus.queries) == {row["query_id"], with_entities["query_id"]}
+    pairs = write_pairs(tmp_path / "pairs", [row, with_entities])
+    corpus = load_mining_corpus(pairs, str(tmp_path / "rows"))
+    queries = corpus.query_ids(range(corpus.num_queries))
+    assert set(queries) == {row["query_id"], with_entities["query_id"]}
     assert np.isfinite(out["query_input_ids"]).all()

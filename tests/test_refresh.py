@@ -1,8 +1,8 @@
-"""The sharded hard-negative refresh: encoder actors, tables that carry their texts, GPU flags."""
+"""The sharded hard-negative refresh: encoder actors, tables of document numbers whose texts
+trainers read from their node's row file, GPU flags."""
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import numpy as np
@@ -38,7 +38,8 @@ def model_dir(tmp_path_factory, pairs) -> str:
     """A tiny T5 saved to a folder (what the miner's encoder actors load)."""
     corpus = load_mining_corpus(pairs)
     tokenizer = train_tokenizer(
-        [*corpus.documents.values(), *corpus.queries.values()], vocab_size=1000
+        [*corpus.doc_texts(range(corpus.num_docs)), *corpus.query_texts(range(corpus.num_queries))],
+        vocab_size=1000,
     )
     config = tiny_config()
     folder = str(tmp_path_factory.mktemp("refresh-model") / "model")
@@ -71,7 +72,7 @@ def test_device_selection_and_autocast_dtype() -> None:
 
 def test_text_encoder_equals_encode_texts_on_cpu(model_dir, pairs) -> None:
     torch.set_num_threads(1)
-    texts = list(load_mining_corpus(pairs).documents.values())[:70]
+    texts = load_mining_corpus(pairs).doc_texts(range(70))
     # Asked for a quarter GPU on a machine without one: CPU, fp32 (what the actor does).
     encoder = TextEncoder(model_dir, None, num_gpus=0.25, threads=1)
     assert (encoder.device, encoder.dtype) == ("cpu", None)
@@ -100,54 +101,45 @@ def test_shard_encoder_runs_without_ray_or_faiss(model_dir) -> None:
     assert done.stdout.strip().endswith(", 128)")
 
 
-def test_refresh_ships_the_negatives_texts_and_parquet_keeps_them(model_dir, pairs, tmp_path):
+def test_a_refresh_gives_numbers_of_the_corpus_and_parquet_keeps_them_by_id(
+    model_dir, pairs, tmp_path
+):
     corpus = load_mining_corpus(pairs)
     table = refresh_table(DualEncoder.from_pretrained(model_dir), corpus, SETTINGS, step=7)
-    referenced = table.referenced_ids()
-    assert referenced and set(table.documents) == referenced
-    assert all(table.documents[doc] == corpus.documents[doc] for doc in referenced)
-    back = read_negatives_table(table.write_parquet(str(tmp_path / "t")))
-    assert back.negatives == table.negatives and back.documents == table.documents
-    assert back.step == 7
+    assert table.negatives.shape == (corpus.num_queries, 2) and table.corpus_key == corpus.key
+    assert table.negatives.dtype == np.int64 and not table.extra_texts  # no text in a table
+    for query in range(0, corpus.num_queries, 97):  # never a positive of its query
+        assert not set(table.of(query)) & set(corpus.positives(query).tolist())
+    back = read_negatives_table(table.write_parquet(str(tmp_path / "t"), corpus), corpus)
+    assert back.negatives.tolist() == table.negatives.tolist() and back.step == 7
 
 
-def test_trainers_never_load_the_corpus(pairs, tmp_path) -> None:
-    import pyarrow.parquet as pq
+def test_trainers_read_the_negatives_texts_from_their_row_file(pairs, tmp_path) -> None:
+    """A worker's negatives for its batch rows: the table's, then random documents of the
+    corpus other than the row's own, drawn by (seed, step, row): the same on any rank."""
+    from santa.negatives.mining import write_id_table
 
     corpus = load_mining_corpus(pairs)
-    queries = sorted(corpus.queries)[:3]
-    docs = [doc for doc in sorted(corpus.documents) if doc not in corpus.positives[queries[0]]]
-    negatives = {queries[0]: docs[:2], queries[1]: docs[2:4], queries[2]: []}
-    copied = tmp_path / "data"
-    shutil.copytree(pairs, copied)
-
-    # A table written without texts (older santa): only its referenced ids are read.
-    old = NegativesTable(negatives, step=3).write_parquet(str(tmp_path / "old"))
-    assert "negative_texts" not in pq.read_schema(old).names
-    client = NegativesClient(
-        f"table:{old}", data_uri=str(copied), n=2, seed=0, rank=0, world_size=1
+    queries = corpus.query_ids([0, 1, 2])
+    docs = [d for d in range(10) if d not in corpus.positives(0)]
+    names = corpus.doc_ids(docs[:4])
+    uri = write_id_table(
+        {queries[0]: names[:2], queries[1]: names[2:4], queries[2]: []}, None, str(tmp_path / "t")
     )
-    held = client.tables[3]
-    assert set(held.documents) == set(docs[:4])  # 4 documents, not the corpus
-    assert not hasattr(client, "documents")
-
-    # A table with its texts needs no data at all: the data folder is gone.
-    with_texts = NegativesTable(negatives, step=5, documents=dict(held.documents))
-    uri = with_texts.write_parquet(str(tmp_path / "new"))
-    shutil.rmtree(copied)
-    client = NegativesClient(
-        f"table:{uri}", data_uri=str(copied), n=2, seed=0, rank=0, world_size=1
-    )
-    texts = client.negatives_for(client.tables[5], queries, ["own0", "own1", "own2"], step=1)
-    assert texts[:4] == [corpus.documents[doc] for doc in docs[:4]]
-    assert all(text in held.documents.values() for text in texts[4:])  # filled from the table
-    assert client.stats["filled"] == 2
-
-    # An old table whose documents are not in the data: one clear error.
-    shutil.copytree(pairs, copied)
-    ghost = NegativesTable({queries[0]: ["no-such-doc"]}).write_parquet(str(tmp_path / "ghost"))
-    with pytest.raises(ValueError, match="names documents not in"):
-        NegativesClient(f"table:{ghost}", data_uri=str(copied), n=1, seed=0, rank=0, world_size=1)
+    clients = [
+        NegativesClient(f"table:{uri}", data_uri=pairs, n=2, seed=0, rank=rank, world_size=2)
+        for rank in (0, 1)
+    ]
+    table = clients[0].tables[0]
+    rows = [int(np.flatnonzero(corpus.query_of_training_row == q)[0]) for q in (0, 1, 2)]
+    chosen = clients[0].negatives_of_rows(table, rows, step=1)
+    assert chosen[:4] == docs[:4]
+    assert clients[0].texts_of(table, chosen[:4]) == corpus.doc_texts(docs[:4])
+    assert clients[0].ids_of(table, chosen[:2]) == names[:2]
+    own = int(corpus.doc_of_training_row[rows[2]])
+    assert own not in chosen[4:] and clients[0].stats["filled"] == 2  # the third query's two
+    # Another rank asked for the same rows at the same step fills them alike.
+    assert clients[1].negatives_of_rows(clients[1].tables[0], rows, step=1) == chosen
 
 
 def test_miner_flags_reach_the_encoder_actor_options() -> None:
@@ -206,11 +198,11 @@ def test_one_and_two_encoder_actors_give_the_same_table(model_dir, pairs) -> Non
             assert pool.stats["chunks"] > actors  # work was shared out in chunks
         finally:
             pool.shutdown()
-    assert tables[1].negatives == tables[2].negatives == expected.negatives
-    assert tables[1].documents == tables[2].documents == expected.documents
+    assert tables[1].negatives.tolist() == tables[2].negatives.tolist()
+    assert tables[2].negatives.tolist() == expected.negatives.tolist()
     # The snapshot was used: the saved (untrained) weights mine another table.
     untrained = refresh_table(DualEncoder.from_pretrained(model_dir), corpus, SETTINGS, step=10)
-    assert untrained.negatives != expected.negatives
+    assert untrained.negatives.tolist() != expected.negatives.tolist()
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -245,7 +237,7 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
     name = "santa-miner-test-refresh"
     miner = start_miner(name, data_uri=data, model_uri=model_dir, config=config)
     client = NegativesClient(
-        "async", data_uri=str(tmp_path / "gone"), n=1, seed=0, rank=0, world_size=1, miner_name=name
+        "async", data_uri=data, n=1, seed=0, rank=0, world_size=1, miner_name=name
     )
     model = DualEncoder.from_pretrained(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -274,12 +266,11 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
     assert float(np.median(polls)) < 0.05 and sorted(polls)[-3] < 0.5
     assert info["encoder_actors"] == 1 and info["encoder_actors_used"] == 1
     table = client.tables[0]
-    assert table.documents and set(table.documents) == table.referenced_ids()
-    # The worker holds the negatives' texts only (the data path it was given never existed).
-    query_id = next(q for q, ids in table.negatives.items() if ids)
-    assert client.negatives_for(table, [query_id], ["own"], step=1) == [
-        table.documents[table.negatives[query_id][0]]
-    ]
+    assert table.corpus_key == client.corpus.key and table.queries_with_negatives > 0
+    # The worker reads a training row's negatives by its query's number in the table.
+    row = int(np.flatnonzero(table.negatives[client.corpus.query_of_training_row, 0] >= 0)[0])
+    query = int(client.corpus.query_of_training_row[row])
+    assert client.negatives_of_rows(table, [row], step=1) == table.of(query)[:1]
 
 
 def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
@@ -304,9 +295,10 @@ def test_the_pipelines_offline_mining_on_two_encoder_actors(model_dir, pairs, tm
             stage="finetune", negatives={"per_query": 1, "top_k": 20, "encoder_actors": actors}
         )
         return read_negatives_table(
-            mine_negatives(model_dir, pairs, str(tmp_path / f"{actors}"), config)
+            mine_negatives(model_dir, pairs, str(tmp_path / f"{actors}"), config),
+            load_mining_corpus(pairs),
         )
 
     pooled, local = mined(2), mined(1)  # 2: an EncoderPool; 1: in this process
-    assert pooled.negatives == local.negatives and pooled.documents == local.documents
-    assert pooled.documents and set(pooled.documents) == pooled.referenced_ids()
+    assert pooled.negatives.tolist() == local.negatives.tolist()
+    assert pooled.queries_with_negatives > 0

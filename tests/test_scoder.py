@@ -43,41 +43,49 @@ def pairs(tmp_path_factory) -> str:
 
 
 def test_listwise_rows_put_the_positive_first_and_sample_mined_negatives(pairs, tmp_path):
-    corpus = load_mining_corpus(pairs)
-    doc_ids = sorted(corpus.documents)
+    import numpy as np
+
+    corpus = load_mining_corpus(pairs, str(tmp_path / "rows"))
     rng = random.Random(0)
-    pool = {q: rng.sample(doc_ids, 6) for q in corpus.queries}
-    pool = {q: [d for d in docs if d not in corpus.positives[q]] for q, docs in pool.items()}
+    pool = np.full((corpus.num_queries, 6), -1, dtype=np.int64)
+    for query in range(corpus.num_queries):
+        drawn = [
+            d for d in rng.sample(range(corpus.num_docs), 6) if d not in corpus.positives(query)
+        ]
+        pool[query, : len(drawn)] = drawn
     table = NegativesTable(negatives=pool)
-    rows = build_listwise_rows(pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2)
-    assert len(rows) == len(corpus.queries)
+
+    def listwise(seed: int, **options) -> list[dict]:
+        return list(
+            build_listwise_rows(corpus, table, n=3, seed=seed, heldout_fraction=0.2, **options)
+        )
+
+    rows = listwise(1, block=50)  # several blocks: streamed
+    assert len(rows) == len(corpus.training_rows)
+    assert [row["query_id"] for row in rows] == corpus.query_ids(corpus.query_of_training_row)
     kinds = {row["kind"] for row in rows}
     assert kinds == {"text_code", "code_code"}
-    texts = {doc: text for doc, text in corpus.documents.items()}
-    for row in rows:
+    for row, query, own in zip(
+        rows, corpus.query_of_training_row, corpus.doc_of_training_row, strict=True
+    ):
         assert len(row["candidates"]) == 4
+        assert row["candidates"][0] == corpus.doc_texts([own])[0]  # the positive first
         negatives = row["candidates"][1:]
-        assert negatives and all(
-            text in {texts[d] for d in pool[row["query_id"]]} for text in negatives
-        )
+        assert all(text in corpus.doc_texts(table.of(int(query))) for text in negatives)
         assert row["heldout"] == is_heldout(row["query_id"], 0.2)
     assert 0 < sum(row["heldout"] for row in rows) < len(rows)
-    train = build_listwise_rows(
-        pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2, include="train"
-    )
+    train = listwise(1, include="train")
     assert len(train) == sum(not row["heldout"] for row in rows) and not any(
         row["heldout"] for row in train
     )
-    # Seeded: the same rows again; another seed draws other negatives somewhere.
-    assert build_listwise_rows(pairs, corpus, table, n=3, seed=1, heldout_fraction=0.2) == rows
-    other = build_listwise_rows(pairs, corpus, table, n=3, seed=2, heldout_fraction=0.2)
-    assert other != rows
+    # Seeded: the same rows again (whatever the block); another seed draws others somewhere.
+    assert listwise(1) == rows
+    assert listwise(2) != rows
     # An empty pool is topped up with random documents that are not positives.
-    topped = build_listwise_rows(
-        pairs, corpus, NegativesTable(negatives={}), n=3, seed=1, heldout_fraction=0.0
-    )
+    empty = NegativesTable(negatives=np.full((corpus.num_queries, 1), -1, dtype=np.int64))
+    topped = list(build_listwise_rows(corpus, empty, n=3, seed=1, heldout_fraction=0.0))
     assert all(len(row["candidates"]) == 4 for row in topped)
-    write_listwise(rows, str(tmp_path / "examples"))
+    assert write_listwise(iter(rows), str(tmp_path / "examples")) == len(rows)
     assert read_listwise(str(tmp_path / "examples")).num_rows == len(rows)
 
 
@@ -207,8 +215,9 @@ def test_tiny_scoder_iterates_refreshes_negatives_and_resumes(ray_cluster, pairs
     run = runs / "tiny"
     manifests = [json.loads((run / f"iter-{i}" / "manifest.json").read_text()) for i in (1, 2)]
     # Negatives refreshed between the iterations, with iteration 1's dual encoder.
-    tables = [read_negatives_table(m["negatives"]).negatives for m in manifests]
-    assert tables[0].keys() == tables[1].keys() and tables[0] != tables[1]
+    corpus = load_mining_corpus(pairs)
+    tables = [read_negatives_table(m["negatives"], corpus).negatives for m in manifests]
+    assert tables[0].shape == tables[1].shape and tables[0].tolist() != tables[1].tolist()
     assert "[iter 1] mining" in out and "[iter 2] mining" in out
     history = [json.loads(line) for line in (run / "scoder_metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in history] == [1, 2]

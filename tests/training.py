@@ -102,3 +102,50 @@ def train_on_ranks(world: int, loop: Any, root: str, out: str) -> list[dict[str,
         with open(f"{out}/rank{rank}.json") as handle:
             results.append(json.load(handle))
     return results
+
+
+def mining_corpus(
+    folder: Any,
+    documents: dict[str, str],
+    queries: dict[str, str],
+    positives: dict[str, set[str]],
+):
+    """A :class:`~santa.negatives.mining.MiningCorpus` of these documents (numbered in this
+    order), queries and positives, as pair rows on disk: each document a pair of the query
+    it is a positive of, or a judged-only row that does not train."""
+    from pathlib import Path
+
+    from santa.negatives.mining import load_mining_corpus
+
+    positive_of = {doc: query for query, docs in positives.items() for doc in sorted(docs)}
+    rows = []
+    for doc_id, text in documents.items():
+        query_id = positive_of.get(doc_id)
+        rows.append(
+            {
+                "id": f"{query_id}-{doc_id}",
+                "dataset": "synthetic",
+                "kind": "code_pair" if query_id else "product_judgment",
+                "query_id": query_id or "unjudged",
+                "query": queries.get(query_id or "", "unjudged"),
+                "doc_id": doc_id,
+                "title": "",
+                "document": text,
+                "label": 1 if query_id else 0,
+                "mep_target": "",
+            }
+        )
+    folder = Path(folder)
+    return load_mining_corpus(write_pairs(folder / "pairs", rows), str(folder / "rows"))
+
+
+def negatives_by_id(table, corpus) -> dict[str, list[str]]:
+    """A (small) table as ``{query id: negative ids}``, queries without negatives left out."""
+    arrow = table.to_arrow(corpus)
+    return dict(
+        zip(
+            arrow.column("query_id").to_pylist(),
+            arrow.column("negative_ids").to_pylist(),
+            strict=True,
+        )
+    )

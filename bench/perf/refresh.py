@@ -92,10 +92,13 @@ WORDS = [
 ]
 
 
-def synthetic_corpus(docs: int, queries: int, seed: int = 0) -> MiningCorpus:
-    """``docs`` code-like documents; the first ``queries`` have a docstring-like query."""
+def synthetic_corpus(docs: int, queries: int, work: Path, seed: int = 0) -> MiningCorpus:
+    """``docs`` code-like documents; the first ``queries`` have a docstring-like query (the
+    others are pairs' rows that do not train: judged-only documents, as ESCI's)."""
+    from bench.corpora import write_pairs
+
     rng = random.Random(seed)
-    documents, texts, positives = {}, {}, {}
+    rows = []
     for i in range(docs):
         name = "_".join(rng.choices(WORDS, k=2))
         args = ", ".join(rng.sample(WORDS, 2))
@@ -103,11 +106,23 @@ def synthetic_corpus(docs: int, queries: int, seed: int = 0) -> MiningCorpus:
             f"{rng.choice(WORDS)} = {rng.choice(WORDS)}({rng.choice(WORDS)})"
             for _ in range(rng.randint(3, 12))
         )
-        documents[f"d{i}"] = f"def {name}({args}): {body} return {rng.choice(WORDS)}"
-        if i < queries:
-            texts[f"q{i}"] = f"{name.replace('_', ' ')} the {' '.join(rng.sample(WORDS, 3))}"
-            positives[f"q{i}"] = {f"d{i}"}
-    return MiningCorpus(documents, texts, positives, {d: d for d in documents})
+        query = f"{name.replace('_', ' ')} the {' '.join(rng.sample(WORDS, 3))}"
+        trains = i < queries
+        rows.append(
+            {
+                "id": f"p{i}",
+                "dataset": "synthetic",
+                "kind": "code_pair" if trains else "product_judgment",
+                "query_id": f"q{i}" if trains else "unjudged",
+                "query": query,
+                "doc_id": f"d{i}",
+                "title": "",
+                "document": f"def {name}({args}): {body} return {rng.choice(WORDS)}",
+                "label": 1 if trains else 0,
+                "mep_target": "",
+            }
+        )
+    return load_mining_corpus(write_pairs(work / f"synthetic-{docs}", rows))
 
 
 def stdlib_corpus(work: Path, pairs: int) -> MiningCorpus:
@@ -117,7 +132,10 @@ def stdlib_corpus(work: Path, pairs: int) -> MiningCorpus:
 
 def tiny_model(work: Path, corpus: MiningCorpus) -> str:
     """The tiny recipe's T5 (random weights) with a tokenizer trained on ``corpus``."""
-    texts = [*list(corpus.documents.values())[:5000], *list(corpus.queries.values())[:5000]]
+    texts = [
+        *corpus.doc_texts(range(min(5000, corpus.num_docs))),
+        *corpus.query_texts(range(min(5000, corpus.num_queries))),
+    ]
     config = get_recipe("tiny")
     tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)
     folder = str(work / "model")
@@ -164,10 +182,8 @@ def step_times_during_refresh(
     torch.set_num_threads(1)
     model = DualEncoder.from_pretrained(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    queries = list(corpus.queries.values())[:32]
-    documents = [
-        corpus.documents[next(iter(corpus.positives[q]))] for q in list(corpus.queries)[:32]
-    ]
+    queries = corpus.query_texts(range(32))
+    documents = corpus.doc_texts([int(corpus.positives(q)[0]) for q in range(32)])
     query_batch = model.tokenize(queries, settings.train.max_query_length)
     doc_batch = model.tokenize(documents, settings.train.max_document_length)
 
@@ -214,10 +230,10 @@ def encoder_only(args: argparse.Namespace) -> dict:
     """Documents/s of one TextEncoder in this process (the per-actor work, no Ray)."""
     from santa.models.encoding import TextEncoder
 
-    corpus = synthetic_corpus(args.docs, args.queries)
     work = Path(tempfile.mkdtemp(prefix="santa-bench-encoder-"))
+    corpus = synthetic_corpus(args.docs, args.queries, work)
     encoder = TextEncoder(tiny_model(work, corpus), None, num_gpus=args.gpus, threads=1)
-    texts = list(corpus.documents.values())
+    texts = corpus.doc_texts(range(corpus.num_docs))
     encoder.encode(texts[: args.batch], args.doc_length, args.batch)  # warm-up
     started = time.perf_counter()
     embeddings = encoder.encode(texts, args.doc_length, args.batch)
@@ -277,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="santa-bench-refresh-"))
     corpora = {f"stdlib {args.pairs} pairs": stdlib_corpus(work, args.pairs)}
     if args.docs:
-        corpora[f"synthetic {args.docs} docs"] = synthetic_corpus(args.docs, args.queries)
+        corpora[f"synthetic {args.docs} docs"] = synthetic_corpus(args.docs, args.queries, work)
     model_dir = tiny_model(work, next(iter(corpora.values())))
     ray.init(num_cpus=args.cpus, log_to_driver=False, include_dashboard=False)
     results: dict = {
@@ -306,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             refresh_rows.append(
                 [
                     label,
-                    f"{len(corpus.documents):,}",
-                    f"{len(corpus.queries):,}",
+                    f"{corpus.num_docs:,}",
+                    f"{corpus.num_queries:,}",
                     actors,
                     f"{row['refresh_s']:.1f}",
                     f"{row['encode_s']:.1f}",
@@ -315,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
         results["refresh"][label] = {
-            "docs": len(corpus.documents),
-            "queries": len(corpus.queries),
-            "same_table": all(t == tables[0] for t in tables),
+            "docs": corpus.num_docs,
+            "queries": corpus.num_queries,
+            "same_table": all(np.array_equal(t, tables[0]) for t in tables),
             "by_actors": {str(a): r for a, r in rows.items()},
             "load_after": common.load_average(),
         }

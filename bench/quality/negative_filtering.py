@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from santa.eval import EvalConfig, evaluate
-    from santa.negatives.mining import read_negatives_table
+    from santa.negatives.mining import NO_NEGATIVE, load_mining_corpus, read_negatives_table
     from santa.negatives.offline import mine_negatives
     from santa.recipes import get_recipe
     from santa.runtime import storage
@@ -143,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                 [*common, *steps(args.ance_steps), f"train.seed={seed}", *filter_overrides(variant)]
             )
             table_uri = mine_negatives(base, pairs, str(work / "tables" / slug), config)
-            table = read_negatives_table(table_uri)
+            table = read_negatives_table(table_uri, load_mining_corpus(pairs))
             per_query = config.negatives.per_query
+            counts = (table.negatives != NO_NEGATIVE).sum(axis=1)
             mining[name] = {
                 "filtered": table.filtered,
-                "queries": len(table.negatives),
-                "queries_short": sum(len(v) < per_query for v in table.negatives.values()),
+                "queries": int(len(counts)),
+                "queries_short": int((counts < per_query).sum()),
             }
             ance = config.with_overrides([f"negatives.source=table:{table_uri}"])
             model = train(ance, slug, base)

@@ -42,7 +42,7 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
     """The faults while jobs run (after :func:`build_faults`, whose data they reuse)."""
     from bench.corpora import other_language_records, stdlib_pair_rows, write_esci, write_pairs
     from santa.data.outputs import staged_output
-    from santa.negatives.mining import NegativesTable
+    from santa.negatives.mining import write_id_table
     from santa.runtime import storage
     from santa.runtime.reaper import session_processes
 
@@ -65,8 +65,8 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
         return [job, "--data", pairs, "--storage", str(runs), "--name", name, *RUN_TINY, *extra]
 
     # Inputs some faults need: a ghost table, a corrupt model, a flat Ruby folder, ESCI.
-    ghost = NegativesTable({str(stdlib_pair_rows()[0]["query_id"]): ["no-such-doc"]})
-    ghost.write_parquet(str(work / "ghost-table"))
+    ghost = {str(stdlib_pair_rows()[0]["query_id"]): ["no-such-doc"]}
+    write_id_table(ghost, None, str(work / "ghost-table"))
     flat = work / "flat-ruby"
     flat.mkdir()
     flat.joinpath("part.jsonl").write_text(

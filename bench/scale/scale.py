@@ -222,9 +222,9 @@ def refresh_once(args: argparse.Namespace) -> None:
     )
     table = refresh_table(model, corpus, config)
     figures = {
-        "documents": len(corpus.documents),
-        "queries": len(corpus.queries),
-        "index": index_kind(config.negatives.index, len(corpus.documents)),
+        "documents": corpus.num_docs,
+        "queries": corpus.num_queries,
+        "index": index_kind(config.negatives.index, corpus.num_docs),
         "load_s": round(loaded_s, 1),
         "encode_s": round(table.encode_s, 1),
         "refresh_s": round(table.build_s, 1),

@@ -37,8 +37,10 @@ __all__ = [
     "document_text",
     "embedded_document",
     "is_training_row",
+    "kind_column",
     "product_document",
     "row_kind",
+    "training_mask",
 ]
 
 CODE_PAIR = "code_pair"
@@ -66,6 +68,45 @@ def is_training_row(kind: str, label: int | None) -> bool:
     """Whether a row is a training pair: every code and product pretraining pair, and of
     the graded product judgments only the Exact ones."""
     return kind != PRODUCT_JUDGMENT or label == ESCI_EXACT
+
+
+def kind_column(table) -> Any:
+    """Every row's kind as an Arrow string array (:func:`row_kind`, vectorized): the ``kind``
+    column where set, else inferred from ``dataset`` and ``mep_target``; an unknown kind is a
+    ValueError naming it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = table.num_rows
+    given = table.column("kind") if "kind" in table.column_names else pa.nulls(rows, pa.string())
+    if isinstance(given, pa.ChunkedArray):
+        given = given.combine_chunks()
+    given = given.cast(pa.string())
+    unknown = set(pc.unique(given.drop_null()).to_pylist()) - set(KINDS) - {""}
+    if unknown:
+        raise ValueError(f"unknown pair kind {sorted(unknown)[0]!r}; kinds are {KINDS}")
+    dataset = pc.fill_null(table.column("dataset"), "")
+    target = pc.fill_null(table.column("mep_target"), "")
+    inferred = pc.if_else(
+        pc.equal(dataset, "esci"),
+        pc.if_else(pc.equal(target, ""), PRODUCT_JUDGMENT, PRODUCT_PRETRAIN),
+        CODE_PAIR,
+    )
+    present = pc.and_(pc.is_valid(given), pc.not_equal(pc.fill_null(given, ""), ""))
+    kinds = pc.if_else(present, given, inferred)
+    return kinds.combine_chunks() if isinstance(kinds, pa.ChunkedArray) else kinds
+
+
+def training_mask(table) -> Any:
+    """Which rows are training pairs (:func:`is_training_row`, vectorized): a numpy bool
+    array; ``table`` has ``dataset``, ``label``, ``mep_target`` and maybe ``kind``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    judgment = pc.equal(kind_column(table), PRODUCT_JUDGMENT)
+    exact = pc.fill_null(pc.equal(table.column("label"), ESCI_EXACT), False)
+    keep = pc.or_(pc.invert(judgment), exact)
+    return np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def product_document(title: str, text: str) -> str:

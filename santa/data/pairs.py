@@ -172,7 +172,7 @@ def run_pairs_preprocess(
     import ray.data
 
     from santa.data.readers import JsonLinesDatasource, reject_json_arrays
-    from santa.negatives.mining import NegativesTable
+    from santa.negatives.mining import write_id_table
     from santa.runtime.ray_utils import cluster_cpus
 
     started = time.time()
@@ -246,8 +246,7 @@ def run_pairs_preprocess(
             pq.write_table(PAIR_SCHEMA.empty_table(), path, filesystem=fs)
         table_uri = None
         if negatives:
-            table = NegativesTable(negatives=negatives, documents=documents)
-            table.write_parquet(storage.join(staged.staging, "negatives"))
+            write_id_table(negatives, documents, storage.join(staged.staging, "negatives"))
             table_uri = storage.join(output, staged.prefix, "negatives", "negatives.parquet")
         counts = np.array(list(queries_of_document.values()) or [0])
         report = {

@@ -5,10 +5,11 @@ Rank 0 sends a weights snapshot every ``negatives_refresh_every`` steps
 newest snapshot; a background thread hands it to a pool of encoder actors
 (:mod:`santa.negatives.encoders`, GPU or CPU) that re-encode the corpus and the training
 queries in shards, then rebuilds the faiss index from the gathered embeddings, mines, and
-publishes a versioned :class:`~santa.negatives.mining.NegativesTable` that carries the
-texts of its negatives. Trainers poll with a zero-timeout ``ray.wait`` between steps and
-swap a newer table in; they never block on the miner (except, optionally, once for the
-first table), and never load the corpus: negatives are looked up in the table.
+publishes a versioned :class:`~santa.negatives.mining.NegativesTable`: each training
+query's negatives as document numbers of the corpus (integers only). Trainers poll with a
+zero-timeout ``ray.wait`` between steps and swap a newer table in; they never block on the
+miner (except, optionally, once for the first table), and read the negatives' texts from
+their node's row file of the pairs (:class:`~santa.negatives.mining.MiningCorpus`).
 
 All workers must agree, at every step, on whether hard negatives are in the batch (the
 all-gather of their embeddings is a collective): each rank offers the newest table step it
@@ -24,6 +25,7 @@ when it comes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -39,10 +41,10 @@ from santa.models.encoding import TextEncoder
 from santa.negatives.encoders import EncoderPool, LocalEncoder
 from santa.negatives.mining import (
     FILTER_REASONS,
+    NO_NEGATIVE,
     FalseNegativeFilter,
     MiningCorpus,
     NegativesTable,
-    load_documents,
     load_mining_corpus,
     mine_hard_negatives,
     positive_scores,
@@ -76,6 +78,27 @@ def index_kind(setting: str, documents: int) -> str:
     return "ivf" if documents >= AUTO_IVF_MIN_DOCUMENTS else "flat"
 
 
+QUERY_BLOCK = 65_536
+"""Queries encoded, searched and mined at once: the refresh holds one block's vectors,
+hits and scores, whatever the number of queries."""
+DOC_BLOCK = 65_536
+"""Documents whose texts are read from the row file and encoded at once."""
+
+
+def _encode_blocks(encoder, count: int, texts_of, max_length: int, cosine: bool) -> np.ndarray:
+    """``count`` texts (``texts_of(numbers)``) encoded block by block into one
+    ``(count, dim)`` float32 array (normalized for cosine)."""
+    vectors: np.ndarray | None = None
+    for start in range(0, count, DOC_BLOCK):
+        block = np.arange(start, min(count, start + DOC_BLOCK))
+        (encoded,) = encoder.encode([(texts_of(block), max_length)])
+        encoded = _unit(encoded) if cosine else np.asarray(encoded, dtype=np.float32)
+        if vectors is None:
+            vectors = np.empty((count, encoded.shape[1]), dtype=np.float32)  # (count, dim)
+        vectors[block] = encoded
+    return vectors if vectors is not None else np.empty((0, 1), dtype=np.float32)
+
+
 def refresh_table(
     model,
     corpus: MiningCorpus,
@@ -85,85 +108,89 @@ def refresh_table(
     version: int = 0,
     encoder=None,
 ) -> NegativesTable:
-    """Encode corpus and queries, search top-K, mine: one table carrying its negatives' texts.
+    """Encode the corpus, then per block of queries encode, search top-K and mine: one table
+    of document numbers of ``corpus``.
 
     How it mines is ``config.negatives`` (including the false-negative filter,
     ``max_score_ratio`` / ``min_margin``, against each query's positive score); lengths and
     seed are ``config.train``'s. Scores are the model's similarity: with cosine the vectors
     are normalized first, as evaluation does. ``encoder`` is an
     :class:`~santa.negatives.encoders.EncoderPool` (the sharded refresh) or anything with its
-    ``encode(jobs)``; without one, ``model`` encodes in this process. The table counts what
-    was filtered, by reason (``table.filtered``).
+    ``encode(jobs)``; without one, ``model`` encodes in this process. Memory: the documents'
+    vectors and the index, one block of queries, and the table's integers; texts are read
+    from the corpus's row file block by block. The table counts what was filtered, by
+    reason (``table.filtered``).
     """
     started = time.perf_counter()
     settings, train = config.negatives, config.train
     if encoder is None:
         encoder = LocalEncoder(TextEncoder(model, num_gpus=None, threads=0), settings.batch_size)
-    doc_ids = list(corpus.documents)
-    query_ids = list(corpus.queries)
-    doc_vectors, query_vectors = encoder.encode(
-        [
-            ([corpus.documents[d] for d in doc_ids], train.max_document_length),
-            ([corpus.queries[q] for q in query_ids], train.max_query_length),
-        ]
+    similarity = model.model_config.similarity if model is not None else config.model.similarity
+    cosine = similarity == "cosine"
+    doc_vectors = _encode_blocks(
+        encoder, corpus.num_docs, corpus.doc_texts, train.max_document_length, cosine
     )
     encoded_s = time.perf_counter() - started
-    similarity = model.model_config.similarity if model is not None else config.model.similarity
-    if similarity == "cosine":
-        doc_vectors, query_vectors = _unit(doc_vectors), _unit(query_vectors)
-    kind = index_kind(settings.index, len(doc_ids))
-    index = EmbeddingIndex.build(doc_vectors, doc_ids, kind=kind)
+    kind = index_kind(settings.index, corpus.num_docs)
+    index = EmbeddingIndex.build(doc_vectors, None, kind=kind)
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
-    extra = settings.skip_top + max((len(p) for p in corpus.positives.values()), default=1)
-    hits, scores = index.search(query_vectors, settings.top_k + extra)
+    depth = settings.top_k + settings.skip_top + corpus.most_positives
     score_filter = FalseNegativeFilter(settings.max_score_ratio, settings.min_margin)
     filtered = dict.fromkeys(FILTER_REASONS, 0)
-    negatives = mine_hard_negatives(
-        query_ids,
-        hits,
-        corpus.positives,
-        n=settings.mined_per_query,
-        seed=train.seed + step,
-        skip_top=settings.skip_top,
-        duplicate_of=corpus.duplicate_of,
-        hit_scores=scores,
-        positive_scores=positive_scores(
+    n = settings.mined_per_query
+    negatives = np.full((corpus.num_queries, n), NO_NEGATIVE, dtype=np.int64)
+    duplicate_of = corpus.duplicate_of
+    for start in range(0, corpus.num_queries, QUERY_BLOCK):
+        block = np.arange(start, min(corpus.num_queries, start + QUERY_BLOCK))
+        encoding = time.perf_counter()
+        (query_vectors,) = encoder.encode([(corpus.query_texts(block), train.max_query_length)])
+        query_vectors = _unit(query_vectors) if cosine else np.asarray(query_vectors, np.float32)
+        encoded_s += time.perf_counter() - encoding
+        rows, scores = index.search_rows(query_vectors, depth)  # (block, depth) each
+        query_ids = corpus.query_ids(block)
+        positives = dict(zip(query_ids, corpus.positive_sets(block).values(), strict=True))
+        hits = [row[row >= 0].tolist() for row in rows]
+        mined = mine_hard_negatives(
             query_ids,
-            query_vectors,
-            corpus.positives,
-            index.positions,
-            doc_vectors,
+            hits,
+            positives,
+            n=n,
+            seed=train.seed + step,
+            skip_top=settings.skip_top,
+            duplicate_of=duplicate_of,
+            hit_scores=scores,
+            positive_scores=positive_scores(query_ids, query_vectors, positives, None, doc_vectors)
+            if score_filter.active
+            else None,
+            score_filter=score_filter,
+            filtered=filtered,
         )
-        if score_filter.active
-        else None,
-        score_filter=score_filter,
-        filtered=filtered,
-    )
-    if score_filter.active and negatives:
-        short = sum(len(ids) < settings.mined_per_query for ids in negatives.values())
-        if short > len(negatives) // 2:
+        for query, query_id in zip(block.tolist(), query_ids, strict=True):
+            chosen = mined[query_id]
+            negatives[query, : len(chosen)] = chosen
+    if score_filter.active and corpus.num_queries:
+        short = int(((negatives != NO_NEGATIVE).sum(axis=1) < n).sum())
+        if short > corpus.num_queries // 2:
             # Trainers fill these with random documents: hard negatives become random ones.
             logger.warning(
                 "the false-negative filter left %d of %d queries with fewer than %d mined "
                 "negative(s) (%d hits scored above %s x the positive): the model ranks most "
                 "positives low; negatives.max_score_ratio=none keeps its hard negatives",
                 short,
-                len(negatives),
-                settings.mined_per_query,
+                corpus.num_queries,
+                n,
                 filtered["score_ratio"] + filtered["score_margin"],
                 settings.max_score_ratio,
             )
-    documents = {doc: corpus.documents[doc] for ids in negatives.values() for doc in ids}
-    table = NegativesTable(
+    return NegativesTable(
         negatives=negatives,
+        corpus_key=corpus.key,
         step=step,
         version=version,
         build_s=time.perf_counter() - started,
-        documents=documents,
         encode_s=encoded_s,
         filtered=filtered,
     )
-    return table
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
@@ -181,10 +208,11 @@ class HardNegativeMiner:
         model_uri: str,
         config: dict,
         encoder_resources: dict[str, float] | None = None,
+        row_cache: str = "",
     ) -> None:
         self.incarnation = uuid.uuid4().hex[:12]
         self.config = SantaConfig.from_dict(config)
-        self.corpus = load_mining_corpus(data_uri)
+        self.corpus = load_mining_corpus(data_uri, row_cache)
         negatives = self.config.negatives
         # The encoders are this actor's children: they die and come back with it.
         self.pool = EncoderPool(
@@ -209,8 +237,8 @@ class HardNegativeMiner:
         logger.info(
             "miner %s up: %d documents, %d queries, %d encoder actor(s)",
             self.incarnation,
-            len(self.corpus.documents),
-            len(self.corpus.queries),
+            self.corpus.num_docs,
+            self.corpus.num_queries,
             len(self.pool.actors),
         )
 
@@ -322,6 +350,7 @@ def start_miner(
     max_restarts: int = 3,
     resources: dict[str, float] | None = None,
     encoder_resources: dict[str, float] | None = None,
+    row_cache: str = "",
 ):
     """Start (or replace) the named miner actor; returns its handle.
 
@@ -341,7 +370,7 @@ def start_miner(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         resources=resources or None,
-    ).remote(data_uri, model_uri, config.to_dict(), encoder_resources or None)
+    ).remote(data_uri, model_uri, config.to_dict(), encoder_resources or None, row_cache)
 
 
 AGREE_EVERY = 10
@@ -351,10 +380,11 @@ AGREE_EVERY = 10
 class NegativesClient:
     """A training worker's side: polls tables, keeps the newest few, fills batches.
 
-    ``source`` is ``"table:URI"`` (one static table) or ``"async"`` (the named miner).
-    Negatives are looked up by id in the table's own ``documents`` (shipped with every
-    table): the worker never loads the corpus. A static table written without texts (older
-    santa) gets the texts of the ids it references, and only those, from ``data_uri``.
+    ``source`` is ``"table:URI"`` (one static table, read by id into this corpus's numbers)
+    or ``"async"`` (the named miner, whose tables carry numbers). The worker reads the
+    negatives' texts and ids from its node's row file of every pair
+    (:class:`~santa.negatives.mining.MiningCorpus`, ``row_cache``): tables carry integers
+    only, and no process holds the corpus's text.
     """
 
     def __init__(
@@ -368,6 +398,7 @@ class NegativesClient:
         world_size: int,
         miner_name: str = "",
         refresh_every: int = 100,
+        row_cache: str = "",
     ) -> None:
         self.source = source
         self.n = n
@@ -376,7 +407,7 @@ class NegativesClient:
         self.world_size = world_size
         self.refresh_every = refresh_every
         self.data_uri = data_uri
-        self._fill_ids: dict[int, list[str]] = {}  # table step → ids random fills come from
+        self._row_cache = row_cache
         self.tables: dict[int, NegativesTable] = {}
         self.stats = {
             "swaps": 0,
@@ -395,18 +426,16 @@ class NegativesClient:
         self._poll = None
         self._miner_name = miner_name
         if source.startswith("table:"):
-            table = read_negatives_table(source.removeprefix("table:"))
-            missing = table.missing_texts()
-            if missing:  # a table written without texts: read those documents only
-                table.documents.update(load_documents(data_uri, missing))
-                if table.missing_texts():
-                    example = sorted(table.missing_texts())[0]
-                    raise ValueError(
-                        f"the negatives table names documents not in {data_uri}: {example!r}"
-                    )
+            table = read_negatives_table(source.removeprefix("table:"), self.corpus)
             self.tables[table.step] = table
         elif source != "async":
             raise ValueError(f"unknown hard-negatives source {source!r}")
+
+    @functools.cached_property
+    def corpus(self) -> MiningCorpus:
+        """The node's row file of every pair, numbered (opened on first need: a static
+        table at once, the miner's first table when it comes)."""
+        return load_mining_corpus(self.data_uri, self._row_cache)
 
     # ------------------------------------------------------------ async plumbing
 
@@ -504,10 +533,14 @@ class NegativesClient:
         if description["step"] <= self.newest_step():
             return False
         table: NegativesTable = ray.get(description["table"][0])
+        if table.corpus_key and table.corpus_key != self.corpus.key:
+            raise ValueError(
+                "the miner's table numbers another corpus than this worker's "
+                f"({table.corpus_key} vs {self.corpus.key})"
+            )
         self.tables[table.step] = table
         for old in sorted(self.tables)[:-KEPT_TABLES]:
             del self.tables[old]
-            self._fill_ids.pop(old, None)
         self.stats["swaps"] += 1
         self.stats["refresh_s"] = table.build_s
         return True
@@ -534,35 +567,47 @@ class NegativesClient:
 
     # ------------------------------------------------------------ batches
 
-    def negatives_for(self, table: NegativesTable, query_ids, doc_ids, step: int) -> list[str]:
-        """The texts of :meth:`negative_ids_for` (``len(query_ids) * n`` texts)."""
-        return [
-            table.documents[doc] for doc in self.negative_ids_for(table, query_ids, doc_ids, step)
-        ]
+    def negatives_of_rows(self, table: NegativesTable, rows, step: int) -> list[int]:
+        """``n`` negatives (document numbers) for each training row of ``rows``, row by row
+        (``len(rows) * n``).
 
-    def negative_ids_for(self, table: NegativesTable, query_ids, doc_ids, step: int) -> list[str]:
-        """``n`` negative ids per query, in query order (``len(query_ids) * n`` ids).
-
-        Missing ones (a query the table does not know, or with fewer than ``n``) are filled
-        with random documents of the table (other negatives) other than the query's own
-        (seeded by step and rank), and counted in ``stats["filled"]``.
+        Missing ones (a query the table does not know, or with fewer than ``n``) are random
+        documents of the corpus other than the row's own, drawn by (seed, step, row), so a
+        row gets the same ones on any number of workers; they are counted in
+        ``stats["filled"]``.
         """
-        rng = np.random.default_rng([self.seed, step, self.rank])
-        fill_ids = self._fill_ids.get(table.step)
-        if fill_ids is None:
-            fill_ids = self._fill_ids[table.step] = sorted(table.documents)
-        ids: list[str] = []
-        for query_id, own in zip(query_ids, doc_ids, strict=True):
-            chosen = list(table.negatives.get(str(query_id), []))[: self.n]
-            while len(chosen) < self.n:
-                if not fill_ids:
-                    raise ValueError("the negatives table has no documents to fill a batch with")
-                candidate = fill_ids[int(rng.integers(len(fill_ids)))]
-                if candidate != own or len(fill_ids) == 1:
-                    chosen.append(candidate)
-                    self.stats["filled"] += 1
-            ids.extend(chosen)
-        return ids
+        rows = np.asarray(rows, dtype=np.int64)
+        queries = self.corpus.query_of_training_row[rows]
+        owns = self.corpus.doc_of_training_row[rows]
+        documents = self.corpus.num_docs
+        chosen: list[int] = []
+        for row, query, own in zip(rows.tolist(), queries.tolist(), owns.tolist(), strict=True):
+            picked = table.of(query)[: self.n]
+            if len(picked) < self.n:
+                if documents < 2:
+                    raise ValueError("the corpus has too few documents to fill a batch with")
+                rng = np.random.default_rng([self.seed, step, row])
+                while len(picked) < self.n:
+                    candidate = int(rng.integers(documents))
+                    if candidate != own:
+                        picked.append(candidate)
+                        self.stats["filled"] += 1
+            chosen.extend(picked)
+        return chosen
+
+    def texts_of(self, table: NegativesTable, docs: list[int]) -> list[str]:
+        """The texts negatives ``docs`` are embedded as."""
+        return self._by_source(table, docs, self.corpus.doc_texts, table.extra_texts)
+
+    def ids_of(self, table: NegativesTable, docs: list[int]) -> list[str]:
+        """The ids of negatives ``docs``."""
+        return self._by_source(table, docs, self.corpus.doc_ids, table.extra_ids)
+
+    @staticmethod
+    def _by_source(table: NegativesTable, docs: list[int], read, extra: list[str]) -> list[str]:
+        inside = [d for d in docs if d >= 0]
+        found = iter(read(inside) if inside else [])
+        return [next(found) if d >= 0 else extra[-2 - d] for d in docs]
 
     def metrics(self, step: int, table: NegativesTable | None) -> dict[str, float]:
         """What the trainer reports about negatives at ``step``."""

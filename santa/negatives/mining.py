@@ -1,33 +1,46 @@
 """Hard-negative mining (ANCE): top-K hits of the current model, minus every positive.
 
-Plain functions and a plain table class: no Ray here (see :mod:`santa.negatives.miner` for
-the actor that runs them while training goes on).
+Plain functions and plain classes: no Ray here (see :mod:`santa.negatives.miner` for the
+actor that runs them while training goes on).
+
+At any size: the corpus (:class:`MiningCorpus`) is the pairs' rows in the node's row file
+(:mod:`santa.train.rows`, every row, judged-only ESCI products included), numbered: its
+distinct documents and training queries are numbers, each with its row, and what mining
+needs of them (positives, near-duplicates) is integer arrays; texts and ids are read from
+the file when they are embedded or written. A table (:class:`NegativesTable`) holds each
+query's negatives as document numbers of the corpus it was mined on; on disk
+(``negatives.parquet``) it is ids (``query_id``, ``negative_ids``), read back into numbers
+of the reader's corpus.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from santa.data.kinds import embedded_document, is_training_row, row_kind
-from santa.data.published import iter_pairs
+from santa.data.kinds import embedded_document, kind_column, training_mask
+from santa.data.published import pair_files
 from santa.method.duplicates import text_key
 from santa.runtime import storage
+from santa.train.rows import RowFile, RowSource, open_rows
 
 __all__ = [
     "FILTER_REASONS",
     "FalseNegativeFilter",
     "MiningCorpus",
     "NegativesTable",
-    "load_documents",
+    "corpus_source",
     "load_mining_corpus",
     "mine_hard_negatives",
     "positive_scores",
@@ -35,6 +48,7 @@ __all__ = [
     "publish_table",
     "published_table",
     "read_negatives_table",
+    "write_id_table",
 ]
 
 TABLE_FILE = "negatives.parquet"
@@ -91,12 +105,12 @@ def mine_hard_negatives(
     n: int,
     seed: int = 0,
     skip_top: int = 0,
-    duplicate_of: Mapping[str, str] | None = None,
+    duplicate_of: Mapping[Any, Any] | np.ndarray | None = None,
     hit_scores: Sequence[Sequence[float]] | np.ndarray | None = None,
     positive_scores: Mapping[str, float] | None = None,
     score_filter: FalseNegativeFilter | None = None,
     filtered: dict[str, int] | None = None,
-) -> dict[str, list[str]]:
+) -> dict[str, list[Any]]:
     """Sample ``n`` negatives per query from its ranked hits.
 
     Every positive of the query is dropped (all of its judged positives, not only the pair it
@@ -121,7 +135,12 @@ def mine_hard_negatives(
         raise ValueError("a score filter needs hit_scores and positive_scores")
     if scoring and len(hit_scores) != len(hit_ids):
         raise ValueError(f"{len(hit_ids)} hit lists but {len(hit_scores)} score lists")
-    canonical = duplicate_of or {}
+    if duplicate_of is None:
+        canonical: Any = {}
+    elif isinstance(duplicate_of, np.ndarray):
+        canonical = _ArrayKeys(duplicate_of)
+    else:
+        canonical = duplicate_of
     counts = dict.fromkeys(FILTER_REASONS, 0)
     mined: dict[str, list[str]] = {}
     for row, (query_id, hits) in enumerate(zip(query_ids, hit_ids, strict=True)):
@@ -158,26 +177,37 @@ def mine_hard_negatives(
     return mined
 
 
+class _ArrayKeys:
+    """``duplicate_of`` as an array of document numbers, read as the mapping mining reads."""
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self.keys = keys
+
+    def get(self, doc: int, default: Any = None) -> int:
+        return int(self.keys[doc])
+
+
 def positive_scores(
-    query_ids: Sequence[str],
+    query_ids: Sequence[Any],
     query_vectors: np.ndarray,
-    positives: Mapping[str, set[str]],
-    doc_rows: Mapping[str, int],
+    positives: Mapping[Any, Any],
+    doc_rows: Mapping[Any, int] | None,
     doc_vectors: np.ndarray,
     block: int = 65_536,
-) -> dict[str, float]:
+) -> dict[Any, float]:
     """Each query's best positive score (inner product, as the index scores hits).
 
     The best of its positives: a hit is a likely false negative when it comes close to any
     of them (an ESCI query's Complements score below its Exact matches; measured against
     the weakest positive, most true negatives would go). Queries without an embedded
-    positive are left out (nothing to filter against).
+    positive are left out (nothing to filter against). ``doc_rows`` maps a document to its
+    row of ``doc_vectors``; None: documents are those rows' numbers.
     """
     pairs = [
-        (row, doc_rows[doc])
+        (row, doc if doc_rows is None else doc_rows[doc])
         for row, query_id in enumerate(query_ids)
         for doc in positives.get(query_id, ())
-        if doc in doc_rows
+        if doc_rows is None or doc in doc_rows
     ]
     if not pairs:
         return {}
@@ -194,35 +224,225 @@ def positive_scores(
     }
 
 
-@dataclass
-class NegativesTable:
-    """One published set of hard negatives: query id → negative document ids.
+# --------------------------------------------------------------------------- the corpus
 
-    ``step`` is the training step of the weights the table was mined with (tables are
-    ordered by it, across miner restarts too); ``version`` counts the tables one miner
-    built; ``build_s`` is the refresh's wall time. ``documents`` maps every negative id to
-    its text (as embedded), so trainers look negatives up without the corpus; it is empty
-    for a table written without texts.
+CORPUS_COLUMNS = (
+    "dataset",
+    "label",
+    "query_id",
+    "query",
+    "doc_id",
+    "title",
+    "document",
+    "mep_target",
+)
+_TEXT_BLOCK = 65_536  # rows whose texts are read (and hashed, encoded) at once
+
+
+def corpus_source(data_uri: str) -> RowSource:
+    """Every pair row of the preprocess output ``data_uri`` (judged-only products too): what
+    mining and the trainers' hard negatives read, as a row file."""
+    return RowSource(
+        files=tuple(pair_files(data_uri)),
+        columns=CORPUS_COLUMNS,
+        optional=("kind",),
+        filter_name="all_pairs",
+    )
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Each row's number among the distinct values of ``column`` (numbered in order of first
+    appearance) and those values."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column.cast(pa.string()))
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return codes, encoded.dictionary
+
+
+class MiningCorpus:
+    """What mining needs of the pairs: the node's row file of every pair row, numbered.
+
+    - documents: the distinct ``doc_id`` values, numbered in order of first appearance;
+      ``doc_rows[d]`` is document ``d``'s first row (its text: :meth:`doc_texts`, embedded
+      as training embeds it, title + text for ESCI judgments);
+    - queries: the training queries (those with a training row, an Exact judgment for
+      ESCI), numbered in order of first appearance; ``query_rows[q]`` is its first
+      training row;
+    - :attr:`query_of_training_row` / :attr:`doc_of_training_row`: the query and document of
+      each row of the *training* row file (``santa.train.data.pairs_source``: the training
+      rows, in the same order), which is what a trainer's batch rows are numbered by;
+    - :meth:`positives`: each query's judged positives (every row of it with a label of
+      :data:`POSITIVE_MIN_LABEL` or more, or none: code pairs);
+    - :attr:`duplicate_of`: each document's first document with the same normalized text
+      (near-duplicates, :func:`santa.method.duplicates.text_key`), computed on first use.
+
+    Memory: a few integer arrays (tens of bytes a row) and the mapped file, whatever the
+    size; no text is held.
     """
 
-    negatives: dict[str, list[str]]
+    def __init__(self, rows: RowFile) -> None:
+        self.rows = rows
+        table = rows.columns(["dataset", "label", "query_id", "doc_id", "mep_target", "kind"])
+        doc_codes, _ = _codes(table.column("doc_id"))
+        query_codes, query_values = _codes(table.column("query_id"))
+        _, self.doc_rows = np.unique(doc_codes, return_index=True)  # codes follow first rows
+        train_rows = np.flatnonzero(training_mask(table))
+        # Training queries, numbered by first training row.
+        codes_first, first_rows = np.unique(query_codes[train_rows], return_index=True)
+        order = np.argsort(first_rows, kind="stable")
+        number_of_code = np.full(len(query_values), -1, dtype=np.int64)
+        number_of_code[codes_first[order]] = np.arange(len(order))
+        self.query_rows = train_rows[first_rows[order]]
+        self.training_rows = train_rows
+        """Each training row's row in this file (the training row file is these rows)."""
+        self.query_of_training_row = number_of_code[query_codes[train_rows]]
+        self.doc_of_training_row = doc_codes[train_rows]
+        # Positives: (query, document) of each row with a positive label of a training query.
+        labels = table.column("label").combine_chunks()
+        positive = pc.fill_null(pc.greater_equal(labels, POSITIVE_MIN_LABEL), True)
+        positive_rows = np.flatnonzero(np.asarray(positive.to_numpy(zero_copy_only=False)))
+        queries = number_of_code[query_codes[positive_rows]]
+        kept = queries >= 0
+        pairs = np.unique(
+            np.stack([queries[kept], doc_codes[positive_rows][kept]], axis=1), axis=0
+        ).reshape(-1, 2)  # (pairs, 2), sorted by query
+        self._positive_docs = pairs[:, 1].copy()
+        counts = np.bincount(pairs[:, 0], minlength=len(self.query_rows))
+        self._positive_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.key = os.path.basename(rows.path)
+        """The row file's name: which data version (and so which numbering) this is."""
+
+    @classmethod
+    def load(cls, data_uri: str, cache_dir: str = "") -> MiningCorpus:
+        """The corpus of the preprocess output ``data_uri`` (its row file on this node,
+        built on first use)."""
+        return cls(open_rows(corpus_source(data_uri), cache_dir))
+
+    @property
+    def most_positives(self) -> int:
+        """The most positives any query has (at least 1)."""
+        return int(np.diff(self._positive_offsets).max(initial=1))
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_rows)
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.query_rows)
+
+    def positives(self, query: int) -> np.ndarray:
+        """Query ``query``'s positive documents (numbers)."""
+        return self._positive_docs[
+            self._positive_offsets[query] : self._positive_offsets[query + 1]
+        ]
+
+    def positive_sets(self, queries: Sequence[int]) -> dict[int, set[int]]:
+        """``{query: its positives}`` for ``queries`` (a block's, as mining reads them)."""
+        return {int(q): set(self.positives(int(q)).tolist()) for q in queries}
+
+    def doc_ids(self, docs: Sequence[int] | np.ndarray) -> list[str]:
+        """The ids of documents ``docs`` (read from the row file)."""
+        rows = self.doc_rows[np.asarray(docs, dtype=np.int64)]
+        return self.rows.take(rows).column("doc_id").to_pylist()
+
+    def query_ids(self, queries: Sequence[int] | np.ndarray) -> list[str]:
+        """The ids of queries ``queries`` (read from the row file)."""
+        rows = self.query_rows[np.asarray(queries, dtype=np.int64)]
+        return self.rows.take(rows).column("query_id").to_pylist()
+
+    def doc_texts(self, docs: Sequence[int] | np.ndarray) -> list[str]:
+        """What documents ``docs`` are embedded as (read from the row file)."""
+        taken = self.rows.take(self.doc_rows[np.asarray(docs, dtype=np.int64)])
+        return [
+            embedded_document(kind, title or "", document or "")
+            for kind, title, document in zip(
+                kind_column(taken).to_pylist(),
+                taken.column("title").to_pylist(),
+                taken.column("document").to_pylist(),
+                strict=True,
+            )
+        ]
+
+    def query_texts(self, queries: Sequence[int] | np.ndarray) -> list[str]:
+        """The texts of queries ``queries``."""
+        rows = self.query_rows[np.asarray(queries, dtype=np.int64)]
+        return self.rows.take(rows).column("query").to_pylist()
+
+    def _numbers(self, ids: Any, column: str, first_rows: np.ndarray) -> np.ndarray:
+        """The numbers of ``ids`` among ``column``'s values at ``first_rows`` (-1: absent):
+        one hash lookup over the corpus's ids, built for the call and dropped."""
+        values = self.rows.columns([column]).column(column).combine_chunks()
+        values = values.take(pa.array(first_rows))
+        found = pc.index_in(pa.array(ids, pa.string()), value_set=values)
+        return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), np.int64)
+
+    def doc_numbers(self, ids: pa.Array | Sequence[str]) -> np.ndarray:
+        """The numbers of documents named ``ids`` (-1 where not in the corpus)."""
+        return self._numbers(ids, "doc_id", self.doc_rows)
+
+    def query_numbers(self, ids: pa.Array | Sequence[str]) -> np.ndarray:
+        """The numbers of training queries named ``ids`` (-1 where none)."""
+        return self._numbers(ids, "query_id", self.query_rows)
+
+    @functools.cached_property
+    def duplicate_of(self) -> np.ndarray:
+        """Each document's first document with the same normalized text ``(docs,)``."""
+        keys = np.empty(self.num_docs, dtype=np.int64)
+        for start in range(0, self.num_docs, _TEXT_BLOCK):
+            block = np.arange(start, min(self.num_docs, start + _TEXT_BLOCK))
+            keys[block] = [text_key(text) for text in self.doc_texts(block)]
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return first[inverse]
+
+
+def load_mining_corpus(data_uri: str, cache_dir: str = "") -> MiningCorpus:
+    """The corpus of the preprocess output ``data_uri`` (:meth:`MiningCorpus.load`)."""
+    return MiningCorpus.load(data_uri, cache_dir)
+
+
+# --------------------------------------------------------------------------- the table
+
+NO_NEGATIVE = -1
+"""A table's padding where a query has fewer than ``n`` negatives."""
+
+
+@dataclass
+class NegativesTable:
+    """One published set of hard negatives: each training query's negative documents.
+
+    ``negatives`` ``(queries, n)`` int64 holds document numbers of the corpus it was mined
+    on (``corpus_key``), :data:`NO_NEGATIVE` where a query has fewer; a document that is
+    not in the corpus (a user's own negatives file) is ``-2 - k`` with its text in
+    ``extra_texts[k]``. ``step`` is the training step of the weights it was mined with
+    (tables are ordered by it, across miner restarts too); ``version`` counts the tables
+    one miner built; ``build_s`` is the refresh's wall time.
+    """
+
+    negatives: np.ndarray
+    corpus_key: str = ""
     step: int = 0
     version: int = 0
     built_at: float = field(default_factory=time.time)
     build_s: float = 0.0
-    documents: dict[str, str] = field(default_factory=dict)
     encode_s: float = 0.0
     """The part of ``build_s`` spent encoding the corpus and the queries."""
     filtered: dict[str, int] = field(default_factory=dict)
     """Hits dropped while mining, by reason (:data:`FILTER_REASONS`)."""
+    extra_texts: list[str] = field(default_factory=list)
+    extra_ids: list[str] = field(default_factory=list)
 
-    def referenced_ids(self) -> set[str]:
-        """Every document id some query's negatives name."""
-        return {doc for negatives in self.negatives.values() for doc in negatives}
+    @property
+    def queries_with_negatives(self) -> int:
+        """Queries the table names at least one negative for."""
+        return int((self.negatives != NO_NEGATIVE).any(axis=1).sum()) if self.negatives.size else 0
 
-    def missing_texts(self) -> set[str]:
-        """Referenced ids whose text the table does not carry."""
-        return self.referenced_ids() - self.documents.keys()
+    def of(self, query: int) -> list[int]:
+        """Query ``query``'s negatives (numbers, in rank order)."""
+        if query < 0 or query >= len(self.negatives):
+            return []
+        return [int(d) for d in self.negatives[query] if d != NO_NEGATIVE]
 
     def metadata(self) -> dict[str, str]:
         """What goes into the Parquet file's key-value metadata."""
@@ -235,35 +455,65 @@ class NegativesTable:
             "santa.filtered": json.dumps(self.filtered, sort_keys=True),
         }
 
-    def to_arrow(self) -> pa.Table:
-        """The table as Arrow, with its provenance in the schema metadata."""
-        columns = {"query_id": list(self.negatives), "negative_ids": list(self.negatives.values())}
+    def to_arrow(self, corpus: MiningCorpus) -> pa.Table:
+        """The table by ids (``query_id``, ``negative_ids``, and ``negative_texts`` for
+        negatives not in the corpus), its provenance in the schema metadata."""
+        named = np.flatnonzero((self.negatives != NO_NEGATIVE).any(axis=1))
+        query_ids = corpus.query_ids(named)
+        negative_ids = []
+        texts = []
+        for query in named.tolist():
+            docs = self.of(query)
+            inside = [d for d in docs if d >= 0]
+            ids = dict(zip(inside, corpus.doc_ids(inside), strict=True)) if inside else {}
+            negative_ids.append([ids[d] if d >= 0 else self.extra_ids[-2 - d] for d in docs])
+            texts.append([None if d >= 0 else self.extra_texts[-2 - d] for d in docs])
+        columns: dict[str, Any] = {"query_id": query_ids, "negative_ids": negative_ids}
         schema = NEGATIVES_SCHEMA
-        if self.documents and not self.missing_texts():
-            columns["negative_texts"] = [
-                [self.documents[doc] for doc in ids] for ids in self.negatives.values()
-            ]
+        if self.extra_texts:
+            columns["negative_texts"] = texts
             schema = schema.append(TEXTS_FIELD)
-        table = pa.table(columns, schema=schema)
-        return table.replace_schema_metadata(self.metadata())
+        return pa.table(columns, schema=schema).replace_schema_metadata(self.metadata())
 
-    def write_parquet(self, uri: str) -> str:
+    def write_parquet(self, uri: str, corpus: MiningCorpus) -> str:
         """Write ``negatives.parquet`` under ``uri`` (local or s3://); returns its URI."""
-        target = storage.join(uri, TABLE_FILE)
-        sink = pa.BufferOutputStream()
-        pq.write_table(self.to_arrow(), sink)
-        storage.write_bytes(target, sink.getvalue().to_pybytes())
-        return target
+        return _write_arrow(self.to_arrow(corpus), uri)
 
 
-def publish_table(table: NegativesTable, uri: str) -> str:
+def _write_arrow(table: pa.Table, uri: str) -> str:
+    target = storage.join(uri, TABLE_FILE)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes(target, sink.getvalue().to_pybytes())
+    return target
+
+
+def write_id_table(
+    negatives: Mapping[str, Sequence[str]], documents: Mapping[str, str] | None, uri: str
+) -> str:
+    """A table of ids written from mappings (``query_id`` → negative ids, id → text): a
+    user's own negatives (``ray_jobs.preprocess --dataset pairs``), whose documents need
+    not be in the corpus, so their texts go with them (``documents`` None: ids only, every
+    one in the corpus the table is read with). Returns the file's URI."""
+    columns: dict[str, Any] = {
+        "query_id": list(negatives),
+        "negative_ids": [list(ids) for ids in negatives.values()],
+    }
+    schema = NEGATIVES_SCHEMA
+    if documents is not None:
+        columns["negative_texts"] = [[documents[d] for d in ids] for ids in negatives.values()]
+        schema = schema.append(TEXTS_FIELD)
+    return _write_arrow(pa.table(columns, schema=schema), uri)
+
+
+def publish_table(table: NegativesTable, uri: str, corpus: MiningCorpus) -> str:
     """Write ``table`` as the output folder ``uri``, published whole (a staged folder
     renamed in, or on S3 a prefix named by the manifest); returns the table's URI."""
     from santa.data.outputs import published_root, staged_output
 
     with staged_output(uri, tool="mine_negatives") as staged:
-        table.write_parquet(staged.staging)
-        staged.publish({"queries": len(table.negatives), "step": table.step})
+        table.write_parquet(staged.staging, corpus)
+        staged.publish({"queries": table.queries_with_negatives, "step": table.step})
     return storage.join(published_root(uri), TABLE_FILE)
 
 
@@ -276,105 +526,83 @@ def published_table(uri: str) -> str | None:
     return target if storage.exists(target) else None
 
 
-def read_negatives_table(uri: str) -> NegativesTable:
-    """Read a table :meth:`NegativesTable.write_parquet` wrote (the folder or the file)."""
+def table_file(uri: str) -> str:
+    """The ``negatives.parquet`` of ``uri`` (the file itself, or a published folder's)."""
     if uri.endswith(".parquet"):
-        target = uri
-    else:
-        from santa.data.outputs import published_root
+        return uri
+    from santa.data.outputs import published_root
 
-        target = storage.join(published_root(uri), TABLE_FILE)
+    return storage.join(published_root(uri), TABLE_FILE)
+
+
+def read_id_table(uri: str) -> pa.Table:
+    """A table's Parquet as written (ids), checked: one line naming what is wrong."""
+    target = table_file(uri)
     if not storage.exists(target):
         raise FileNotFoundError(f"no hard-negatives table at {target}")
     filesystem, path = storage.resolve(target)
-    table = pq.read_table(path, filesystem=filesystem)
+    table = storage.classified(lambda: pq.read_table(path, filesystem=filesystem), target, "read")
     missing = {"query_id", "negative_ids"} - set(table.column_names)
     if missing:
         raise ValueError(f"{target} is not a hard-negatives table: no column(s) {sorted(missing)}")
+    return table
+
+
+def read_negatives_table(uri: str, corpus: MiningCorpus) -> NegativesTable:
+    """Read a table :meth:`NegativesTable.write_parquet` (or :func:`write_id_table`) wrote,
+    the folder or the file, as numbers of ``corpus``: its queries and negatives by id
+    (vectorized lookups, no per-row Python). A negative not in the corpus must come with its
+    text (``negative_texts``); one without is an error naming it."""
+    table = read_id_table(uri)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    columns = table.to_pydict()
-    documents: dict[str, str] = {}
-    for ids, texts in zip(columns["negative_ids"], columns.get("negative_texts", []), strict=False):
-        documents.update(zip(ids, texts, strict=True))
+    queries = corpus.query_numbers(table.column("query_id").combine_chunks())
+    lists = table.column("negative_ids").combine_chunks()
+    flat_ids = pc.list_flatten(lists)
+    docs = corpus.doc_numbers(flat_ids)
+    lengths = np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False), np.int64)
+    extra_texts: list[str] = []
+    extra_ids: list[str] = []
+    outside = np.flatnonzero(docs < 0)
+    if len(outside):
+        if "negative_texts" not in table.column_names:
+            name = flat_ids[int(outside[0])].as_py()
+            raise ValueError(
+                f"the negatives table {table_file(uri)} names documents not in the corpus: {name!r}"
+            )
+        texts = pc.list_flatten(table.column("negative_texts").combine_chunks())
+        ids = flat_ids.take(pa.array(outside)).to_pylist()
+        numbered: dict[str, int] = {}
+        for position, doc_id in zip(outside.tolist(), ids, strict=True):
+            if doc_id not in numbered:
+                numbered[doc_id] = len(extra_ids)
+                extra_ids.append(doc_id)
+                extra_texts.append(texts[position].as_py())
+            docs[position] = -2 - numbered[doc_id]
+    width = int(lengths.max(initial=0))
+    negatives = np.full((corpus.num_queries, width), NO_NEGATIVE, dtype=np.int64)
+    # Each flat negative's table row and place in its list, scattered at once.
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    place = np.arange(len(docs)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    known = queries[row_of] >= 0
+    negatives[queries[row_of][known], place[known]] = docs[known]
     return NegativesTable(
-        negatives=dict(zip(columns["query_id"], columns["negative_ids"], strict=True)),
+        negatives=negatives,
+        corpus_key=corpus.key,
         step=int(meta.get("santa.step", 0)),
         version=int(meta.get("santa.version", 0)),
         built_at=float(meta.get("santa.built_at", 0.0)),
         build_s=float(meta.get("santa.build_s", 0.0)),
-        documents=documents,
         encode_s=float(meta.get("santa.encode_s", 0.0)),
         filtered=json.loads(meta.get("santa.filtered", "{}")),
+        extra_texts=extra_texts,
+        extra_ids=extra_ids,
     )
 
 
 def read_filtered_counts(uri: str) -> dict[str, int]:
     """What mining dropped for a table, by reason (its Parquet metadata only); ``{}`` for
     a table written before santa counted it."""
-    target = uri if uri.endswith(".parquet") else storage.join(uri, "negatives.parquet")
+    target = table_file(uri)
     filesystem, path = storage.resolve(target)
     metadata = pq.read_schema(path, filesystem=filesystem).metadata or {}
     return json.loads(metadata.get(b"santa.filtered", b"{}").decode())
-
-
-@dataclass
-class MiningCorpus:
-    """What mining needs from the preprocessed pairs.
-
-    ``documents``: every document (doc id → text, judged-only ESCI products included);
-    ``queries``: the training queries (query id → text); ``positives``: query id → ids of
-    its positive documents; ``duplicate_of``: doc id → the first doc id with the same text
-    after normalization (case, whitespace, Unicode form: near-duplicates).
-    """
-
-    documents: dict[str, str]
-    queries: dict[str, str]
-    positives: dict[str, set[str]]
-    duplicate_of: dict[str, str]
-
-
-CORPUS_COLUMNS = ["dataset", "query_id", "query", "doc_id", "title", "document", "label"]
-
-
-def _corpus_rows(data_uri: str, doc_ids: set[str] | None = None):
-    """Yield ``(kind, query_id, query, doc_id, embedded document, label)`` per pair row,
-    only the rows of ``doc_ids`` when given (filtered while reading)."""
-    wanted = None if doc_ids is None else pc.field("doc_id").isin(sorted(doc_ids))
-    columns = [*CORPUS_COLUMNS, "mep_target"]
-    for table in iter_pairs(data_uri, columns, optional=["kind"], filters=wanted):
-        rows = table.to_pydict()
-        kinds = rows.pop("kind", [None] * len(rows["query_id"]))
-        targets = rows.pop("mep_target")
-        for kind, target, dataset, query_id, query, doc_id, title, document, label in zip(
-            kinds, targets, *rows.values(), strict=True
-        ):
-            kind = row_kind(kind, dataset, target)
-            # Mined against what training embeds (title + text for ESCI judgments).
-            yield kind, query_id, query, doc_id, embedded_document(kind, title, document), label
-
-
-def load_documents(data_uri: str, doc_ids: set[str]) -> dict[str, str]:
-    """The embedded texts of ``doc_ids`` only (for a table written without its texts)."""
-    documents: dict[str, str] = {}
-    if doc_ids:
-        for _, _, _, doc_id, document, _ in _corpus_rows(data_uri, set(doc_ids)):
-            documents.setdefault(doc_id, document)
-    return documents
-
-
-def load_mining_corpus(data_uri: str) -> MiningCorpus:
-    """Read the pairs under ``data_uri/data`` (the preprocess job's output)."""
-    documents: dict[str, str] = {}
-    queries: dict[str, str] = {}
-    positives: dict[str, set[str]] = {}
-    first_with_text: dict[int, str] = {}  # normalized text's key → the first doc id
-    duplicate_of: dict[str, str] = {}
-    for kind, query_id, query, doc_id, document, label in _corpus_rows(data_uri):
-        if doc_id not in documents:
-            documents[doc_id] = document
-            duplicate_of[doc_id] = first_with_text.setdefault(text_key(document), doc_id)
-        if label is None or label >= POSITIVE_MIN_LABEL:
-            positives.setdefault(query_id, set()).add(doc_id)
-        if is_training_row(kind, label):
-            queries.setdefault(query_id, query)
-    return MiningCorpus(documents, queries, positives, duplicate_of)

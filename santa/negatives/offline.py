@@ -26,7 +26,7 @@ def mine_negatives(
     negatives = config.negatives
     print(
         f"[{label}] mining {negatives.mined_per_query} negative(s) per query for "
-        f"{len(corpus.queries):,} queries among {len(corpus.documents):,} documents "
+        f"{corpus.num_queries:,} queries among {corpus.num_docs:,} documents "
         f"(top {negatives.top_k}) with {model_uri}",
         flush=True,
     )
@@ -49,4 +49,4 @@ def mine_negatives(
             encoder.shutdown()
     from santa.negatives.mining import publish_table
 
-    return publish_table(table, output)
+    return publish_table(table, output, corpus)

@@ -236,19 +236,20 @@ def run_iteration(
     seconds["mine_s"] = time.time() - clock
 
     clock = time.time()
-    corpus, table = load_mining_corpus(data), read_negatives_table(table_uri)
+    corpus = load_mining_corpus(data)
+    table = read_negatives_table(table_uri, corpus)
     common = {"n": config.negatives.per_query, "heldout_fraction": scoder.heldout_fraction}
     seed = train.seed * 1000 + 10 * iteration
-    examples = {
-        "discriminators": build_listwise_rows(
-            data, corpus, table, seed=seed, include="train", **common
+    counts = {
+        "discriminators": write_listwise(
+            build_listwise_rows(corpus, table, seed=seed, include="train", **common),
+            folder.examples("discriminators"),
         ),
-        "dual_encoder": build_listwise_rows(data, corpus, table, seed=seed + 1, **common),
+        "dual_encoder": write_listwise(
+            build_listwise_rows(corpus, table, seed=seed + 1, **common),
+            folder.examples("dual_encoder"),
+        ),
     }
-    counts = {name: len(rows) for name, rows in examples.items()}
-    for name, rows in examples.items():
-        write_listwise(rows, folder.examples(name))
-    del examples
     seconds["examples_s"] = time.time() - clock
 
     def steps(given: int | None, rows: int) -> int:
@@ -310,7 +311,7 @@ def run_iteration(
     metrics: dict[str, Any] = {
         "iteration": iteration,
         "examples": counts["dual_encoder"],
-        "negatives_mined": len(table.negatives),
+        "negatives_mined": table.queries_with_negatives,
         "discriminator_loss": trained.get("loss"),
         "discriminator_train_accuracy": trained.get("accuracy"),
         **summary,

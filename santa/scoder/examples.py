@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.kinds import kind_column, training_mask
 from santa.data.published import iter_pairs, parquet_dataset, read_parquet
 from santa.negatives.mining import MiningCorpus, NegativesTable
 from santa.runtime import storage
@@ -43,18 +45,7 @@ def is_heldout(query_id: str, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
-def _pair_rows(data_uri: str):
-    """The training pairs under ``data_uri/data``: (query id, query, doc id, kind) rows."""
-    columns = ["dataset", "query_id", "query", "doc_id", "label", "mep_target"]
-    for table in iter_pairs(data_uri, columns, optional=["kind"]):
-        for row in table.to_pylist():
-            kind = row_kind(row.get("kind"), row["dataset"], row["mep_target"])
-            if is_training_row(kind, row["label"]):
-                yield row["query_id"], row["query"], row["doc_id"], kind
-
-
 def build_listwise_rows(
-    data_uri: str,
     corpus: MiningCorpus,
     table: NegativesTable,
     *,
@@ -62,56 +53,82 @@ def build_listwise_rows(
     seed: int,
     heldout_fraction: float,
     include: str = "all",
-) -> list[dict[str, Any]]:
-    """One listwise row per training pair (``include``: ``all``, ``train`` = not held out).
+    block: int = 8192,
+) -> Iterator[dict[str, Any]]:
+    """One listwise row per training pair (``include``: ``all``, ``train`` = not held out),
+    in the pairs' order, streamed (``block`` pairs read at a time).
 
     The ``n`` negatives are a seeded sample of the pair's mined pool (the paper samples
-    X⁻ from the top K); a short pool is topped up with random other documents.
+    X⁻ from the top K); a short pool is topped up with random other documents (not a
+    positive of the query).
     """
     if include not in ("all", "train"):
         raise ValueError(f"include must be 'all' or 'train', got {include!r}")
-    doc_ids = list(corpus.documents)
-    rows = []
-    for query_id, query, doc_id, kind in _pair_rows(data_uri):
-        heldout = is_heldout(query_id, heldout_fraction)
-        if heldout and include == "train":
-            continue
-        rng = random.Random(f"{seed}:{query_id}:{doc_id}")
-        pool = list(table.negatives.get(query_id, []))
-        negatives = rng.sample(pool, min(n, len(pool)))
-        positives = corpus.positives.get(query_id, {doc_id})
-        while len(negatives) < n and len(doc_ids) > len(positives):
-            candidate = doc_ids[rng.randrange(len(doc_ids))]
-            if candidate not in positives and candidate not in negatives:
-                negatives.append(candidate)
-        if len(negatives) < n:
-            raise ValueError(f"the corpus has too few documents for {n} negatives per query")
-        positive = embedded_document(kind, "", corpus.documents[doc_id])
-        rows.append(
-            {
-                "query_id": query_id,
-                "kind": discriminator_kind(kind),
-                "query": query,
-                "candidates": [positive, *(corpus.documents[d] for d in negatives)],
-                "heldout": heldout,
+    documents = corpus.num_docs
+    training = len(corpus.training_rows)
+    for start in range(0, training, block):
+        part = np.arange(start, min(training, start + block))
+        taken = corpus.rows.take(corpus.training_rows[part])
+        kinds = kind_column(taken).to_pylist()
+        query_ids = taken.column("query_id").to_pylist()
+        queries = taken.column("query").to_pylist()
+        doc_ids = taken.column("doc_id").to_pylist()
+        chosen: list[list[int]] = []
+        kept: list[int] = []
+        for offset, (query_id, doc_id) in enumerate(zip(query_ids, doc_ids, strict=True)):
+            heldout = is_heldout(query_id, heldout_fraction)
+            if heldout and include == "train":
+                continue
+            query = int(corpus.query_of_training_row[start + offset])
+            rng = random.Random(f"{seed}:{query_id}:{doc_id}")
+            pool = table.of(query)
+            negatives = rng.sample(pool, min(n, len(pool)))
+            positives = set(corpus.positives(query).tolist())
+            while len(negatives) < n and documents > len(positives):
+                candidate = rng.randrange(documents)
+                if candidate not in positives and candidate not in negatives:
+                    negatives.append(candidate)
+            if len(negatives) < n:
+                raise ValueError(f"the corpus has too few documents for {n} negatives per query")
+            own = int(corpus.doc_of_training_row[start + offset])
+            chosen.append([own, *negatives])
+            kept.append(offset)
+        texts = iter(corpus.doc_texts([d for docs in chosen for d in docs]))
+        for offset, docs in zip(kept, chosen, strict=True):
+            yield {
+                "query_id": query_ids[offset],
+                "kind": discriminator_kind(kinds[offset]),
+                "query": queries[offset],
+                "candidates": [next(texts) for _ in docs],  # the positive first
+                "heldout": is_heldout(query_ids[offset], heldout_fraction),
             }
-        )
-    return rows
 
 
-def write_listwise(rows: list[dict[str, Any]], uri: str) -> str:
-    """Write listwise rows as Parquet shards under ``uri/data``; returns ``uri``."""
-    if not rows:
-        raise ValueError(f"no listwise examples to write to {uri}")
+def write_listwise(rows: Iterable[dict[str, Any]], uri: str) -> int:
+    """Write listwise rows as Parquet shards of :data:`ROWS_PER_FILE` under ``uri/data``
+    (streamed: one shard's rows in memory); returns how many were written."""
     storage.delete_dir(storage.join(uri, "data"))
-    for part, start in enumerate(range(0, len(rows), ROWS_PER_FILE)):
-        table = pa.Table.from_pylist(rows[start : start + ROWS_PER_FILE], schema=LISTWISE_SCHEMA)
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        storage.write_bytes(
-            storage.join(uri, "data", f"part-{part:05d}.parquet"), sink.getvalue().to_pybytes()
-        )
-    return uri
+    written, part, shard = 0, 0, []
+    for row in rows:
+        shard.append(row)
+        if len(shard) == ROWS_PER_FILE:
+            _write_shard(shard, uri, part)
+            written, part, shard = written + len(shard), part + 1, []
+    if shard:
+        _write_shard(shard, uri, part)
+        written += len(shard)
+    if not written:
+        raise ValueError(f"no listwise examples to write to {uri}")
+    return written
+
+
+def _write_shard(rows: list[dict[str, Any]], uri: str, part: int) -> None:
+    table = pa.Table.from_pylist(rows, schema=LISTWISE_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes(
+        storage.join(uri, "data", f"part-{part:05d}.parquet"), sink.getvalue().to_pybytes()
+    )
 
 
 def read_listwise(uri: str) -> pa.Table:
@@ -126,5 +143,9 @@ def read_listwise_dataset(uri: str):
 
 
 def pair_kinds(data_uri: str) -> set[str]:
-    """The pair kinds of the training pairs under ``data_uri``."""
-    return {kind for _, _, _, kind in _pair_rows(data_uri)}
+    """The pair kinds of the training pairs under ``data_uri`` (its columns, not its text)."""
+    kinds: set[str] = set()
+    for table in iter_pairs(data_uri, ["dataset", "label", "mep_target"], optional=["kind"]):
+        trains = training_mask(table)
+        kinds.update(kind_column(table).filter(pa.array(trains)).unique().to_pylist())
+    return kinds

@@ -64,7 +64,8 @@ def _torch_cuda() -> bool:
 
 
 class EmbeddingIndex:
-    """Inner-product nearest neighbours over float32 vectors, addressed by string ids."""
+    """Inner-product nearest neighbours over float32 vectors, addressed by string ids, or by
+    row only (``ids=None``: mining numbers its documents itself and keeps no id table)."""
 
     def __init__(
         self,
@@ -94,6 +95,8 @@ class EmbeddingIndex:
         self._ids: list[str] = []
         self._id_array: np.ndarray | None = None  # self._ids as an object array, built lazily
         self._positions: dict[str, int] = {}  # id → row, also what keeps ids unique
+        self._size = 0
+        self._named: bool | None = None  # rows named by ids, or numbered only
         self._index = None  # built on the first add (IVF needs the data to train)
         self._gpu_resources = None
 
@@ -116,17 +119,30 @@ class EmbeddingIndex:
 
     @classmethod
     def build(
-        cls, embeddings: np.ndarray, ids: Sequence[str], kind: str = "flat", **kw
+        cls, embeddings: np.ndarray, ids: Sequence[str] | None, kind: str = "flat", **kw
     ) -> EmbeddingIndex:
-        """An index of ``kind`` holding ``embeddings`` ``(n, dim)`` under ``ids``."""
+        """An index of ``kind`` holding ``embeddings`` ``(n, dim)`` under ``ids`` (None:
+        rows only, searched with :meth:`search_rows`)."""
         embeddings = _check_matrix(embeddings, "embeddings")
         index = cls(embeddings.shape[1], kind, **kw)
         index.add(embeddings, ids)
         return index
 
-    def add(self, embeddings: np.ndarray, ids: Sequence[str]) -> None:
-        """Add ``embeddings`` ``(n, dim)`` float32 under string ``ids`` (unique overall)."""
+    def add(self, embeddings: np.ndarray, ids: Sequence[str] | None) -> None:
+        """Add ``embeddings`` ``(n, dim)`` float32 under string ``ids`` (unique overall), or
+        numbered only (``ids=None``, every add alike)."""
         embeddings = _check_matrix(embeddings, "embeddings", self.dim)
+        if self._named is None:
+            self._named = ids is not None
+        elif self._named != (ids is not None):
+            raise ValueError("an index is named by ids or numbered only, not both")
+        if ids is None:
+            if embeddings.shape[0]:
+                if self._index is None:
+                    self._index = self._new_index(embeddings)
+                self._index.add(embeddings)
+                self._size += embeddings.shape[0]
+            return
         if isinstance(ids, str | bytes):
             raise ValueError("ids must be a sequence of strings, not one string")
         ids = list(ids)
@@ -145,6 +161,7 @@ class EmbeddingIndex:
             self._index = self._new_index(embeddings)
         self._index.add(embeddings)
         self._ids.extend(ids)
+        self._size += len(ids)
         self._id_array = None
         if self._positions:
             self._positions.update(new)
@@ -174,7 +191,7 @@ class EmbeddingIndex:
     # ----------------------------------------------------------------- searching
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return self._size
 
     @property
     def ids(self) -> list[str]:
@@ -193,6 +210,8 @@ class EmbeddingIndex:
         index can return fewer than ``k'`` hits for a query (IVF probing cells with too few
         vectors): its id list is then shorter and the missing scores are ``-inf``.
         """
+        if self._named is False:
+            raise ValueError("a numbered index has no ids: use search_rows")
         rows, scores = self.search_rows(queries, k)
         if self._id_array is None:
             self._id_array = np.array(self._ids, dtype=object)  # (n,) for vectorised lookup
@@ -265,6 +284,7 @@ class EmbeddingIndex:
             loaded = faiss.index_cpu_to_gpu(index._gpu_resources, 0, loaded)
         index._index = loaded
         index._ids = ids
+        index._size, index._named = len(ids), True
         index._positions = dict(zip(ids, range(len(ids)), strict=True))
         if len(index._positions) != len(ids):
             raise ValueError("duplicate ids: every id must be unique")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from santa.data.kinds import embedded_document, is_training_row, row_kind
+from santa.data.kinds import embedded_document, is_training_row, row_kind, training_mask
 from santa.data.published import pair_files
 from santa.runtime import storage
 from santa.train.rows import RowSource
@@ -233,14 +233,7 @@ def pair_kinds(batch: pa.Table | pa.RecordBatch) -> list[str]:
 def training_pair_mask(batch: pa.RecordBatch) -> np.ndarray:
     """Which pair rows train (:func:`santa.data.kinds.is_training_row`): all but ESCI's
     non-Exact judgments."""
-    labels = batch.column("label").to_pylist()
-    return np.array(
-        [
-            is_training_row(kind, label)
-            for kind, label in zip(pair_kinds(batch), labels, strict=True)
-        ],
-        dtype=bool,
-    )
+    return training_mask(batch)
 
 
 PAIR_COLUMNS = (

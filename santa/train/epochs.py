@@ -124,9 +124,12 @@ class EpochReader:
         return False
 
     def _load(self, order, batch: int) -> Any:
-        """Worker ``rank``'s slice of global batch ``batch``: read, collated, pinned."""
+        """Worker ``rank``'s slice of global batch ``batch``: read, collated (a dict batch
+        also gets its ``row`` numbers: what hard negatives are looked up by), pinned."""
         rows = order.batch_rows(batch, self._rank, self._world_size)
         collated = self._collate(self.rows.take(rows))
+        if isinstance(collated, dict):
+            collated["row"] = np.asarray(rows, dtype=np.int64)  # (batch,)
         return pin_batch(collated) if self._pin else collated
 
     def _schedule(self) -> Iterator[tuple[int, Any, int]]:

@@ -283,10 +283,13 @@ class SantaObjective(DualEncoderObjective):
             negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
             self.table = negatives.agreed_table(trainer.device, trainer.state["step"])
             if self.table is not None:
-                hard_ids = negatives.negative_ids_for(
-                    self.table, batch["query_id"], batch["doc_id"], trainer.state["step"]
+                # The batch's training rows name their queries (the reader adds them).
+                docs = negatives.negatives_of_rows(
+                    self.table, np.asarray(batch["row"]), trainer.state["step"]
                 )
-                texts = [self.table.documents[doc] for doc in hard_ids]
+                texts = negatives.texts_of(self.table, docs)
+                if config.train.mask_duplicates:
+                    hard_ids = negatives.ids_of(self.table, docs)
                 host.update(
                     hard_negative_batch(
                         trainer.model, texts, config.train.max_document_length, "cpu"
@@ -390,4 +393,5 @@ def _negatives_client(loop, rank: int, world: int):
         world_size=world,
         miner_name=loop.miner_name,
         refresh_every=negatives.refresh_every,
+        row_cache=loop.row_cache,
     )

@@ -327,6 +327,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             num_gpus=miner_gpus,
             max_restarts=spec.miner_max_restarts,
             resources=miner_resources,
+            row_cache=spec.row_cache,
         )
         startup["startup_miner_s"] = time.time() - started
     # MLflow / W&B: the run is opened (or found again) here, rank 0 logs into it.
