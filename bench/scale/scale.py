@@ -17,7 +17,11 @@ For each size ``n`` (data from :mod:`bench.scale.data`, ``n`` training functions
 3. ``refresh``: one hard-negative refresh over the whole corpus with the trained model
    (``santa.negatives.miner.refresh_table``: encode every document and training query,
    build the index, flat below 500 k documents and IVF from there as
-   ``negatives.index=auto`` says, mine), in a process of its own;
+   ``negatives.index=auto`` says, mine), in a process of its own. Above
+   ``--model-refresh-max`` pairs the texts are embedded by :class:`HashedEncoder` (seeded
+   vectors of the model's width, no network): everything but the encoding is measured at
+   full size, and the encoding's seconds are the model's measured rate at the largest size
+   it ran times the texts (written as such);
 4. ``evaluate``: ``ray_jobs.evaluate`` of the trained model on the test split;
 5. ``restart`` (``--restart-sizes``): a pretrain whose worker is killed (SIGKILL) after
    step 20: the seconds from the kill to the restarted group's first new step.
@@ -180,9 +184,32 @@ def pretrain(work: Path, name: str, env: dict[str, str], extra: list[str] = (), 
     return result
 
 
-def refresh(work: Path, env: dict[str, str]) -> dict[str, Any]:
+class HashedEncoder:
+    """The refresh's encoder interface (``encode(jobs)``) giving each text a seeded unit
+    vector of ``dim`` floats: the bench's stand-in for the model where encoding millions of
+    texts on two CPU cores would take hours (its cost is extrapolated instead)."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+
+    def encode(self, jobs):
+        import hashlib
+
+        import numpy as np
+
+        out = []
+        for texts, _ in jobs:
+            vectors = np.empty((len(texts), self.dim), dtype=np.float32)  # (texts, dim)
+            for row, text in enumerate(texts):
+                seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest())
+                vectors[row] = np.random.default_rng(seed).standard_normal(self.dim)
+            out.append(vectors)
+        return out
+
+
+def refresh(work: Path, env: dict[str, str], encoder: str) -> dict[str, Any]:
     """One refresh over the whole corpus, in a process of its own."""
-    output = work / "refresh.json"
+    output = work / f"refresh-{encoder}.json"
     result = run_job(
         [
             sys.executable,
@@ -192,11 +219,13 @@ def refresh(work: Path, env: dict[str, str]) -> dict[str, Any]:
             str(work / "pre-pretrain"),
             "--run",
             str(work / "runs" / "warm"),
+            "--encoder",
+            encoder,
             "--output",
             str(output),
         ],
         env,
-        work / "refresh.log",
+        work / f"refresh-{encoder}.log",
     )
     result.update(json.loads(output.read_text()))
     return result
@@ -220,8 +249,10 @@ def refresh_once(args: argparse.Namespace) -> None:
     config = SantaConfig.from_dict(resolved.santa_config).with_overrides(
         ["negatives.per_query=1", "negatives.top_k=100"]
     )
-    table = refresh_table(model, corpus, config)
+    encoder = None if args.encoder == "model" else HashedEncoder(model.embedding_dim)
+    table = refresh_table(model, corpus, config, encoder=encoder)
     figures = {
+        "encoder": args.encoder,
         "documents": corpus.num_docs,
         "queries": corpus.num_queries,
         "index": index_kind(config.negatives.index, corpus.num_docs),
@@ -423,8 +454,9 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
     result["cold"] = pretrain(work, "cold", env)
     result["warm"] = pretrain(work, "warm", env)
     if not args.skip_refresh:
-        print(f"[scale] {size:,}: refresh", flush=True)
-        result["refresh"] = refresh(work, env)
+        encoder = "model" if size <= args.model_refresh_max else "hashed"
+        print(f"[scale] {size:,}: refresh ({encoder} encoder)", flush=True)
+        result["refresh"] = refresh(work, env, encoder)
     print(f"[scale] {size:,}: evaluate", flush=True)
     result["evaluate"] = evaluate(work, env)
     if size in args.restart_sizes:
@@ -443,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-sizes", default="10000,1000000")
     parser.add_argument("--workdir", default="/tmp/santa-scale")
     parser.add_argument("--skip-refresh", action="store_true")
+    parser.add_argument(
+        "--model-refresh-max",
+        type=int,
+        default=100_000,
+        help="largest size whose refresh encodes with the model (above: hashed vectors)",
+    )
+    parser.add_argument("--encoder", default="model", help="refresh-once: model or hashed")
     parser.add_argument("--output", default=str(common.RESULTS_DIR / "scale.json"))
     parser.add_argument("--data", help="refresh-once: the preprocessed pairs")
     parser.add_argument("--run", help="refresh-once: the trained run folder")
