@@ -305,3 +305,18 @@ def test_the_memory_bench_names_the_steps_working_set(tmp_path: Path) -> None:
     assert by_shape and sum(row["mb"] for row in by_shape) <= first["activations_saved_mb"] + 1e-6
     assert first["peak_mb"] >= phases["model, optimizer, row file"]["peak_mb"]
     assert (tmp_path / "memory.json").exists()
+
+
+def test_the_learning_rate_warms_up_and_decays_as_hugging_faces_schedule() -> None:
+    """SANTA's released Trainer's schedule: 0 at the first step, the peak after the warm-up,
+    then linearly to 0 at the last step."""
+    from santa.train.state import linear_warmup_schedule
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = linear_warmup_schedule(optimizer, warmup_steps=4, total_steps=10)
+    rates = []
+    for _ in range(10):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])

@@ -35,15 +35,13 @@ def seed_everything(seed: int) -> None:
 
 
 def linear_warmup_schedule(optimizer, warmup_steps: int, total_steps: int):
-    """Linear warm-up to the peak learning rate, then linear decay to zero."""
+    """Linear warm-up from 0 to the peak learning rate over ``warmup_steps``, then linear
+    decay to zero at ``total_steps``: Hugging Face's ``get_linear_schedule_with_warmup``
+    itself (SANTA's released Trainer's schedule; its first step has a learning rate of 0
+    when there is a warm-up)."""
+    from transformers import get_linear_schedule_with_warmup
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        remaining = max(1, total_steps - warmup_steps)
-        return max(0.0, (total_steps - step) / remaining)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
 
 
 def save_loop_state(
