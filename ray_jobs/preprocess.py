@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 
 from santa.data import esci
 from santa.data.datasets import DATASETS, check_inputs, dataset, run_preprocess
 from santa.data.outputs import claim_output
-from santa.data.preprocess_config import STAGES, PreprocessConfig
+from santa.data.preprocess_config import SPLITS, STAGES, PreprocessConfig
+from santa.data.records import CODE_TEXTS, MEP_TARGETS
 from santa.data.schema import CODE_LANGUAGES
 from santa.method.entities import PRODUCT_ENTITY_RULES
 from santa.runtime import interrupts
@@ -23,10 +25,26 @@ from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.preflight import check_input, check_writable
 from santa.runtime.quiet import PROGRESS_HELP
 from santa.runtime.ray_utils import init_ray
+from santa.table_recipes import TABLE_RECIPES
 
 DATASET_HELP = "; ".join(f"{entry.name}: {entry.about}" for entry in DATASETS.values())
 DEV_FRACTION_HELP = "ESCI: share of train queries carved out as --split valid (SANTA: 0.125)"
 ENTITY_HELP = "ESCI entities: proper nouns as SANTA's scripts (scripts), or title nouns"
+SPLIT_HELP = "default: train (eval: test); train+test merges a code dataset's two for training"
+CODE_TEXT_HELP = (
+    "code pairs' texts: raw (code without its docstring; default) or tokens (the joined code "
+    "and docstring tokens, as SANTA's released code and CodeXGLUE's evaluation)"
+)
+MEP_TARGETS_HELP = (
+    "identifiers code pretraining masks: all (default) or released (SANTA's per-language "
+    "sample: Python all, JavaScript 10 %%, others 50 %%; a trailing sentinel)"
+)
+RECIPE_HELP = "a table recipe whose data options (--code-text, --mep-targets, --split) apply"
+MERGED_SPLIT_WARNING = (
+    "santa: warning: training on CodeSearchNet's test split: CodeXGLUE's AdvTest test set is "
+    "made of those python test functions (names obfuscated), so an AdvTest evaluation of this "
+    "model may score code it was trained on"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | None, bool]:
@@ -42,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     add("--input", help="local path or s3:// URI (default for source: this Python's stdlib)")
     add("--output", required=True, help="local path or s3:// URI")
     add("--stage", choices=STAGES, default="", help="default: the dataset's first stage")
-    add("--split", choices=("train", "valid", "test"), default="")
+    add("--split", choices=SPLITS, default="", help=SPLIT_HELP)
     add("--languages", nargs="*", choices=CODE_LANGUAGES, default=[])
     add("--mask", choices=("entity", "span"), default="entity")
     add("--seed", type=int, default=0)
@@ -61,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     add("--product-entities", choices=PRODUCT_ENTITY_RULES, default="scripts", help=ENTITY_HELP)
     add("--skip-tests", action="store_true", help="source: skip test directories")
     add("--asst", action="store_true", help="code: also write SCodeR's ASST code–code pairs")
+    add("--code-text", choices=CODE_TEXTS, default=None, help=CODE_TEXT_HELP)
+    add("--mep-targets", choices=MEP_TARGETS, default=None, help=MEP_TARGETS_HELP)
+    add("--recipe", choices=sorted(TABLE_RECIPES), default=None, help=RECIPE_HELP)
     add("--max-actors", type=int, default=0, help="parser actors (default: one per CPU)")
     add("--batch-size", type=int, default=256, help="records per parser call (ESCI, source)")
     add("--address", help="Ray address (default: RAY_ADDRESS or local)")
@@ -74,11 +95,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
             parser.error("--input is required for this dataset")
         args.input = entry.function("default_input")()
     names = {f.name for f in dataclasses.fields(PreprocessConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names and v not in (None, "")}
+    if args.recipe:  # a table recipe's data options, unless given here
+        recipe = TABLE_RECIPES[args.recipe].preprocess
+        given = {**{key: setting.value for key, setting in recipe.items()}, **given}
     try:
-        config = PreprocessConfig(**{k: v for k, v in vars(args).items() if k in names})
+        config = PreprocessConfig(**given)
     except ValueError as error:
         parser.error(str(error))
     return config, args.address, args.progress
+
+
+def split_warning(config: PreprocessConfig) -> str | None:
+    """The line a training run on CodeSearchNet's test split gets (AdvTest's test code)."""
+    training = config.stage != "eval" and config.dataset == "codesearchnet"
+    return MERGED_SPLIT_WARNING if training and "test" in config.wanted_splits else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +139,9 @@ def _run(config: PreprocessConfig, address: str | None, progress: bool = False) 
 def _write(config: PreprocessConfig, address: str | None, progress: bool = False) -> int:
     entry = dataset(config.dataset)
     check_inputs(config)
+    warning = split_warning(config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if entry.uses_ray:
         print(init_ray(address, progress=progress), flush=True)
     report = run_preprocess(config)

@@ -331,6 +331,22 @@ _PRECISION_NOTE = (
     "The released code trains in float32 (train.bf16=false), also on a GPU: --set "
     "train.bf16=true trains faster under bf16 autocast, which the released code never did."
 )
+# The released code's text and MEP targets (processing/Code/build_code_entity.py), the
+# default of every code table recipe's data: `ray_jobs.preprocess --recipe NAME`.
+_RELEASED_CODE_DATA = {
+    "code_text": code(
+        "tokens",
+        "processing/Code/build_code*.py: positives ' '.join(code_tokens), queries "
+        "' '.join(docstring_tokens), in pretraining and fine-tuning; CodeXGLUE evaluates on "
+        "the same joined tokens",
+    ),
+    "mep_targets": code(
+        "released",
+        "processing/Code/build_code_entity.py: every Python identifier; elsewhere the names of "
+        "random.sample(Identifiers, int(max(ratio*(n-1), 1))), ratio 0.1 for JavaScript and "
+        "0.5 otherwise; the label ends with the next sentinel",
+    ),
+}
 _CODE_NOTES = (
     "Chain: pretrain, then fine-tune with one hard negative mined by the *pretrained* model "
     "(A.4): ray_jobs.pipeline --stages pretrain,ance.",
@@ -351,6 +367,7 @@ CODET5_BASE_CODESEARCH = TableRecipe(
         "ance": _a4_finetune(paper(2e-5, "SANTA A.4 (learning rate 2e-5 for CodeSearch)")),
     },
     notes=_CODE_NOTES,
+    preprocess=_RELEASED_CODE_DATA,
 )
 
 CODET5_BASE_ADV = TableRecipe(
@@ -367,6 +384,7 @@ CODET5_BASE_ADV = TableRecipe(
         _MEP_NOTE,
         _PRECISION_NOTE,
     ),
+    preprocess=_RELEASED_CODE_DATA,
 )
 
 # Table 2's code column: section 4 gives batch 16 for everything, 5e-5 for 6 epochs of
@@ -415,15 +433,27 @@ CODET5_BASE_ADV_TABLE2 = TableRecipe(
     notes=(
         "Table 2's Adv MRR: 46.1 zero-shot (after pretrain), 47.3 SANTA (Inbatch), 47.5 SANTA "
         "(Hard Negative); evaluate with --protocol advtest.",
-        "Pretraining data: CodeSearchNet python (Table 5: 429,596 pairs): --languages python. "
-        "SANTA's README merges CodeSearchNet python's train and test splits; santa's "
-        "preprocessing drops every held-out url and duplicate document.",
+        "Pretraining data: CodeSearchNet python's train and test splits merged (Table 5: "
+        "429,596 pairs, as SANTA's README merges them): ray_jobs.preprocess --dataset "
+        "codesearchnet --languages python --split train+test --recipe codet5-base-adv-table2. "
+        "Its test functions are, most likely, the un-obfuscated AdvTest test functions "
+        "(CodeXGLUE built AdvTest's test set from CodeSearchNet python's test split, names "
+        "obfuscated), so Table 2's zero-shot Adv figure may have seen its test code: the job "
+        "says so in one line.",
         "Fine-tuning data (finetune and ance): AdvTest's train split (python).",
         "Hard negatives: mined once by the in-batch fine-tuned model (the finetune stage), one "
         "per query sampled from its top 100.",
         _MEP_NOTE,
         _PRECISION_NOTE,
     ),
+    preprocess={
+        **_RELEASED_CODE_DATA,
+        "split": code(
+            "train+test",
+            "SANTA's README (the Table 5 pretraining set): CodeSearchNet python train and test "
+            "merged (429,596 pairs)",
+        ),
+    },
 )
 
 # ----------------------------------------------------------------------------- products

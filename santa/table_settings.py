@@ -99,6 +99,9 @@ class TableRecipe:
     """stage → ``{"section.field": Setting}``."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """What the recipe cannot pin down (data preparation, differences from SANTA's code)."""
+    preprocess: Mapping[str, Setting] = field(default_factory=dict)
+    """``ray_jobs.preprocess`` options its data is made with (``PreprocessConfig`` fields),
+    applied by ``ray_jobs.preprocess --recipe NAME`` unless given on the command line."""
 
     def config(self, stage: str) -> SantaConfig:
         """The stage's :class:`SantaConfig` (settings applied to the dataclass defaults)."""

@@ -235,3 +235,173 @@ def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
     queries = corpus.query_ids(range(corpus.num_queries))
     assert set(queries) == {row["query_id"], with_entities["query_id"]}
     assert np.isfinite(out["query_input_ids"]).all()
+
+
+# ------------------------------------------------------------- the released code's data
+
+JS_CODE = (
+    "function addTotal(items, tax) {\n  var total = 0;\n"
+    "  for (var i = 0; i < items.length; i++) { total += items[i]; }\n  return total * tax;\n}"
+)
+JS_RECORD = {
+    **PYTHON_RECORD,
+    "language": "javascript",
+    "func_name": "addTotal",
+    "code": JS_CODE,
+    "code_tokens": [
+        "function",
+        "addTotal",
+        "(",
+        "items",
+        ",",
+        "tax",
+        ")",
+        "{",
+        "var",
+        "total",
+        "=",
+        "0",
+        ";",
+        "for",
+        "(",
+        "var",
+        "i",
+        "=",
+        "0",
+        ";",
+        "i",
+        "<",
+        "items",
+        ".",
+        "length",
+        ";",
+        "i",
+        "++",
+        ")",
+        "{",
+        "total",
+        "+=",
+        "items",
+        "[",
+        "i",
+        "]",
+        ";",
+        "}",
+        "return",
+        "total",
+        "*",
+        "tax",
+        ";",
+        "}",
+    ],
+    "docstring": "Sum the items, with tax.",
+    "docstring_tokens": ["Sum", "the", "items", ",", "with", "tax", "."],
+}
+
+
+def released_masked_names(identifiers: list[str], language: str, rng) -> set[str]:
+    """processing/Code/build_code_entity.py's draw, its lines as written (the names of a
+    sample of the occurrences; Python keeps every one)."""
+    if language == "python":
+        return set(identifiers)
+    ratio = 0.1 if language == "javascript" else 0.5
+    no_delete = rng.sample(identifiers, k=int(max(ratio * (len(identifiers) - 1), 1)))
+    return {item for item in identifiers if item in no_delete}
+
+
+@pytest.mark.parametrize("language", ["javascript", "ruby", "python"])
+def test_released_targets_mask_what_the_released_script_draws_and_end_with_a_sentinel(
+    language,
+) -> None:
+    import random
+
+    from santa.data.records import stable_hash
+    from santa.method.entities import extract_code_entities
+
+    if language == "javascript":
+        record = dict(JS_RECORD)
+    elif language == "ruby":
+        (record,) = other_language_records("ruby", count=1)
+        record = dict(normalize_codesearchnet(record), code_tokens=record["code"].split())
+    else:
+        record = {
+            **PYTHON_RECORD,
+            "code_tokens": ["def", "add", "(", "a", ",", "b", ")", ":", "return", "a", "+", "b"],
+        }
+    options = PairOptions(code_text="tokens", mep_targets="released", seed=3)
+    row = build_code_pair(dict(record), "codesearchnet", options)
+    document = " ".join(record["code_tokens"])
+    assert row["document"] == document
+    assert row["query"] == " ".join(record["docstring_tokens"])  # pretraining too
+    # The same draw as the script's, from the same identifiers and seed.
+    source = document if language == "python" else record["code"]
+    spans = extract_code_entities(source, language)
+    identifiers = [source[start:end] for start, end in spans]
+    rng = random.Random(stable_hash(3, record["url"], "mep"))
+    names = released_masked_names(identifiers, language, rng)
+    masked_tokens = [t for t in record["code_tokens"] if t in names]
+    assert set(row["entities"]) == set(masked_tokens) and row["entities"]
+    if language == "javascript":
+        assert len(set(row["entities"])) < len(set(identifiers))  # a tenth of them
+    k = len(row["entities"])
+    assert row["mep_target"].endswith(f"<extra_id_{k - 1}> {row['entities'][-1]} <extra_id_{k}>")
+    assert fill_sentinels(row["masked_document"], row["mep_target"]) == document
+    # santa's rule stays the default: every identifier, no trailing sentinel.
+    default = build_code_pair(dict(record), "codesearchnet", PairOptions(code_text="tokens"))
+    assert len(default["entities"]) >= k
+    assert not default["mep_target"].endswith(f"<extra_id_{len(default['entities'])}>")
+
+
+def test_tokens_text_needs_code_tokens() -> None:
+    record = {**PYTHON_RECORD, "code_tokens": []}
+    options = PairOptions(code_text="tokens")
+    assert reason_of(lambda: build_code_pair(record, "c", options)) == Reason.MISSING_FIELD
+
+
+def test_a_table_recipe_brings_its_data_options_and_the_command_line_wins(tmp_path) -> None:
+    from ray_jobs.preprocess import MERGED_SPLIT_WARNING, parse_args, split_warning
+
+    base = ["--dataset", "codesearchnet", "--input", str(tmp_path), "--output", str(tmp_path)]
+    config, _, _ = parse_args([*base, "--recipe", "codet5-base-adv-table2"])
+    assert (config.code_text, config.mep_targets, config.split) == (
+        "tokens",
+        "released",
+        "train+test",
+    )
+    assert config.wanted_splits == ("train", "test")
+    assert split_warning(config) == MERGED_SPLIT_WARNING
+    given, _, _ = parse_args([*base, "--recipe", "codet5-base-codesearch", "--code-text", "raw"])
+    assert (given.code_text, given.mep_targets, given.split) == ("raw", "released", "")
+    assert split_warning(given) is None
+    plain, _, _ = parse_args(base)
+    assert (plain.code_text, plain.mep_targets) == ("raw", "all")
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--stage", "eval", "--split", "train+test"])
+
+
+def test_a_merged_split_builds_both_splits_and_keeps_the_others_out() -> None:
+    import pyarrow as pa
+
+    from santa.data.operators import CodePairBuilder
+    from santa.data.schema import RAW_SCHEMA
+
+    lines = [
+        dict(PYTHON_RECORD, url=f"https://x/{split}", partition=split)
+        for split in ("train", "test", "valid")
+    ]
+    batch = pa.table(
+        {
+            "path": ["python/x.jsonl"] * 3,
+            "line_number": [1, 2, 3],
+            "raw": [json.dumps(line).encode() for line in lines],
+            "split": ["", "", ""],
+            "drop_reason": ["", "", ""],
+        },
+        schema=RAW_SCHEMA,
+    )
+    builder = CodePairBuilder(
+        "codesearchnet", PairOptions(), ("train", "test"), ("valid",), (), "/"
+    )
+    rows = builder(batch).to_pylist()
+    assert [row["drop_reason"] for row in rows][:2] == ["", ""]
+    assert rows[2]["drop_reason"] != ""  # valid: held out (its keys only)

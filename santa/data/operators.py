@@ -40,7 +40,7 @@ class CodePairBuilder:
         self,
         dataset: str,
         options: PairOptions,
-        split: str,
+        split: str | tuple[str, ...],
         heldout_splits: tuple[str, ...],
         languages: tuple[str, ...],
         root: str,
@@ -48,7 +48,7 @@ class CodePairBuilder:
         self.root = root
         self.dataset = dataset
         self.options = options
-        self.split = split
+        self.splits = {split} if isinstance(split, str) else set(split)
         self.heldout_splits = set(heldout_splits)
         self.heldout_options = PairOptions(
             stage="eval",
@@ -86,7 +86,7 @@ class CodePairBuilder:
                     # Only the keys of a held-out row are needed, to keep it out of training.
                     row = build_code_pair(record, self.dataset, self.heldout_options)
                     row["drop_reason"] = HELDOUT_MARK
-                elif split in (self.split, ""):
+                elif split in self.splits or not split:
                     # A file of unknown split belongs to the split asked for.
                     row = build_code_pair(record, self.dataset, self.options)
                     row["drop_reason"] = ""

@@ -188,9 +188,9 @@ def _split_files(config: PreprocessConfig, files: list[str]) -> list[str]:
     """The code files to read: those of the wanted split, of a held-out split, or of none
     named (their records' ``partition`` field decides); an error when none can hold the
     wanted split's rows."""
-    wanted = (config.wanted_split, *_heldout_splits(config), "")
+    wanted = (*config.wanted_splits, *_heldout_splits(config), "")
     splits = {f: split_from_path(relative_path(f, config.input)) for f in files}
-    if not any(split in (config.wanted_split, "") for split in splits.values()):
+    if not any(split in (*config.wanted_splits, "") for split in splits.values()):
         named = sorted({split for split in splits.values() if split})
         raise FileNotFoundError(
             f"no {config.wanted_split} files under {config.input} "
@@ -222,7 +222,7 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
     builder_args = {
         "dataset": config.dataset,
         "options": config.pair_options(),
-        "split": config.wanted_split,
+        "split": config.wanted_splits,
         "heldout_splits": heldout,
         "languages": config.languages,
         "root": config.input,
@@ -309,7 +309,7 @@ def _heldout_splits(config: PreprocessConfig) -> tuple[str, ...]:
     """The splits a training run must never see (none for evaluation)."""
     if config.stage == "eval":
         return ()
-    return tuple(s for s in ("train", "valid", "test") if s != config.wanted_split)
+    return tuple(s for s in ("train", "valid", "test") if s not in config.wanted_splits)
 
 
 def _esci_heldout_products(config: PreprocessConfig) -> set[str]:

@@ -13,10 +13,12 @@ from santa.data.records import PairOptions
 from santa.data.schema import CODE_LANGUAGES
 from santa.method.entities import PRODUCT_ENTITY_RULES
 
-__all__ = ["DATASETS", "STAGES", "PreprocessConfig"]
+__all__ = ["DATASETS", "MERGED_SPLIT", "SPLITS", "STAGES", "PreprocessConfig"]
 
 DATASETS = tuple(REGISTRY)  # the registry's names (santa.data.datasets)
 STAGES = ("pretrain", "finetune", "eval")
+MERGED_SPLIT = "train+test"
+SPLITS = ("train", "valid", "test", MERGED_SPLIT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +36,9 @@ class PreprocessConfig:
     """pretrain (SDA + MEP pairs), finetune (query–document pairs) or eval (BEIR); the
     dataset's first stage when empty (pretrain; cosqa: eval; pairs: finetune)."""
     split: str = ""
-    """Split to process; default train for pretrain/finetune and test for eval."""
+    """Split to process; default train for pretrain/finetune and test for eval.
+    ``train+test`` (code datasets, training stages) takes both: SANTA's Table 5 pretrains
+    on CodeSearchNet Python's train and test splits merged."""
     languages: tuple[str, ...] = ()
     """Code languages to keep (all six when empty)."""
     mask: str = "entity"
@@ -80,6 +84,13 @@ class PreprocessConfig:
     max_actors: int = 0
     """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
     options: dict[str, Any] = field(default_factory=dict)
+    code_text: str = "raw"
+    """Code pairs' texts (:data:`santa.data.records.CODE_TEXTS`): ``raw`` (santa's: code
+    without its docstring) or ``tokens`` (SANTA's released code and CodeXGLUE's evaluation:
+    the joined code and docstring tokens)."""
+    mep_targets: str = "all"
+    """Which identifiers code pretraining masks (:data:`santa.data.records.MEP_TARGETS`):
+    ``all`` or ``released`` (SANTA's released per-language sample, trailing sentinel)."""
     asst: bool = False
     """pretrain/finetune: also write ASST code–code pairs (kind ``asst``, SCodeR's
     Algorithm 1) of the written code pairs beside them (``santa.data.asst_pairs``)."""
@@ -98,8 +109,13 @@ class PreprocessConfig:
             raise ValueError(
                 "--asst makes code–code training pairs: a code dataset, not --stage eval"
             )
-        if self.split and self.split not in ("train", "valid", "test"):
-            raise ValueError(f"split must be train, valid or test, not {self.split!r}")
+        if self.split and self.split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {self.split!r}")
+        if self.split == MERGED_SPLIT and (self.stage == "eval" or not entry.asst):
+            raise ValueError(
+                f"--split {MERGED_SPLIT} merges a code dataset's splits for training, not for "
+                f"{self.dataset} --stage {self.stage}"
+            )
         unknown = set(self.languages) - set(CODE_LANGUAGES)
         if unknown:
             raise ValueError(f"unknown languages {sorted(unknown)}; known: {CODE_LANGUAGES}")
@@ -121,8 +137,13 @@ class PreprocessConfig:
 
     @property
     def wanted_split(self) -> str:
-        """The split this run writes."""
+        """The split this run writes (``train+test``: both)."""
         return self.split or ("test" if self.stage == "eval" else "train")
+
+    @property
+    def wanted_splits(self) -> tuple[str, ...]:
+        """The splits this run writes."""
+        return tuple(self.wanted_split.split("+"))
 
     def pair_options(self, stage: str | None = None) -> PairOptions:
         """The per-record options for the pair builders."""
@@ -133,6 +154,8 @@ class PreprocessConfig:
             max_query_chars=self.max_query_chars,
             max_document_chars=self.max_document_chars,
             product_entities=self.product_entities,
+            code_text=self.code_text,
+            mep_targets=self.mep_targets,
         )
 
     def to_dict(self) -> dict[str, Any]:

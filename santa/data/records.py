@@ -99,12 +99,51 @@ class PairOptions:
     max_document_chars: int = 16_384
     max_entities: int = 100
     product_entities: str = "scripts"  # santa.method.entities.PRODUCT_ENTITY_RULES
+    code_text: str = "raw"  # CODE_TEXTS
+    mep_targets: str = "all"  # MEP_TARGETS
 
     def __post_init__(self) -> None:
         if self.stage not in ("pretrain", "finetune", "eval"):
             raise ValueError(f"stage must be pretrain, finetune or eval, not {self.stage!r}")
         if self.mask not in ("entity", "span"):
             raise ValueError(f"mask must be entity or span, not {self.mask!r}")
+        if self.code_text not in CODE_TEXTS:
+            raise ValueError(f"code_text must be one of {CODE_TEXTS}, not {self.code_text!r}")
+        if self.mep_targets not in MEP_TARGETS:
+            raise ValueError(f"mep_targets must be one of {MEP_TARGETS}, not {self.mep_targets!r}")
+
+
+CODE_TEXTS = ("raw", "tokens")
+"""A code pair's texts: ``raw`` (santa's: the code without its docstring, and the cleaned
+docstring in pretraining) or ``tokens`` (SANTA's released code: ``' '.join(code_tokens)``
+and ``' '.join(docstring_tokens)`` in every stage, the text CodeXGLUE evaluates on)."""
+MEP_TARGETS = ("all", "released")
+"""Which identifiers code pretraining masks: ``all`` (santa's: every one) or ``released``
+(SANTA's ``build_code_entity.py``: every one in Python; in the other languages the names of
+a seeded random sample of the occurrences, ``int(max(ratio·(n − 1), 1))`` of ``n``, ratio 0.1
+for JavaScript and 0.5 otherwise; the target ends with a trailing sentinel)."""
+RELEASED_MASK_RATIO = {"python": 1.0, "javascript": 0.1}
+RELEASED_MASK_RATIO_OTHERS = 0.5
+
+
+def released_entity_sample(
+    text: str,
+    spans: list[tuple[int, int]],
+    language: str,
+    rng: random.Random,
+    population: list[str] | None = None,
+) -> list[tuple[int, int]]:
+    """The identifier occurrences SANTA's released ``build_code_entity.py`` masks: all in
+    Python; else every span of ``text`` whose name is among ``int(max(ratio·(n − 1), 1))``
+    of the ``n`` identifier occurrences ``population`` (the function's own, in its code;
+    default: the spans' names) drawn by ``rng`` (``random.sample``, as the script draws)."""
+    ratio = RELEASED_MASK_RATIO.get(language, RELEASED_MASK_RATIO_OTHERS)
+    names = [text[start:end] for start, end in spans]
+    population = names if population is None else population
+    if ratio >= 1.0 or not population:
+        return spans
+    drawn = set(rng.sample(population, k=int(max(ratio * (len(population) - 1), 1))))
+    return [span for span, name in zip(spans, names, strict=True) if name in drawn]
 
 
 def stable_hash(*parts: Any) -> str:
@@ -213,7 +252,10 @@ def empty_pair_row() -> dict[str, Any]:
 
 
 def _mask(document: str, spans: list[tuple[int, int]], key: str, options: PairOptions):
-    masked = mask_entities(document, spans, max_entities=options.max_entities)
+    released = options.mep_targets == "released"
+    masked = mask_entities(
+        document, spans, max_entities=options.max_entities, trailing_sentinel=released
+    )
     if options.mask == "span":
         # The ablation masks random spans at the same rate as entity masking would have.
         rng = random.Random(stable_hash(options.seed, key))
@@ -223,22 +265,49 @@ def _mask(document: str, spans: list[tuple[int, int]], key: str, options: PairOp
     return masked
 
 
+def _token_entity_spans(
+    record: dict[str, Any], document: str, language: str
+) -> tuple[list[tuple[int, int]], list[str]]:
+    """Identifier spans of the joined code tokens (``document``), as SANTA's released code
+    finds them, and the identifier occurrences they come from: Python's NAME tokens of the
+    joined text itself; in the other languages the tokens equal to an identifier that
+    tree-sitter finds in the function's own code (those occurrences, in code order)."""
+    if language == "python":
+        spans = extract_code_entities(document, language)
+        return spans, [document[start:end] for start, end in spans]
+    code = record["code"]
+    found = [code[start:end] for start, end in extract_code_entities(code, language)]
+    names = set(found)
+    spans, position = [], 0
+    for token in record["code_tokens"]:
+        if token in names:
+            spans.append((position, position + len(token)))
+        position += len(token) + 1
+    return spans, found
+
+
 def build_code_pair(record: dict[str, Any], dataset: str, options: PairOptions) -> dict[str, Any]:
     """A docstring ↔ code pair (with entity masking for pretraining) from a CSN record."""
     language = record["language"]
     if language not in CODE_LANGUAGES:
         raise DropRow(Reason.UNSUPPORTED_LANGUAGE, language)
-    if options.stage == "pretrain":
+    tokens = options.code_text == "tokens"
+    if options.stage == "pretrain" and not tokens:
         query = clean_docstring(record["docstring"])
     else:
         # Fine-tuning and evaluation follow CodeXGLUE: the query is the docstring tokens.
         query = " ".join(record["docstring_tokens"]) or clean_docstring(record["docstring"])
     if not query.strip():
         raise DropRow(Reason.EMPTY_DOCSTRING)
-    try:
-        document = remove_docstring(record["code"], record["docstring"], language)
-    except (ValueError, SyntaxError) as error:
-        raise DropRow(Reason.UNPARSABLE_CODE, str(error)) from None
+    if tokens:
+        if not record.get("code_tokens"):
+            raise DropRow(Reason.MISSING_FIELD, "code_tokens")
+        document = " ".join(record["code_tokens"])
+    else:
+        try:
+            document = remove_docstring(record["code"], record["docstring"], language)
+        except (ValueError, SyntaxError) as error:
+            raise DropRow(Reason.UNPARSABLE_CODE, str(error)) from None
     if not document.strip():
         raise DropRow(Reason.EMPTY_DOCUMENT)
     _check_lengths(query, document, options)
@@ -261,9 +330,16 @@ def build_code_pair(record: dict[str, Any], dataset: str, options: PairOptions) 
     )
     if options.stage == "pretrain":
         try:
-            spans = extract_code_entities(document, language)
+            if tokens:
+                spans, population = _token_entity_spans(record, document, language)
+            else:
+                spans = extract_code_entities(document, language)
+                population = None
         except UnparsableCodeError as error:
             raise DropRow(Reason.UNPARSABLE_CODE, str(error)) from None
+        if options.mep_targets == "released":
+            rng = random.Random(stable_hash(options.seed, doc_id, "mep"))
+            spans = released_entity_sample(document, spans, language, rng, population)
         masked = _mask(document, spans, doc_id, options)
         row.update(
             entities=list(masked.entities),

@@ -5,7 +5,9 @@ Masked text and target use T5 sentinels. The target format is
     "<extra_id_0> ent_0 <extra_id_1> ent_1 ... <extra_id_{K-1}> ent_{K-1}"
 
 i.e. each sentinel is followed by exactly one space and its text, and pairs are joined by
-exactly one space (no trailing sentinel; an empty target when nothing is masked).
+exactly one space (an empty target when nothing is masked). With ``trailing_sentinel``
+(SANTA's released ``build_code_entity.py``) the target ends with one more sentinel,
+``... <extra_id_{K-1}> ent_{K-1} <extra_id_K>``, as T5's span corruption ends its targets.
 
 Round-trip rule (:func:`fill_sentinels`): split the target on the sentinel pattern; the
 piece after sentinel k is ``" " + ent_k + " "`` (``" " + ent_k`` for the last one), so we
@@ -67,8 +69,11 @@ def contains_sentinel(text: str) -> bool:
     return _SENTINEL_RE.search(text) is not None
 
 
-def _format_target(entities: list[str]) -> str:
-    return " ".join(f"{sentinel(k)} {entity}" for k, entity in enumerate(entities))
+def _format_target(entities: list[str], trailing_sentinel: bool = False) -> str:
+    target = " ".join(f"{sentinel(k)} {entity}" for k, entity in enumerate(entities))
+    if trailing_sentinel and entities:
+        target += f" {sentinel(len(entities))}"
+    return target
 
 
 def _check_text(text: str) -> None:
@@ -104,9 +109,16 @@ def _replace_spans(text: str, spans: list[tuple[int, int]], replacements: list[s
 
 
 def mask_entities(
-    text: str, spans: list[tuple[int, int]], max_entities: int = MAX_SENTINELS
+    text: str,
+    spans: list[tuple[int, int]],
+    max_entities: int = MAX_SENTINELS,
+    *,
+    trailing_sentinel: bool = False,
 ) -> MaskedText:
-    """Replace entity spans with sentinels, one sentinel per distinct entity string."""
+    """Replace entity spans with sentinels, one sentinel per distinct entity string; with
+    ``trailing_sentinel`` the target ends with the next sentinel (one fewer entity fits)."""
+    if trailing_sentinel:
+        max_entities = min(max_entities, MAX_SENTINELS - 1)
     if not 0 <= max_entities <= MAX_SENTINELS:
         raise ValueError(f"max_entities must be in [0, {MAX_SENTINELS}], got {max_entities}")
     _check_text(text)
@@ -138,7 +150,7 @@ def mask_entities(
     tokens = token_spans(text)
     return MaskedText(
         masked_text=_replace_spans(text, masked_spans, replacements),
-        target=_format_target(entities),
+        target=_format_target(entities, trailing_sentinel),
         entities=entities,
         num_tokens=len(tokens),
         num_masked_tokens=_count_tokens_inside(tokens, masked_spans),
@@ -214,6 +226,9 @@ def _parse_target(target: str) -> dict[str, str]:
     if pieces[0]:
         raise ValueError(f"target must start with a sentinel: {target[:50]!r}")
     mapping: dict[str, str] = {}
+    if pieces[-1] == "" and len(pieces) > 3 and pieces[-3].endswith(" "):
+        pieces = pieces[:-2]  # a trailing sentinel: it stands for no text
+        pieces[-1] = pieces[-1][:-1]
     last = len(pieces) - 1
     for index in range(1, len(pieces), 2):
         piece = pieces[index + 1]
