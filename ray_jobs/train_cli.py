@@ -18,7 +18,7 @@ from santa.runtime.preflight import (
 )
 from santa.runtime.runlock import RunLock
 from santa.runtime.tracking import Tracking
-from santa.train.kept import RESUME_HINT, final_metrics_lines
+from santa.train.kept import RESUME_HINT, final_metrics_lines, kept_checkpoint
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -101,7 +101,9 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     # A short table, not every metric: the whole history is in the run's metrics.jsonl.
     print("\n".join(final_metrics_lines(result.metrics or {}, spec.layout.metrics)))
     if result.checkpoint is not None:
-        print(f"checkpoint: {spec.layout.checkpoint_uri(result.checkpoint)}")  # s3:// kept
+        kept = kept_checkpoint(result, config.train)
+        # s3:// kept in the URI; with train.keep_best_by, the best, and why.
+        print(f"checkpoint: {spec.layout.checkpoint_uri(kept.checkpoint)} ({kept.describe()})")
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
     return 0

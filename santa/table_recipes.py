@@ -87,6 +87,18 @@ _MEP_REDUCTION = code(
     "the mean over the batch's target tokens (data_collator.py QPCollator sets padding to "
     "-100); Eq. 7's per-document sum is train.mep_reduction=sum",
 )
+# The released dev scripts score every saved checkpoint and keep the best.
+_BEST_CODE = code(
+    "dev_mrr",
+    "shell/dev_code_*.sh, code_best_dev/evaluate_code_*.py: every saved checkpoint's MRR on "
+    "the dev set, the best copied to best_dev",
+)
+_BEST_PRODUCT = code(
+    "dev_ndcg",
+    "shell/dev_product_*.sh, product_best_dev/evaluate_shop_*.py: every saved checkpoint's "
+    "NDCG@100 on the dev queries, the best copied to best_dev (two-class gains over each "
+    "query's judged products there; santa's dev_ndcg ranks the dev split's corpus)",
+)
 # The released trainer's batches (the paper says nothing of the order).
 _SHUFFLE = santa(
     "global",
@@ -135,9 +147,13 @@ def _model(backbone: Setting) -> dict[str, Setting]:
     }
 
 
-def _training(batch: Setting, lr: Setting, epochs: Setting) -> dict[str, Setting]:
+def _training(
+    batch: Setting, lr: Setting, epochs: Setting, best: Setting | None = None
+) -> dict[str, Setting]:
     """Optimisation, batches and precision (every stage)."""
     return {
+        "train.keep_best_by": best or _BEST_CODE,
+        "train.keep_best_mode": code("max", "the dev scripts keep the highest score"),
         "train.optimizer": _ADAM,
         "train.weight_decay": _NO_DECAY,
         "train.grad_clip": _CLIP,
@@ -470,6 +486,7 @@ _ESCI_PRETRAIN = _pretrain(
     ),
     epochs=paper(6, "SANTA §4 (6 continuous training epochs; shell/pretrain-product.sh agrees)"),
 )
+_ESCI_PRETRAIN["train.keep_best_by"] = _BEST_PRODUCT  # every product stage
 _ESCI_FINETUNE = _finetune(
     _ESCI_PRETRAIN,
     lr=paper(

@@ -76,15 +76,15 @@ def test_offline_mining_then_finetuning_on_the_table(
         + ["--top-k", "20", "--sample", "2"]
     )
     assert code == 0
-    table = read_negatives_table(str(output))
     corpus = load_mining_corpus(train_data)
-    assert set(table.negatives) == set(corpus.queries)
-    for query_id, negatives in table.negatives.items():
-        assert len(negatives) == 2
-        assert not set(negatives) & corpus.positives[query_id]
+    table = read_negatives_table(str(output), corpus)
+    assert table.negatives.shape == (corpus.num_queries, 2)
+    for query in range(corpus.num_queries):
+        assert len(table.of(query)) == 2
+        assert not set(table.of(query)) & set(corpus.positives(query).tolist())
     mined = capsys.readouterr().out
     summary = json.loads(mined[mined.index("{") : mined.rindex("}") + 1])
-    assert summary["queries"] == len(table.negatives)
+    assert summary["queries"] == corpus.num_queries
 
     code = finetune.main(
         ["--recipe", "tiny-ci", "--data", train_data, "--storage", str(tmp_path / "ft")]
@@ -100,8 +100,9 @@ def test_offline_mining_then_finetuning_on_the_table(
         ]
         + ["--init-checkpoint", checkpoint, "--hard-negatives", f"table:{output}"]
         + ["--negatives-per-query", "2", "--cpus-per-worker", "0.5"]
-        + ["--set", "train.log_every=3"]
+        + ["--set", "train.log_every=3", "--set", "train.checkpoint_every=3"]
         + ["--eval-data", dev_data, "--eval-split", "valid", "--set", "train.eval_every=3"]
+        + ["--set", "train.keep_best_by=dev_mrr"]
     )
     out = capsys.readouterr().out
     assert code == 0, out
@@ -114,6 +115,12 @@ def test_offline_mining_then_finetuning_on_the_table(
     # Dev metrics of the final step, on the held-out BEIR split.
     assert 0 < metrics["dev_mrr"] <= 1 and 0 < metrics["dev_ndcg"] <= 1
     assert metrics["dev_eval_s"] > 0
+    # train.keep_best_by: the run's result is its best dev checkpoint, and the job says so.
+    scored = [json.loads(line) for line in history if "dev_mrr" in json.loads(line)]
+    best = max(scored, key=lambda m: (m["dev_mrr"], m["step"]))
+    assert [m["step"] for m in scored] == [3, 6]
+    assert f"the best dev_mrr ({best['dev_mrr']:.4f}) of the run's checkpoints, at step " in out
+    assert f"at step {best['step']})" in out
 
 
 def test_bad_hard_negative_sources_are_rejected_before_training(train_data, tmp_path, capsys):

@@ -134,6 +134,7 @@ FROM_SANTAS_CODE = {
     "train.bf16": False,  # no --fp16/--bf16: float32
     "train.max_steps": None,  # --num_train_epochs
     "train.drop_last": False,  # Trainer default dataloader_drop_last
+    "train.keep_best_mode": "max",  # dev_*.sh keep the best dev checkpoint
     "train.epoch_unit": "pair",  # a line per pair
 }
 # ESCI's fine-tuning stages: build_product.py's queries (20 tokens, then </s>), one example
@@ -351,3 +352,12 @@ def test_the_loop_trains_with_adam_and_eq7(tmp_path: Path, ray_cluster) -> None:
     history = [json.loads(line) for line in (tmp_path / "runs/adam/metrics.jsonl").open()]
     vocab = config.model.tiny_vocab_size
     assert history[0]["loss_mep"] > 2 * math.log(vocab), history[0]
+
+
+def test_table_recipes_keep_the_best_dev_checkpoint_as_the_dev_scripts() -> None:
+    for name, recipe in TABLE_RECIPES.items():
+        expected = "dev_ndcg" if name == "t5-base-esci" else "dev_mrr"
+        for stage in recipe.chain:
+            setting = recipe.settings(stage)["train.keep_best_by"]
+            assert setting.value == expected and setting.source == CODE, (name, stage)
+            assert "best_dev" in setting.where

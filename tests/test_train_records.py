@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from santa.recipes import get_recipe
 from santa.train.loop_config import LoopConfig
 from santa.train.records import MetricsRecord
@@ -45,3 +47,39 @@ def test_a_progress_line_is_shown_only_once_its_step_is_in_the_history(tmp_path,
         0.5,
         0.5,
     ]
+
+
+def test_a_run_hands_on_its_best_checkpoint_by_the_metric_it_keeps(tmp_path) -> None:
+    """train.keep_best_by: the best of the checkpoints Ray Train kept (ties: the later);
+    without it, the latest. fit refuses a dev metric without a dev set, before any work."""
+    from types import SimpleNamespace
+
+    from santa.train.kept import kept_checkpoint
+    from santa.train.trainer import RunSpec, fit
+    from tests.training import tiny_config
+
+    first, second, third = object(), object(), object()
+    result = SimpleNamespace(
+        best_checkpoints=[
+            (first, {"step": 3, "dev_mrr": 0.2}),
+            (second, {"step": 6, "dev_mrr": 0.4}),
+            (third, {"step": 9, "dev_mrr": 0.4}),
+        ],
+        checkpoint=third,
+        metrics={"step": 9},
+    )
+    best = kept_checkpoint(result, tiny_config(keep_best_by="dev_mrr").train)
+    assert (best.checkpoint, best.step, best.value) == (third, 9, 0.4)
+    assert best.describe() == "the best dev_mrr (0.4000) of the run's checkpoints, at step 9"
+    lowest = kept_checkpoint(
+        result, tiny_config(keep_best_by="dev_mrr", keep_best_mode="min").train
+    )
+    assert lowest.checkpoint is first and lowest.step == 3
+    latest = kept_checkpoint(result, tiny_config().train)
+    assert (latest.checkpoint, latest.by) == (third, None)
+    assert latest.describe() == "the latest checkpoint, at step 9"
+    with pytest.raises(ValueError, match="keep_best_by=dev_mrr needs a dev set"):
+        fit(
+            tiny_config(keep_best_by="dev_mrr"),
+            RunSpec.of(data=str(tmp_path), storage=str(tmp_path), name="r"),
+        )

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -445,6 +446,9 @@ def print_tables(results: list[dict[str, Any]]) -> None:
 def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir) / f"csn-{size}"
     work.mkdir(parents=True, exist_ok=True)
+    # Runs start over (a run folder left by an earlier bench would be resumed, finished);
+    # the data (generated, preprocessed) is kept.
+    shutil.rmtree(work / "runs", ignore_errors=True)
     row_cache = tempfile.mkdtemp(prefix=f"rows-{size}-", dir=args.workdir)
     env = job_env(row_cache)
     result: dict[str, Any] = {"size": size}

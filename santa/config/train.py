@@ -98,6 +98,16 @@ class TrainConfig:
     checkpoint_every: int | None = None
     """Checkpoint every this many steps; ``None``: at the end of every epoch only."""
 
+    keep_best_by: str | None = None
+    """A metric every checkpoint reports (``dev_mrr``, ``dev_ndcg``: with a dev set) to keep
+    the run's best checkpoint by: Ray Train keeps the ``num_to_keep`` best by it (and the
+    latest, to resume from), and the run's result, what a pipeline chains and evaluates, is
+    the best one, as SANTA's released ``dev_*.sh`` scripts keep their best dev checkpoint.
+    ``None``: the latest checkpoint."""
+
+    keep_best_mode: str = "max"
+    """``max`` (a score: MRR, NDCG) or ``min`` (a loss) for :attr:`keep_best_by`."""
+
     shuffle: str = "global"
     """The order of each epoch's rows, one order for the whole run whatever its number of
     workers (each worker takes its slice of every global batch; :mod:`santa.train.order`).
@@ -195,6 +205,8 @@ class TrainConfig:
             fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
         if self.compile not in COMPILE_MODES:
             fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.keep_best_mode not in ("max", "min"):
+            fail(f"TrainConfig.keep_best_mode must be max or min, got {self.keep_best_mode!r}")
         if self.epoch_unit not in EPOCH_UNITS:
             fail(f"TrainConfig.epoch_unit must be one of {EPOCH_UNITS}, got {self.epoch_unit!r}")
         if self.shuffle not in SHUFFLES:

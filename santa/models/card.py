@@ -193,6 +193,14 @@ def _evaluation_section(evaluation: Evaluation | None, model_name: str) -> list[
     return lines
 
 
+def _kept(stage: dict[str, Any]) -> str:
+    """Why a stage's checkpoint is the one kept (``train.keep_best_by``), or nothing."""
+    kept = stage.get("kept") or {}
+    if not kept.get("by"):
+        return ""
+    return f": the best {kept['by']} ({kept['value']:.4f}), step {kept['step']}"
+
+
 def model_card(
     santa_config: dict[str, Any],
     *,
@@ -261,7 +269,7 @@ def model_card(
             lines.append(
                 f"| {stage['stage']} | {int(final.get('step', 0))} | "
                 f"{stage.get('learning_rate', 0):.1e} | {stage.get('hard_negatives', '')} | "
-                f"`{posixpath.basename(str(stage.get('checkpoint', '')))}` |"
+                f"`{posixpath.basename(str(stage.get('checkpoint', '')))}`{_kept(stage)} |"
             )
         lines.append("")
     keys = (

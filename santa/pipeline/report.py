@@ -163,7 +163,10 @@ def format_report(report: dict[str, Any], plots: list[str] | None = None) -> str
         "## Where things are",
         "",
         f"- run: `{report['run']}` (TensorBoard: `tensorboard --logdir {report['run']}`)",
-        *(f"- {s['stage']} checkpoint: `{s['checkpoint']}`" for s in report["stages"]),
+        *(
+            f"- {s['stage']} checkpoint: `{s['checkpoint']}`" + _kept_note(s.get("kept"))
+            for s in report["stages"]
+        ),
         f"- metrics and TREC runs: `{RunLayout(report['run']).eval()}`",
         "",
     ]
@@ -199,3 +202,10 @@ def write_sweep_report(rows: list[dict[str, Any]], root: str, metric: str) -> st
     page = markdown_page(markdown, lines[0].removeprefix("# "))
     storage.write_bytes(storage.join(root, "report.html"), page.encode())
     return target
+
+
+def _kept_note(kept: dict | None) -> str:
+    """`` (kept: the best dev_mrr 0.4312, step 40)`` for a stage that kept its best."""
+    if not kept or not kept.get("by"):
+        return ""
+    return f" (kept: the best {kept['by']} {kept['value']:.4f}, step {kept['step']})"

@@ -393,6 +393,7 @@ def train_stage(
     warm_start: str,
 ) -> dict[str, Any]:
     """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
+    from santa.train.kept import kept_checkpoint
     from santa.train.trainer import fit
 
     train = config.train
@@ -409,9 +410,14 @@ def train_stage(
     result = fit(config, run)
     if result.error is not None or result.checkpoint is None:
         raise RuntimeError(f"{stage} training failed: {result.error}")
+    # The best dev checkpoint with train.keep_best_by (as the released dev scripts keep
+    # theirs), else the latest: what the next stage starts from and evaluation scores.
+    kept = kept_checkpoint(result, train)
+    print(f"[{stage}] kept {kept.describe()}", flush=True)
     return {
         "stage": stage,
-        "checkpoint": stage_layout.checkpoint_uri(result.checkpoint),
+        "checkpoint": stage_layout.checkpoint_uri(kept.checkpoint),
+        "kept": kept.to_dict(),
         "learning_rate": train.learning_rate,
         "hard_negatives": config.negatives.source.split(":", 1)[0],
         "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},

@@ -7,11 +7,19 @@ interrupted upload left behind is never counted).
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from santa.models.checkpoints import _snapshot_candidates
 from santa.runtime import storage
 from santa.runtime.layout import RUN_SNAPSHOT_FILE, RunLayout
 
-__all__ = ["describe_run", "final_metrics_lines", "latest_registered"]
+__all__ = [
+    "KeptCheckpoint",
+    "describe_run",
+    "final_metrics_lines",
+    "kept_checkpoint",
+    "latest_registered",
+]
 
 RESUME_HINT = "run the same command to resume"
 
@@ -26,6 +34,58 @@ def latest_registered(run_uri: str) -> tuple[str, int | None] | None:
     name, metrics = candidates[0]
     step = metrics.get("step")
     return RunLayout(run_uri).checkpoint(name), int(step) if isinstance(step, int | float) else None
+
+
+class KeptCheckpoint(NamedTuple):
+    """The checkpoint a finished run hands on, and why that one."""
+
+    checkpoint: Any
+    """A ``ray.train.Checkpoint``."""
+    step: int | None
+    by: str | None
+    """The metric it was chosen by (``train.keep_best_by``), None: the latest."""
+    value: float | None
+    """Its value of that metric."""
+
+    def describe(self) -> str:
+        """``the best dev_mrr (0.4312) of the run's checkpoints, at step 40`` or ``the
+        latest, at step 60``."""
+        at = f"at step {self.step}" if self.step is not None else "at its step"
+        if self.by is None:
+            return f"the latest checkpoint, {at}"
+        return f"the best {self.by} ({self.value:.4f}) of the run's checkpoints, {at}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "by": self.by, "value": self.value}
+
+
+def kept_checkpoint(result: Any, train: Any) -> KeptCheckpoint:
+    """The checkpoint of a finished ``ray.train.Result`` to chain and evaluate: the best by
+    ``train.keep_best_by`` among those Ray Train kept (``best_checkpoints``), else the
+    latest."""
+    if train.keep_best_by:
+        scored = [
+            (checkpoint, metrics)
+            for checkpoint, metrics in (result.best_checkpoints or [])
+            if isinstance(metrics.get(train.keep_best_by), int | float)
+        ]
+        if scored:
+            sign = 1.0 if train.keep_best_mode == "max" else -1.0
+            checkpoint, metrics = max(
+                scored,
+                key=lambda item: (sign * item[1][train.keep_best_by], item[1].get("step", 0)),
+            )
+            step = metrics.get("step")
+            return KeptCheckpoint(
+                checkpoint,
+                int(step) if isinstance(step, int | float) else None,
+                train.keep_best_by,
+                float(metrics[train.keep_best_by]),
+            )
+    step = (result.metrics or {}).get("step")
+    return KeptCheckpoint(
+        result.checkpoint, int(step) if isinstance(step, int | float) else None, None, None
+    )
 
 
 def describe_run(run_uri: str, what: str = "run") -> str:

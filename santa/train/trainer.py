@@ -294,6 +294,11 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     train = config.train
     layout = spec.layout
     set_poll_interval()
+    if train.keep_best_by and train.keep_best_by.startswith("dev_") and not spec.eval_data:
+        raise ValueError(
+            f"train.keep_best_by={train.keep_best_by} needs a dev set to score every "
+            "checkpoint with (--eval-data)"
+        )
     # What the objective trains on must be there: one line naming it, before anything is
     # built and before Ray Train starts workers that would each fail on it.
     training_data(
@@ -380,7 +385,13 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             name=layout.name,
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
-            checkpoint_config=CheckpointConfig(num_to_keep=spec.num_to_keep),
+            # The best by train.keep_best_by (and the latest, to resume from), or the
+            # newest: santa.train.kept.kept_checkpoint picks the run's result from them.
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=spec.num_to_keep,
+                checkpoint_score_attribute=train.keep_best_by,
+                checkpoint_score_order=train.keep_best_mode,
+            ),
             # A wait for workers that never fit (a lost node, an autoscaler that does not
             # deliver) is retried a bounded number of times, not forever (Ray's default),
             # then the job ends in one line.
