@@ -31,13 +31,13 @@ def read_history(run_uri: str) -> list[dict[str, Any]]:
 # on the driver, santa.train.loop's on the workers).
 STARTUP_PHASES = (
     ("startup_initial_model_s", "initial model"),
-    ("startup_data_plan_s", "data plan"),
     ("startup_miner_s", "miner"),
     ("startup_worker_start_s", "worker start"),
     ("startup_imports_s", "imports"),
     ("startup_model_s", "model"),
     ("startup_resume_s", "resume"),
     ("startup_ddp_s", "DDP"),
+    ("startup_rows_build_s", "row file built (beside the above)"),
     ("startup_first_batch_wait_s", "wait for data"),
     ("startup_first_step_s", "first step"),
     ("startup_compile_s", "of it compile"),
