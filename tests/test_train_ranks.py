@@ -95,3 +95,26 @@ def test_a_run_resized_from_two_workers_to_one_goes_on_with_the_next_global_batc
     trained += rest[0]["rows"]
     assert trained == whole[0]["rows"]  # no global batch twice, none skipped
     assert losses(rest[0]) == pytest.approx(losses(whole[0])[15:], rel=1e-4)
+
+
+def test_a_compiled_ddp_model_trains_as_the_eager_one_and_saves_plain_keys(
+    run_inputs: dict, one_worker: list[dict], tmp_path: Path
+) -> None:
+    """``train.compile=always`` (torch.compile of the DDP-wrapped model; ``aot_eager``: no C++
+    compiler) on two gloo processes: the eager run's losses, and a checkpoint whose keys are
+    the plain model's (no ``_orig_mod.``, no ``module.``)."""
+    from safetensors import safe_open
+
+    loop = loop_of(
+        run_inputs,
+        3,
+        "train.compile=always",
+        "train.compile_backend=aot_eager",
+        "train.checkpoint_every=3",
+    )
+    root = tmp_path / "compiled"
+    compiled = train_on_ranks(2, loop, str(root), str(tmp_path / "o"))
+    assert losses(compiled[0]) == pytest.approx(losses(one_worker[0])[:9], rel=1e-4)
+    files = list((root / "checkpoint_000003" / "model").glob("*.safetensors"))
+    keys = [key for file in files for key in safe_open(str(file), "pt").keys()]  # noqa: SIM118
+    assert keys and not any("_orig_mod" in key or "module." in key for key in keys)
