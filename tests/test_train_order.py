@@ -116,17 +116,18 @@ def label_filter(batch) -> np.ndarray:
 
 
 def test_a_row_file_holds_the_training_rows_by_number_and_is_built_once(tmp_path: Path) -> None:
-    files = write_rows(tmp_path / "data", 3000)
+    files = write_rows(tmp_path / "data", 30_000)
     source = RowSource(files, ("query_id", "text"), ("kind",), "nonzero", label_filter, ("label",))
-    assert count_rows(source) == 2000
+    assert count_rows(source) == 20_000
     rows = open_rows(source, str(tmp_path / "cache"))
-    assert rows.built and rows.num_rows == 2000
-    kept = [i for i in range(3000) if i % 3]
-    taken = rows.take(np.array([5, 0, 1999, 5]))
-    assert taken.column("query_id").to_pylist() == [f"q{kept[i]}" for i in (5, 0, 1999, 5)]
-    assert taken.column("kind").to_pylist() == [None] * 4  # optional, absent: nulls
+    assert rows.built and rows.num_rows == 20_000
+    kept = [i for i in range(30_000) if i % 3]
+    wanted = [5, 0, 19_999, 8192, 8191, 5, 16_384]  # across the file's record batches
+    taken = rows.take(np.array(wanted))
+    assert taken.column("query_id").to_pylist() == [f"q{kept[i]}" for i in wanted]
+    assert taken.column("kind").to_pylist() == [None] * len(wanted)  # optional, absent
     again = open_rows(source, str(tmp_path / "cache"))
-    assert not again.built and again.num_rows == 2000
+    assert not again.built and again.num_rows == 20_000
     # Another data version (a file rewritten), columns or filter: another file.
     write_rows(tmp_path / "data", 3000, extra="!")
     changed = open_rows(source, str(tmp_path / "cache"))

@@ -54,7 +54,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ROWS_PER_BATCH = 1024
+ROWS_PER_BATCH = 8192
 """Rows per record batch of a row file (every batch but the last): row ``i`` is row
 ``i % ROWS_PER_BATCH`` of batch ``i // ROWS_PER_BATCH``."""
 KEEP_ROW_FILES = 8
