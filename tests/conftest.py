@@ -66,91 +66,15 @@ SHARED_FIXTURE_NAMES = ("shared_fixtures", "pos_tagger_data")
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark ``shared`` every test that reads ../shared: the ones CI runs once more as on a
-    clone without it (``SANTA_TEST_SHARED=none``); under CI's deadline, order the long tests."""
+    clone without it (``SANTA_TEST_SHARED=none``)."""
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in SHARED_FIXTURE_NAMES):
             item.add_marker(pytest.mark.shared)
-    if CI_DEADLINE:  # the long tests last, in the day's order (deselection keeps the order)
-        import datetime
-
-        items[:] = budget_order(items, datetime.date.today().toordinal())
-
-
-# CI's time budget (issue 39). `.ci/run` sets SANTA_CI_DEADLINE (seconds since the epoch) to
-# its start plus SANTA_CI_BUDGET_MIN; the ``long`` tests, which CI runs last, each say how
-# long they took on a quiet 2-core machine (``@pytest.mark.long(seconds=N)``). Under a
-# deadline they run in an order drawn from the day's date, and a test that would not end in
-# time is skipped with the reason: each CI run runs as many as fit, a different share each
-# day. "In time" is at twice its seconds until one has run here, then at 1.25 times the
-# slowest ratio of taken to declared seconds seen. Without a deadline (a developer's
-# ``pytest -m long``) every test runs, in file order.
-CI_DEADLINE = float(os.environ.get("SANTA_CI_DEADLINE") or 0)
-_LONG_DECLARED: dict[str, float] = {}  # nodeid -> declared seconds, of the tests started
-_LONG_RATIOS: list[float] = []  # taken / declared seconds, of the tests run here
-
-
-def budget_slack(ratios: list[float]) -> float:
-    """How many times its declared seconds a long test is given, after ``ratios`` (taken /
-    declared) of those run so far on this machine."""
-    return 2.0 if not ratios else max(1.0, 1.25 * max(ratios))
-
-
-def long_seconds(item) -> float | None:
-    """The seconds a ``long`` test took on a quiet 2-core machine, or None if not long."""
-    marker = item.get_closest_marker("long")
-    return None if marker is None else float(marker.kwargs.get("seconds", 180))
-
-
-def budget_order(items: list, day: int) -> list:
-    """The ``long`` tests after the others, in an order drawn from ``day`` (a date's
-    ordinal), so that the share a deadline leaves out is a different one each day."""
-    import random
-
-    long = sorted((i for i in items if long_seconds(i) is not None), key=lambda i: i.nodeid)
-    random.Random(day).shuffle(long)
-    return [i for i in items if long_seconds(i) is None] + long
-
-
-def budget_skip_reason(
-    name: str, seconds: float, now: float, deadline: float, slack: float = 2.0
-) -> str | None:
-    """Why long test ``name`` of ``seconds`` is skipped at ``now`` under ``deadline``, given
-    ``slack`` times its seconds, or None."""
-    left = deadline - now
-    if now + slack * seconds <= deadline:
-        return None
-    return (
-        f"CI's time budget: {max(left, 0) / 60:.1f} min left, {name} takes ~{seconds:.0f} s "
-        f"on a quiet 2-core machine; another day's order runs it (`python -m pytest -m long` "
-        f"runs them all)"
-    )
-
-
-def pytest_runtest_setup(item) -> None:
-    """Skip a long test that would not end before CI's deadline."""
-    seconds = long_seconds(item)
-    if CI_DEADLINE and seconds is not None:
-        slack = budget_slack(_LONG_RATIOS)
-        reason = budget_skip_reason(item.name, seconds, time.time(), CI_DEADLINE, slack)
-        if reason:
-            pytest.skip(reason)
-        _LONG_DECLARED[item.nodeid] = seconds
-
-
-def pytest_runtest_logreport(report) -> None:
-    """The ratio of taken to declared seconds of each long test run under CI's deadline."""
-    if report.when == "call" and report.nodeid in _LONG_DECLARED:
-        _LONG_RATIOS.append(report.duration / _LONG_DECLARED[report.nodeid])
 
 
 def pytest_report_header(config) -> str:
     """Say which samples the shared-fixture tests read, in every run's header."""
     lines = []
-    if CI_DEADLINE:
-        left = (CI_DEADLINE - time.time()) / 60
-        lines.append(
-            f"CI's time budget: {left:.1f} min left for the long tests (SANTA_CI_DEADLINE)"
-        )
     if SHARED_FIXTURES.is_dir():
         lines.append(f"shared fixtures: {SHARED_FIXTURES} (real samples)")
     else:

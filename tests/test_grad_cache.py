@@ -11,7 +11,6 @@ objective, bf16 autocast and ``torch.compile`` go through the same step.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -495,36 +494,6 @@ def test_the_santa_objective_dispatches_to_grad_cache() -> None:
     unmasked = {k: v for k, v in batch.items() if k != "doc_keys"}
     unmasked_sda = float(compute_losses(model, unmasked, config, identity_gather)["loss_sda"])
     assert abs(unmasked_sda - results[0][1]["loss_sda"]) > 1e-3
-
-
-@pytest.mark.long(seconds=60)
-@pytest.mark.usefixtures("ray_cluster")
-def test_twenty_steps_on_ray_follow_the_plain_loss_curve(tmp_path) -> None:
-    """Through ``fit`` on two Ray Train workers (DDP, gloo): 20 steps of SDA + MEP with
-    GradCache log the losses of the plain run, step by step."""
-    from santa.train.trainer import RunSpec, fit
-    from tests.training import stdlib_pair_rows, tiny_config, write_pairs
-
-    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows())
-    common = {"data": data, "storage": str(tmp_path / "runs"), "cpus_per_worker": 0.5}
-    overrides = {"max_steps": 20, "log_every": 1, "checkpoint_every": 20, "num_workers": 2}
-    losses = {}
-    for name, chunk in (("plain", 0), ("cached", CHUNK)):
-        config = tiny_config(**overrides, grad_cache_chunk_size=chunk)
-        result = fit(config, RunSpec.of(name=name, **common))
-        assert result.error is None and result.metrics["step"] == 20
-        lines = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
-        losses[name] = {
-            row["step"]: (row["loss"], row["loss_sda"], row["loss_mep"])
-            for row in map(json.loads, lines)
-        }
-    assert sorted(losses["cached"]) == list(range(1, 21))
-    # Each step's gradients are equal to fp32 rounding (the tests above, 1e-5); over 20 Adam
-    # steps that rounding grows: 1.4e-4 by step 14 on a CPU without AVX-512 (2026-11-26).
-    # A wrong GradCache step (a chunk's gradient lost, MEP left out) is off by percents.
-    for step, expected in losses["plain"].items():
-        assert losses["cached"][step] == pytest.approx(expected, rel=1e-3), step
-    assert losses["plain"][20][0] < losses["plain"][1][0]  # it trained
 
 
 def test_the_soft_label_objective_dispatches_to_grad_cache() -> None:

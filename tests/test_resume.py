@@ -26,32 +26,44 @@ def _checkpoint_folders(run: Path) -> list[Path]:
     return sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("ray_cluster")
-def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):
-    from santa.train.trainer import RunSpec, fit
+def test_a_corrupt_latest_checkpoint_resumes_the_loop_from_the_previous_one(tmp_path, capsys):
+    """The loop (LocalSession: no Ray) over a checkpoint root whose newest checkpoint is
+    broken: it says so in one line and resumes from the one before, then trains on."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
 
-    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:200])
+    rows = stdlib_pair_rows()[:64]
+    data = write_pairs(tmp_path / "pairs", rows)
     config = tiny_config(max_steps=4, log_every=1, checkpoint_every=1)
-    common = {"data": data, "storage": str(tmp_path), "cpus_per_worker": 0.5, "num_to_keep": 10}
-    first = fit(config, RunSpec.of(name="run", stop_at_step=3, **common))
-    assert first.metrics["step"] == 3
-    run = tmp_path / "run"
-    registered = registered_checkpoints(str(run))
-    assert len(registered) == 3 and Path(registered[0]) == Path(first.checkpoint.path)
+    texts = [row["query"] for row in rows] + [row["document"] for row in rows]
+    tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)
+    DualEncoder.build_tiny(config.model, tokenizer).save_pretrained(str(tmp_path / "init"), config)
 
-    # The latest registered checkpoint broken; an upload cut short left a newer folder.
-    optimizer = Path(registered[0], "optimizer.pt")
-    optimizer.write_bytes(optimizer.read_bytes()[:100])
-    half = run / "checkpoint_2999-01-01_00-00-00.000000"
-    (half / "model").mkdir(parents=True)
-    (half / "trainer_state.json").write_text('{"step": 99}')
+    def loop(stop: int = 0) -> LoopConfig:
+        return LoopConfig(
+            santa=config,
+            init_model=str(tmp_path / "init"),
+            data_uri=data,
+            stop_at_step=stop,
+            row_cache=str(tmp_path / "rows"),
+        )
 
-    second = fit(config, RunSpec.of(name="run", **common))
-    assert second.metrics["step"] == 4
-    state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
-    assert state["resumed_at"] == [2]
-    assert not half.exists()
+    root = tmp_path / "run"
+    run_worker(WorkerTrainer(loop(stop=3), LocalSession(checkpoint_root=str(root))))
+    folders = _checkpoint_folders(root)
+    assert [p.name for p in folders] == [f"checkpoint_00000{i}" for i in (1, 2, 3)]
+    optimizer = folders[-1] / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])  # the newest one broken
+    capsys.readouterr()
+    trainer = WorkerTrainer(loop(), LocalSession(checkpoint_root=str(root)))
+    assert trainer.state["resumed_at"] == [2]
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("santa:")]
+    assert line.startswith(f"santa: warning: checkpoint {folders[-1]} cannot be loaded")
+    run_worker(trainer)
+    assert json.loads((root / "checkpoint_000004" / "trainer_state.json").read_text())["step"] == 4
 
 
 def test_fallback_names_the_broken_checkpoint(tmp_path, capsys):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from santa.train.objectives import (
     placeholder_negatives,
     to_tensors,
 )
-from tests.training import stdlib_pair_rows, tiny_config, write_pairs
+from tests.training import stdlib_pair_rows, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -114,31 +115,55 @@ def test_stand_in_negatives_leave_the_loss_of_in_batch_negatives() -> None:
     torch.testing.assert_close(padded["loss"], plain["loss"])
 
 
-@pytest.mark.long(seconds=75)
-def test_a_run_reports_a_constant_compile_count_when_the_miners_table_arrives(
+@pytest.mark.slow
+def test_the_compile_count_stays_constant_when_the_miners_table_arrives(
     ray_cluster, tmp_path
 ) -> None:
-    """The Ray loop with ``train.compile=always``: the first table reaches the workers
-    mid-stage and ``compile_graphs`` stays what the first step compiled."""
-    from santa.train.trainer import RunSpec, fit
+    """The loop with ``train.compile=always`` (no Ray Train: a local session beside a real
+    miner actor on the test cluster): the first table reaches the loop mid-stage and
+    ``compile_graphs`` stays what the first step compiled."""
+    import ray
 
-    # Enough pairs that the miner's first refresh (it mines the training pairs) takes
-    # longer than the first steps: the first windows train before the table arrives.
-    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:1500])
+    from santa.negatives.miner import start_miner
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.session import LocalSession
+    from tests.training import local_loop, tiny_start
+
     config = tiny_config(
         {"source": "async", "per_query": 1, "refresh_every": 10},
         compile="always",
         compile_backend="aot_eager",  # Dynamo's graphs without a C++ compiler
-        num_workers=2,
-        max_steps=60,
+        max_steps=12,
         log_every=1,
-        checkpoint_every=60,
+        checkpoint_every=12,
     )
-    result = fit(config, RunSpec.of(data=data, storage=str(tmp_path), name="compiled"))
-    assert result.error is None, result.error
-    history = [json.loads(line) for line in (tmp_path / "compiled" / "metrics.jsonl").open()]
+    start = tiny_start(tmp_path, stdlib_pair_rows()[:300], config)
+    name = "santa-miner-compile-test"
+    miner = start_miner(name, data_uri=start["data"], model_uri=start["init"], config=config)
+    session = LocalSession()
+    try:
+        trainer = WorkerTrainer(local_loop(start, config, miner_name=name), session)
+        negatives = trainer.objective.negatives
+        poll = negatives.poll
+
+        def poll_from_step_6() -> bool:
+            # Steps 1-5 train before the first table, 6-12 with it, whatever the speeds:
+            # the table is taken at step 6, waited for there.
+            if trainer.state["step"] < 5:
+                return False
+            deadline = time.monotonic() + 300
+            while negatives.newest_step() < 0 and time.monotonic() < deadline:
+                poll()
+                time.sleep(0.1)
+            return poll()
+
+        negatives.poll = poll_from_step_6
+        run_worker(trainer)
+    finally:
+        ray.kill(miner)
+    history = session.reports
     arrived = [h["step"] for h in history if h["negatives_step"] >= 0]
-    assert history[0]["negatives_step"] == -1 and arrived, "no table arrived mid-stage"
+    assert arrived == list(range(6, 13)), arrived
     counts = {h["compile_graphs"] for h in history}
     assert len(counts) == 1 and counts.pop() >= 1, [h["compile_graphs"] for h in history]
     assert history[0]["startup_first_step_s"] > 0

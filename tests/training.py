@@ -149,3 +149,33 @@ def negatives_by_id(table, corpus) -> dict[str, list[str]]:
             strict=True,
         )
     )
+
+
+def tiny_start(folder: Any, rows: list[dict[str, Any]], config: SantaConfig) -> dict[str, str]:
+    """Pairs of ``rows`` under ``folder`` and a tiny T5 (its tokenizer trained on them) saved
+    as the initial model: what the loop trains from without Ray (``local_loop``)."""
+    from pathlib import Path
+
+    from santa.models.dual_encoder import DualEncoder
+    from santa.models.tokenizer import train_tokenizer
+
+    folder = Path(folder)
+    data = write_pairs(folder / "pairs", rows)
+    texts = [row["query"] for row in rows] + [row["document"] for row in rows]
+    tokenizer = train_tokenizer(texts, vocab_size=config.model.tiny_vocab_size)
+    model = DualEncoder.build_tiny(config.model, tokenizer, seed=0)
+    model.save_pretrained(str(folder / "init"), santa_config=config)
+    return {"data": data, "init": str(folder / "init"), "rows": str(folder / "rows")}
+
+
+def local_loop(start: dict[str, str], config: SantaConfig, **fields: Any):
+    """The ``LoopConfig`` of the loop over ``tiny_start``'s pairs and model."""
+    from santa.train.loop_config import LoopConfig
+
+    return LoopConfig(
+        santa=config,
+        init_model=start["init"],
+        data_uri=start["data"],
+        row_cache=start["rows"],
+        **fields,
+    )
