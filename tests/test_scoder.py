@@ -274,18 +274,20 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
-@pytest.mark.long(seconds=60)
+@pytest.mark.slow
 def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
-    ray_cluster, tmp_path, capsys
+    tmp_path, capsys
 ):
-    """SCodeR's stages are objectives of santa's one worker loop: they run under
-    ``train.compile=always`` and resume, like SANTA's, from the newest checkpoint that loads."""
+    """SCodeR's stages are objectives of santa's one worker loop (here without Ray: a local
+    session): they run under ``train.compile=always`` and resume, like SANTA's, from the
+    newest checkpoint that loads."""
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
     from santa.recipes import get_recipe
     from santa.scoder.discriminator import Discriminator, DiscriminatorPair
-    from santa.train.resume import registered_checkpoints
-    from santa.train.trainer import RunSpec, fit
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
 
     rows = stdlib_pair_rows()[:48]
     texts, codes = [r["query"] for r in rows], [r["document"] for r in rows]
@@ -325,27 +327,35 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
             "train.num_workers=1",
         ]
     )
-    common = {"data": str(tmp_path / "examples"), "storage": str(tmp_path / "runs")}
-    common |= {"cpus_per_worker": 0.5, "num_to_keep": 10}
-    discriminators = dict(objective="discriminators", warm_start=str(tmp_path / "discriminators"))
-    first = fit(config, RunSpec.of(name="d", stop_at_step=2, **discriminators, **common))
-    assert first.error is None and first.metrics["step"] == 2
-    assert 0.0 <= first.metrics["accuracy"] <= 1.0 and math.isfinite(first.metrics["loss"])
-    newest = registered_checkpoints(str(tmp_path / "runs" / "d"))[0]
-    optimizer = Path(newest, "optimizer.pt")
+
+    def train(objective: str, start: str, root: str, stop: int = 0) -> LocalSession:
+        session = LocalSession(checkpoint_root=str(tmp_path / root))
+        loop = LoopConfig(
+            santa=config,
+            init_model=start,
+            objective=objective,
+            data_uri=str(tmp_path / "examples"),
+            stop_at_step=stop,
+            row_cache=str(tmp_path / "rows"),
+        )
+        run_worker(WorkerTrainer(loop, session))
+        return session
+
+    first = train("discriminators", str(tmp_path / "discriminators"), "d", stop=2)
+    assert [r["step"] for r in first.reports] == [1, 2]
+    assert 0.0 <= first.reports[-1]["accuracy"] <= 1.0 and math.isfinite(first.reports[-1]["loss"])
+    newest = Path(first.checkpoints()[0])
+    optimizer = newest / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:100])
     capsys.readouterr()
-    second = fit(config, RunSpec.of(name="d", **discriminators, **common))
-    assert second.error is None and second.metrics["step"] == 3
-    state = json.loads(Path(second.checkpoint.path, "trainer_state.json").read_text())
-    assert state["resumed_at"] == [1]  # the broken step-2 checkpoint skipped
-    DiscriminatorPair.from_pretrained(str(Path(second.checkpoint.path, "discriminators")))
+    second = train("discriminators", str(tmp_path / "discriminators"), "d")
+    assert [r["step"] for r in second.reports] == [2, 3]  # the broken step-2 checkpoint skipped
+    state = json.loads((newest.parent / "checkpoint_000003" / "trainer_state.json").read_text())
+    assert state["resumed_at"] == [1]
+    DiscriminatorPair.from_pretrained(str(newest.parent / "checkpoint_000003" / "discriminators"))
 
-    dual = fit(
-        config, RunSpec.of(name="g", objective="dual_encoder", warm_start=backbone, **common)
-    )
-    assert dual.error is None and dual.metrics["step"] == 3
-    assert math.isfinite(dual.metrics["loss_distill"]) and dual.metrics["soft_label_entropy"] > 0
-    history = [json.loads(line) for line in (tmp_path / "runs" / "g" / "metrics.jsonl").open()]
-    assert [h["step"] for h in history] == [1, 2, 3]
-    DualEncoder.from_pretrained(str(Path(dual.checkpoint.path, "model")))
+    dual = train("dual_encoder", backbone, "g")
+    assert [r["step"] for r in dual.reports] == [1, 2, 3]
+    assert math.isfinite(dual.reports[-1]["loss_distill"])
+    assert dual.reports[-1]["soft_label_entropy"] > 0
+    DualEncoder.from_pretrained(str(Path(dual.checkpoints()[0], "model")))

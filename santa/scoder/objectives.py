@@ -153,7 +153,7 @@ class SoftLabelObjective(DualEncoderObjective):
     def soft_labels(self, rows: dict[str, list], device) -> torch.Tensor:
         """The discriminators' scores ``(batch, 1 + n)``: read, or computed without grad."""
         if self.teacher is None:
-            if "scores" not in rows:
+            if any(score is None for score in rows.get("scores", [None])):
                 raise ValueError("offline soft labels need a 'scores' column (soft_labels.py)")
             return to_device(torch.tensor(rows["scores"], dtype=torch.float32), device)
         width = len(rows["candidates"][0])

@@ -25,12 +25,17 @@ LISTWISE_SCHEMA = pa.schema(
 LISTWISE = "listwise examples"  # what the readers' errors call them
 
 
+SCORES = "scores"
+"""The discriminators' scores of each candidate (offline soft labels), where written."""
+
+
 def listwise_source(uri: str) -> RowSource:
     """The listwise rows under ``uri/data`` (every row trains: the writer left out the
-    held-out ones)."""
+    held-out ones), with their soft labels (``scores``) where the folder has them."""
     return RowSource(
         files=tuple(parquet_files(storage.join(uri, "data"), LISTWISE)),
         columns=tuple(LISTWISE_SCHEMA.names),
+        optional=(SCORES,),
     )
 
 
