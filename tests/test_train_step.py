@@ -277,7 +277,7 @@ def test_the_plain_loop_with_a_gate_steps_only_after_it_and_leaves_the_wait_out(
 
     monkeypatch.setattr(torch.optim.AdamW, "step", counting)
     started = time.perf_counter()
-    row = gpu_ray.run_plain(bench_args(4), tiny_run["init"], gate=gate)
+    row = gpu_ray.run_plain(bench_args(4), tiny_run["init"], tiny_run["data"], gate=gate)
     wall_s = time.perf_counter() - started
     assert at_gate == [1] and len(seen) == 5  # one untimed step, then the 4 timed ones
     assert row["waited_for_ray_s"] >= 3.0

@@ -88,6 +88,7 @@ from santa.config import ModelConfig, SantaConfig, TrainConfig  # noqa: E402
 from santa.method.distributed import identity_gather  # noqa: E402
 from santa.models.dual_encoder import DualEncoder  # noqa: E402
 from santa.train.objectives import compute_losses  # noqa: E402
+from santa.train.optim import build_optimizer  # noqa: E402
 from santa.train.precision import (  # noqa: E402
     MasterWeights,
     use_bf16_position_bias,
@@ -259,8 +260,10 @@ def bench_train(model: DualEncoder, args, device: torch.device, autocast) -> dic
 
     The step is the training loop's (santa.train.loop): ``compute_losses`` on a batch
     keyed as the loop's batches are, the precision switches of ``santa.train.precision``
-    (bf16 compute weights with an fp32 master, fused RMS norm, bf16 position bias), AdamW
-    on the fp32 weights, grad-norm clip 1.0.
+    (bf16 compute weights with an fp32 master, fused RMS norm, bf16 position bias), the
+    loop's optimizer (``santa.train.optim.build_optimizer``) on the fp32 weights, grad-norm
+    clip 1.0. Its math at any T5 size on random ids: the whole loop with its input pipeline
+    and reports is ``bench/perf/gpu_ray.py``'s.
     """
     vocab = model.backbone.config.vocab_size
     batch = args.batch
@@ -282,8 +285,8 @@ def bench_train(model: DualEncoder, args, device: torch.device, autocast) -> dic
         use_bf16_position_bias(model)
     master = MasterWeights(model) if on_gpu and args.bf16_weights else None
     compute = master.compute if master is not None else model
-    fused = {"fused": True} if args.fused_adamw else {}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **fused)
+    # The loop's own optimizer (santa.train.optim: the config's AdamW, fused on request).
+    optimizer = build_optimizer(model.parameters(), config.train, fused=args.fused_adamw)
     compute.train()
     forward = torch.compile(compute) if args.compile else compute
 

@@ -12,8 +12,9 @@ Two systems train the same config (the ``tiny`` recipe; on a GPU scaled to T5-ba
   ``--pairs`` subset, so that a short run crosses several epochs); its ``metrics.jsonl``
   gives the windows, its ``startup_*`` metrics the phases before the first step;
 - ``plain``: in this process, the Ray run's initial model and the loop's own step
-  (``santa.train.objectives.compute_losses``, the loop's precision settings and optimizer,
-  ``torch.compile`` where the config compiles) on random token ids of the same shapes.
+  (``WorkerTrainer.train_step``: the objective, the loop's precision settings, optimizer and
+  schedule, ``torch.compile`` where the config compiles) on random token ids of the same
+  shapes: the step without the input pipeline or Ray's reports.
   With ``--overlap`` (the default on a GPU) it builds an initial model of the same config
   and compiles while the Ray run runs, then waits for the Ray run to end before its timed
   steps: the two cold compiles (minutes each at T5-base) share the time, the steps never
@@ -220,86 +221,68 @@ def finish_ray(args: argparse.Namespace, started: dict[str, Any]) -> dict[str, A
 
 
 def run_plain(
-    args: argparse.Namespace, init_model: str, gate: Callable[[], None] | None = None
+    args: argparse.Namespace,
+    init_model: str,
+    data: str,
+    gate: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """The loop's step in this process on random ids of the same shapes.
+    """The loop's own step (``WorkerTrainer.train_step``: the objective's forward and
+    backward, clipping, the optimizer and schedule, the precision settings, ``torch.compile``
+    where the config compiles) in this process, on one batch of random token ids of the
+    run's shapes: the step without the input pipeline or Ray's reports.
 
     With ``gate``: one untimed step first (it compiles), then ``gate()`` (the overlap mode
     waits there for the Ray run to end, so that the two never step at once), then the timed
     steps; the wait is not in the stage's seconds.
     """
-    from contextlib import nullcontext
-
+    import numpy as np
     import torch
 
-    from santa.method.distributed import identity_gather
-    from santa.models.dual_encoder import DualEncoder
     from santa.recipes import get_recipe
     from santa.train.data import tokenization_settings
-    from santa.train.objectives import compute_losses
 
     config = get_recipe("tiny").with_overrides(
         [*overrides(args), *(["train.use_gpu=true"] if args.device == "cuda" else [])]
     )
-    train = config.train
-    device = torch.device(args.device)
-    on_gpu = device.type == "cuda"
-    if not on_gpu:
+    if args.device != "cuda":
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    torch.manual_seed(train.seed)
-    model = DualEncoder.from_pretrained(init_model, config.model).to(device).train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=train.learning_rate,
-        weight_decay=train.weight_decay,
-        fused=on_gpu or None,
-    )
-    forward = model
-    if train.compile == "always" or (train.compile == "gpu" and on_gpu):
-        from santa.train.compiling import compile_for_training
-
-        forward = compile_for_training(
-            model, model, scope=train.compile_scope, backend=train.compile_backend
-        )
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu and train.bf16 else nullcontext()
+    trainer, _ = local_trainer(
+        config, init_model, data, steps=args.steps + 1, threads=args.threads, device=args.device
     )
     settings = tokenization_settings(config)
-    batch = train.global_batch_size
-    vocab = model.backbone.config.vocab_size
+    batch = config.train.global_batch_size
+    vocab = trainer.model.backbone.config.vocab_size
+    generator = np.random.default_rng(config.train.seed)
 
-    def ids(length: int) -> torch.Tensor:
-        return torch.randint(2, vocab, (batch, length), device=device)  # (batch, length)
+    def ids(length: int) -> np.ndarray:
+        return generator.integers(2, vocab, size=(batch, length), dtype=np.int64)
 
-    tensors = {
+    arrays: dict[str, np.ndarray] = {
         "query_input_ids": ids(settings["max_query_length"]),
-        "query_attention_mask": torch.ones(batch, settings["max_query_length"], device=device),
+        "query_attention_mask": np.ones((batch, settings["max_query_length"]), np.int64),
+        "doc_id": np.array([f"d{row}" for row in range(batch)], dtype=object),
+        "query_id": np.array([f"q{row}" for row in range(batch)], dtype=object),
     }
     if settings["with_document"]:
-        tensors["document_input_ids"] = ids(settings["max_document_length"])
-        tensors["document_attention_mask"] = torch.ones_like(tensors["document_input_ids"])
+        arrays["document_input_ids"] = ids(settings["max_document_length"])
+        arrays["document_attention_mask"] = np.ones_like(arrays["document_input_ids"])
     if settings["with_mep"]:
-        tensors["masked_input_ids"] = ids(settings["max_document_length"])
-        tensors["masked_attention_mask"] = torch.ones_like(tensors["masked_input_ids"])
-        tensors["labels"] = ids(settings["max_target_length"])
-    tensors = {key: value.long() for key, value in tensors.items()}
+        arrays["masked_input_ids"] = ids(settings["max_document_length"])
+        arrays["masked_attention_mask"] = np.ones_like(arrays["masked_input_ids"])
+        arrays["labels"] = ids(settings["max_target_length"])
     loaded_s = time.perf_counter() - started
+    # What WorkerTrainer.train sets before its first step.
+    trainer.run_started, trainer.run_first_step = time.perf_counter(), trainer.state["step"]
+    trainer.loop_started_at = time.time()
 
-    def step() -> dict[str, torch.Tensor]:
-        with autocast:
-            losses = compute_losses(forward, tensors, config, identity_gather)
-        optimizer.zero_grad(set_to_none=True)
-        losses["loss"].backward()
-        if train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
-        optimizer.step()
-        return losses
+    def step() -> dict[str, Any]:
+        return trainer.train_step(arrays)
 
     waited_s = 0.0
     if gate is not None:
-        float(step()["loss"].detach())
+        float(step()["loss"])
         first_step_s = time.perf_counter() - started
         print(f"[bench] plain: untimed first step done {first_step_s:.1f} s in", flush=True)
         waited = time.perf_counter()
@@ -310,11 +293,11 @@ def run_plain(
     for step_number in range(1, args.steps + 1):
         losses = step()
         if step_number == 1 and gate is None:
-            float(losses["loss"].detach())
+            float(losses["loss"])
             first_step_s = time.perf_counter() - started
             print(f"[bench] plain: first step done {first_step_s:.1f} s in", flush=True)
         if step_number % args.window == 0:
-            float(losses["loss"].detach())  # waits for the device, as the loop's logging does
+            float(losses["loss"])  # waits for the device, as the loop's logging does
             now = time.perf_counter()
             rates.append(batch * args.window / (now - window_started))
             print(
@@ -324,6 +307,7 @@ def run_plain(
             )
             window_started = now
     stage_s = time.perf_counter() - started - waited_s
+    trainer.close(publish=False)
     return {
         "system": "plain",
         "load_average_1m_before": load,
@@ -469,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.skip_ray:
         init_model = own_initial_model()
         print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
-        done(run_plain(args, init_model))
+        done(run_plain(args, init_model, data))
     elif args.overlap:
         # The plain loop builds its model and compiles while the Ray run starts and
         # compiles; it steps only once the Ray run has ended (the gate).
@@ -481,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         started = start_ray(args, data)
         try:
             init_model = own_initial_model()
-            plain = run_plain(args, init_model, gate=lambda: done(finish_ray(args, started)))
+            plain = run_plain(args, init_model, data, gate=lambda: done(finish_ray(args, started)))
         finally:
             if started["process"].poll() is None:  # the plain loop failed before its gate
                 started["process"].terminate()
@@ -492,7 +476,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         done(run_ray(args, data))
         init_model = str(Path(result["systems"][0]["run"]) / "init_model")
         print(f"[bench] plain loop, {args.steps} steps ...", flush=True)
-        done(run_plain(args, init_model))
+        done(run_plain(args, init_model, data))
     if not args.skip_local:
         print(f"[bench] the worker loop without Ray, {args.steps} steps ...", flush=True)
         done(run_local(args, init_model, data))

@@ -4,8 +4,10 @@
 
 Same `tiny` model and initial weights, same lengths, global batch 128, same total thread
 count (plain loop: 2 torch threads; Ray: 2 workers x 1 thread), pretraining (SDA + MEP).
-Throughput is steady state: the first window of steps (warm-up, Ray Data start) is left
-out; Ray's fixed start-up is reported separately. Also peak RSS per worker, tiny and minilm.
+The plain loop is santa's own worker loop (``WorkerTrainer``) in this process without Ray
+(``LocalSession``): the same step, optimizer and schedule. Throughput is steady state: the
+first window of steps (warm-up) is left out; Ray's fixed start-up is reported separately.
+Also peak RSS per worker, tiny and minilm.
 """
 
 from __future__ import annotations
@@ -16,47 +18,27 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 if not __package__:  # run as a file (python bench/perf/x.py): the repo root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
 from bench.corpora import write_stdlib_pairs
-from santa.data.published import read_pairs
-from santa.method.distributed import identity_gather
-from santa.models.dual_encoder import DualEncoder
 from santa.recipes import get_recipe
-from santa.train.data import tokenization_settings, tokenize_pairs
-from santa.train.objectives import compute_losses, to_tensors
 from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
 
 def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> dict:
-    """The same step in one process: tokenize, forward, loss, backward, AdamW."""
-    torch.set_num_threads(2)
-    torch.manual_seed(config.train.seed)
-    model = DualEncoder.from_pretrained(init_model, config.model)
-    model.train()  # as in the Ray loop (from_pretrained returns eval mode)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
-    table = read_pairs(data)
+    """The worker loop in one process (no Ray), every step reported: its steady windows."""
+    from bench.perf.gpu_ray import local_trainer
+    from santa.train.loop import run_worker
+
+    config = config.with_overrides(
+        [f"train.max_steps={steps}", "train.log_every=1", "train.num_workers=1"]
+    )
+    trainer, session = local_trainer(config, init_model, data, steps=steps, threads=2, device="cpu")
+    run_worker(trainer)
+    steady = [report["step_time_s"] for report in session.reports[warmup:]]
     batch_size = config.train.global_batch_size
-    settings = tokenization_settings(config)
-    timings = []
-    for step in range(steps):
-        start = (step * batch_size) % (table.num_rows - batch_size)
-        started = time.perf_counter()
-        arrays = tokenize_pairs(
-            table.slice(start, batch_size), tokenizer_path=init_model, **settings
-        )
-        batch = to_tensors(arrays, "cpu")
-        losses = compute_losses(model, batch, config, identity_gather)
-        optimizer.zero_grad()
-        losses["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        timings.append(time.perf_counter() - started)
-    steady = timings[warmup:]
     return {
         "mode": "plain PyTorch, 1 process x 2 threads",
         "pairs_per_s": batch_size * len(steady) / sum(steady),
@@ -65,7 +47,7 @@ def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> d
 
 
 def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: int) -> dict:
-    """The Ray Train loop on 2 workers (0.5 CPU each, one CPU left to Ray Data)."""
+    """The Ray Train loop on 2 workers (0.5 CPU each)."""
     import ray
 
     if not ray.is_initialized():

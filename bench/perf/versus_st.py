@@ -98,46 +98,45 @@ def loop_pairs_per_s(step_ends: list[float], started: float, batch: int, window:
 
 
 def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
-    """santa's own step in this process: tokenize, forward, DR loss, backward, AdamW;
-    with ``cached``, GradCache in chunks of ``--mini-batch`` pairs."""
+    """santa's own worker loop in this process (``WorkerTrainer`` without Ray: its reader,
+    step, optimizer and schedule): DR loss on the pairs; with ``cached``, GradCache in chunks
+    of ``--mini-batch`` pairs."""
     import torch
 
-    from santa.data.published import read_pairs
-    from santa.method.distributed import identity_gather
-    from santa.models.dual_encoder import DualEncoder
+    from bench.perf.gpu_ray import local_trainer
     from santa.recipes import get_recipe
-    from santa.train.data import tokenization_settings, tokenize_pairs
-    from santa.train.objectives import compute_losses, santa_grad_cache_step, to_tensors
+    from santa.train.loop import run_worker
 
     torch.set_num_threads(args.threads)
-    config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))
-    torch.manual_seed(config.train.seed)
-    backbone = config.model.backbone
-    model = DualEncoder.from_pretrained(backbone, config.model)
-    if config.model.gradient_checkpointing:  # as the Ray Train loop does
-        model.gradient_checkpointing_enable()
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
-    table = read_pairs(args.data, columns=["query", "document"])
-    settings = tokenization_settings(config)
-    batch = args.batch
-    started, ends = time.perf_counter(), []
-    for step in range(args.steps):
-        start = (step * batch) % (table.num_rows - batch)
-        arrays = tokenize_pairs(table.slice(start, batch), tokenizer_path=backbone, **settings)
-        tensors = to_tensors(arrays, "cpu")
-        optimizer.zero_grad(set_to_none=True)
-        if cached:
-            santa_grad_cache_step(
-                model, model, tensors, config, identity_gather, chunk_size=args.mini_batch
-            )
-        else:
-            compute_losses(model, tensors, config, identity_gather)["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip or 1.0)
-        optimizer.step()
+    config = get_recipe(RECIPE).with_overrides(
+        [
+            *recipe_overrides(args),
+            f"train.max_steps={args.steps}",
+            "train.log_every=1",
+            "train.num_workers=1",
+            f"train.grad_cache_chunk_size={args.mini_batch if cached else 0}",
+        ]
+    )
+    trainer, _ = local_trainer(
+        config,
+        config.model.backbone,
+        args.data,
+        steps=args.steps,
+        threads=args.threads,
+        device="cpu",
+    )
+    step, ends = trainer.train_step, []
+
+    def timed(batch):
+        values = step(batch)
         ends.append(time.perf_counter())
-    model.save_pretrained(str(Path(args.work) / "model"), config)
-    return {"loop_pairs_per_s": loop_pairs_per_s(ends, started, batch, args.window)}
+        return values
+
+    trainer.train_step = timed
+    started = time.perf_counter()
+    run_worker(trainer)
+    trainer.model.save_pretrained(str(Path(args.work) / "model"), config)
+    return {"loop_pairs_per_s": loop_pairs_per_s(ends, started, args.batch, args.window)}
 
 
 def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
