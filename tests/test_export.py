@@ -57,7 +57,8 @@ def embed(model: DualEncoder) -> torch.Tensor:
 
 
 def write_checkpoint(root: Path, name: str, model: DualEncoder, step: int, weights=True) -> None:
-    """A checkpoint folder as santa.train.state.save_training_checkpoint lays it out."""
+    """A checkpoint folder as the training loop lays it out (the objective's ``model/``,
+    then ``santa.train.state.save_loop_state``'s files)."""
     folder = root / name
     model.save_pretrained(str(folder / checkpoints.MODEL_DIR))
     if not weights:

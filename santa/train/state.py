@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from santa.config import SantaConfig
-from santa.models.dual_encoder import DualEncoder
-from santa.runtime.layout import MODEL_DIR, STATE_FILE
+from santa.runtime.layout import STATE_FILE
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -82,28 +81,6 @@ def load_loop_state(directory: str, optimizer: torch.optim.Optimizer, scheduler)
         torch.cuda.set_rng_state_all(rng["cuda"])
     with open(os.path.join(directory, STATE_FILE)) as handle:
         return json.load(handle)
-
-
-def save_training_checkpoint(
-    directory: str,
-    model: DualEncoder,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    state: dict[str, Any],
-    config: SantaConfig,
-) -> None:
-    """Write model (HF folder), optimizer, scheduler and loop state into ``directory``."""
-    model.save_pretrained(os.path.join(directory, MODEL_DIR), santa_config=config)
-    save_loop_state(directory, optimizer, scheduler, state)
-
-
-def load_training_state(
-    directory: str, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler
-) -> dict[str, Any]:
-    """Restore what :func:`save_training_checkpoint` wrote; returns the loop state."""
-    restored = DualEncoder.from_pretrained(os.path.join(directory, MODEL_DIR))
-    model.load_state_dict(restored.state_dict())
-    return load_loop_state(directory, optimizer, scheduler)
 
 
 def total_steps(config: SantaConfig, batches_per_epoch: int) -> int:
