@@ -116,12 +116,15 @@ def test_a_pipeline_stage_trains_in_the_stage_layout_the_pipeline_made(tmp_path)
 def test_a_sweep_trial_trains_in_the_trial_layout(tmp_path) -> None:
     from tuning.trials import trial_layout, trial_run
 
-    trials = str(tmp_path / "sweep" / "runs")
-    run = {"data": str(tmp_path / "pairs"), "storage": trials, "cpus_per_worker": 0.5}
-    sweep = {"name": "s", "run": {**run, "max_failures": 2, "eval_data": "", "eval_split": "v"}}
+    run = {"data": str(tmp_path / "pairs"), "cpus_per_worker": 0.5}
+    sweep = {
+        "name": "s",
+        "root": str(tmp_path / "s"),
+        "run": {**run, "max_failures": 2, "eval_data": "", "eval_split": "v"},
+    }
     layout = trial_layout(sweep, "t1")
     spec = trial_run(sweep, layout)
-    assert spec.layout is layout and spec.layout.root == f"{trials}/s-t1"
+    assert spec.layout is layout and spec.layout.root == str(tmp_path / "s" / "runs" / "s-t1")
     assert (spec.cpus_per_worker, spec.max_failures, spec.eval_split) == (0.5, 2, "v")
 
 

@@ -439,6 +439,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
         )
         sweep = {
             "name": args.name,
+            "root": layout.root,
             "metric": METRIC,
             "lambda_field": field,
             "objective": objective(config, args.objective),
@@ -446,7 +447,6 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
             "santa": config.to_dict(),
             "run": {
                 "data": storage.absolute(args.data),
-                "storage": layout.trials,
                 "cpus_per_worker": cpus,
                 "max_failures": args.max_failures,
                 "eval_data": storage.absolute(args.eval_data),

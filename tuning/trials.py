@@ -49,8 +49,9 @@ def lambda_field(config: SantaConfig, requested: str = "auto") -> str | None:
 
 
 def trial_layout(sweep: dict[str, Any], trial_id: str) -> RunLayout:
-    """The Ray Train run of one trial: unique, and the same again on restore."""
-    return RunLayout.of(sweep["run"]["storage"], f"{sweep['name']}-{trial_id}")
+    """The Ray Train run of one trial (the sweep layout's own, ``RunLayout.trial``): unique,
+    and the same again on restore."""
+    return RunLayout(sweep["root"]).trial(trial_id)
 
 
 def trial_config(params: dict[str, Any]) -> SantaConfig:
@@ -85,8 +86,7 @@ def trial_run(sweep: dict[str, Any], layout: RunLayout):
     (``trial_layout``'s, as is)."""
     from santa.train.trainer import RunSpec
 
-    run = {key: value for key, value in sweep["run"].items() if key != "storage"}
-    return RunSpec(layout=layout, **run)
+    return RunSpec(layout=layout, **sweep["run"])
 
 
 def train_trial(params: dict[str, Any]) -> None:
