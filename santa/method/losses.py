@@ -207,18 +207,28 @@ def mep_loss(
 
 
 def total_loss(
-    sda: torch.Tensor, mep: torch.Tensor | None, mep_weight: float, sda_weight: float = 1.0
+    sda: torch.Tensor | None,
+    mep: torch.Tensor | None,
+    mep_weight: float,
+    sda_weight: float = 1.0,
 ) -> torch.Tensor:
-    """SANTA's pretraining loss ``L = L_SDA + λ · L_MEP`` (λ = ``mep_weight``).
+    """SANTA's pretraining loss ``L = L_SDA + λ · L_MEP`` (λ = ``mep_weight``): the one place
+    the terms are weighted.
 
     ``sda_weight`` scales L_SDA (0: MEP alone, the paper's "w/ MEP" ablation). The SDA
     term stays in the graph even at 0 (its gradients are zeros), so DDP sees every
-    parameter used in every step.
+    parameter used in every step. Either term may be None: GradCache back-propagates them
+    apart (the SDA term through the cached embeddings, MEP chunk by chunk), each weighted
+    here.
     """
-    loss = sda if sda_weight == 1 else sda_weight * sda
-    if mep is None or mep_weight == 0:
-        return loss
-    return loss + mep_weight * mep
+    parts = []
+    if sda is not None:
+        parts.append(sda if sda_weight == 1 else sda_weight * sda)
+    if mep is not None and mep_weight != 0:
+        parts.append(mep_weight * mep)
+    if not parts:
+        raise ValueError("total_loss needs a term: sda, or mep with a non-zero mep_weight")
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
 # --------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from santa.train.compile_cache import (
 from santa.train.compiling import compile_for_training
 from santa.train.epochs import BackgroundRows, EpochReader
 from santa.train.loop_config import LoopConfig, training_data
-from santa.train.objective import Objective, objective_class
+from santa.train.objective import Objective, StepContext, objective_class
 from santa.train.optim import build_optimizer
 from santa.train.order import EpochPlan
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
@@ -220,7 +220,20 @@ class WorkerTrainer:
         # dev evaluation.
         self.record = MetricsRecord(loop, self.rank)
         self.dev = DevEvaluation(loop, self.rank, self.objective.evaluates(), self.steps)
-        self.objective.setup(self)
+        # What the objective's step reads of the loop (santa.train.objective.StepContext).
+        self.context = StepContext(
+            model=self.model,
+            forward_model=self.forward_model,
+            ddp_model=self.ddp_model,
+            device=self.device,
+            gather=self.gather,
+            global_share=self.global_share,
+            autocast=self.autocast,
+            state=self.state,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        self.objective.setup(self.context)
         self._reset_window()
 
     def _epoch_plan(self) -> EpochPlan:
@@ -318,7 +331,7 @@ class WorkerTrainer:
         self.model.train()
         self.ddp_model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        losses = self.objective.forward_backward(self, batch)
+        losses = self.objective.forward_backward(self.context, batch)
         if self.master is not None:
             self.master.gradients_to_master()
         if train.grad_clip:
@@ -330,7 +343,7 @@ class WorkerTrainer:
         self.scheduler.step()
         self.state["step"] += 1
         self.state["batches_in_epoch"] += 1
-        self.objective.after_step(self)
+        self.objective.after_step(self.context)
         values = {
             key: value.detach() if isinstance(value, torch.Tensor) else float(value)
             for key, value in losses.items()
@@ -385,7 +398,7 @@ class WorkerTrainer:
         metrics.update(self.startup)
         if self.compiles:
             metrics["compile_graphs"] = compile_stats()["compile_graphs"]
-        metrics.update(self.objective.report_metrics(self))
+        metrics.update(self.objective.report_metrics(self.context))
         run_s = time.perf_counter() - self.run_started
         pairs = train.global_batch_size * (step - self.run_first_step)
         metrics["run_pairs_per_s"] = pairs / run_s if run_s > 0 else 0.0

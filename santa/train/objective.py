@@ -4,32 +4,56 @@ Objectives are registered by name in :data:`santa.train.loop_config.OBJECTIVES`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from santa.config import SantaConfig
 from santa.train.loop_config import LoopConfig, objective_entry
 
-if TYPE_CHECKING:
-    from santa.train.loop import WorkerTrainer
+__all__ = ["Objective", "StepContext", "objective_class"]
 
-__all__ = ["Objective", "objective_class"]
+
+@dataclass
+class StepContext:
+    """What an objective's step reads of the loop that runs it (and nothing more): its
+    models, device, collectives, precision and counters."""
+
+    model: torch.nn.Module
+    """The plain model (what checkpoints save, what tokenizes)."""
+    forward_model: torch.nn.Module
+    """What runs a forward: DDP's module, maybe compiled."""
+    ddp_model: torch.nn.Module
+    """DDP's module (``no_sync`` for GradCache), or the model on one process."""
+    device: torch.device
+    gather: Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+    """``santa.method.distributed.all_gather_with_grad`` on several ranks, else identity."""
+    global_share: Callable[[torch.Tensor], torch.Tensor]
+    """``santa.method.distributed.share_of_global_mean``."""
+    autocast: contextlib.AbstractContextManager
+    state: dict[str, Any]
+    """The loop's counters (``step``, ``epoch``, ...), read only."""
+    rank: int
+    world_size: int
 
 
 class Objective:
     """What one kind of training adds to the loop. Subclasses override the parts they need.
 
-    The loop calls, in order: :meth:`build_model` (before DDP), :meth:`setup` (after DDP,
-    with the trainer built), then per step :meth:`losses` (inside autocast; the ``loss``
+    The loop calls, in order: :meth:`build_model` (before DDP), :meth:`setup` (after DDP),
+    then per step :meth:`losses` (inside autocast; the ``loss``
     entry is back-propagated, every entry is averaged into the logged window) and
     :meth:`after_step`; at reports :meth:`report_metrics` and :meth:`progress_line`; at
     checkpoints :meth:`save_model` / :meth:`load_model`. :meth:`forward_backward` runs
     :meth:`losses` and its backward; an objective replaces it to chunk the step (GradCache).
     :meth:`build_model`, :meth:`losses`, :meth:`save_model` and :meth:`load_model` have no
     default and raise ``NotImplementedError``: every registered objective gives its own
-    (``tests/test_objective_registry.py`` checks).
+    (``tests/test_objective_registry.py`` checks). The step's parts take a
+    :class:`StepContext` (named ``trainer``): what the step needs of the loop, not the loop.
     """
 
     tag = "train"
@@ -51,16 +75,14 @@ class Objective:
         """Whether some parameters get no gradient (DDP must be told; the search costs)."""
         return False
 
-    def setup(self, trainer: WorkerTrainer) -> None:
+    def setup(self, trainer: StepContext) -> None:
         """After the model is wrapped: anything that needs the device or the rank."""
 
-    def losses(self, trainer: WorkerTrainer, batch: Any) -> dict[str, torch.Tensor | float]:
+    def losses(self, trainer: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
         """One batch's forward: ``{"loss": tensor to back-propagate, other metrics...}``."""
         raise NotImplementedError
 
-    def forward_backward(
-        self, trainer: WorkerTrainer, batch: Any
-    ) -> dict[str, torch.Tensor | float]:
+    def forward_backward(self, trainer: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
         """One batch's gradients, accumulated into the (zeroed) parameters; returns
         :meth:`losses`' entries. By default :meth:`losses` under autocast, then backward;
         GradCache (``train.grad_cache_chunk_size``) runs its own chunked forward/backward."""
@@ -69,10 +91,10 @@ class Objective:
         losses["loss"].backward()
         return losses
 
-    def after_step(self, trainer: WorkerTrainer) -> None:
+    def after_step(self, trainer: StepContext) -> None:
         """After the optimizer step (the step counter already advanced)."""
 
-    def report_metrics(self, trainer: WorkerTrainer) -> dict[str, float]:
+    def report_metrics(self, trainer: StepContext) -> dict[str, float]:
         """Extra metrics of a report (e.g. hard negatives')."""
         return {}
 

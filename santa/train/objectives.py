@@ -206,7 +206,7 @@ def santa_grad_cache_step(
         # batch's mean.
         part = model.mep_token_count(chunk["mep_labels"], reduction) / batch_tokens
         mep = output.mep_loss * part * rank_share
-        loss = train.mep_weight * mep if train.mep_weight else None
+        loss = total_loss(None, mep, train.mep_weight) if train.mep_weight else None
         return ChunkForward(embeddings, loss=loss, metrics={"loss_mep": mep})
 
     seen: dict[str, torch.Tensor] = {}
@@ -214,7 +214,7 @@ def santa_grad_cache_step(
     def loss_from_embeddings(embeddings: dict[str, torch.Tensor]) -> torch.Tensor:
         sda = sda_loss(embeddings, batch, config, gather)
         seen["sda"] = sda.detach()
-        return total_loss(sda, None, 0.0, train.sda_weight)
+        return total_loss(sda, None, train.mep_weight, train.sda_weight)
 
     device = inputs["query_input_ids"].device
     weighted_sda, sums = grad_cache_backward(
