@@ -38,96 +38,119 @@ from bench.robustness.fault import (
 from bench.robustness.lost_node import ELASTIC_STEPS
 
 
-def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> list[Fault]:
-    """The faults while jobs run (after :func:`build_faults`, whose data they reuse)."""
-    from bench.corpora import other_language_records, stdlib_pair_rows, write_esci, write_pairs
-    from santa.data.outputs import staged_output
-    from santa.negatives.mining import write_id_table
-    from santa.runtime import storage
-    from santa.runtime.reaper import session_processes
+class RunningCase:
+    """What the faults while jobs run share: their folders, the inputs some of them need (a
+    ghost table, a corrupt model, a flat Ruby folder, a cut ESCI file, earlier outputs to
+    keep, a corpus whose refresh outlasts a short stage), the command builders and the
+    actions that stop or resume things."""
 
-    pairs, beir = str(work / "pairs"), str(work / "beir")
-    runs = work / "running"
-    s3 = {
-        "AWS_ENDPOINT_URL": moto,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    paused = {**s3, "AWS_ENDPOINT_URL": pausable_url, "SANTA_S3_READ_TIMEOUT": "3"}
-    import boto3
+    def __init__(self, work: Path, moto: str, pausable, pausable_url: str) -> None:
+        from bench.corpora import other_language_records, stdlib_pair_rows, write_esci, write_pairs
+        from santa.data.outputs import staged_output
+        from santa.negatives.mining import write_id_table
+        from santa.runtime import storage
+        from santa.runtime.reaper import session_processes
 
-    boto3.client("s3", endpoint_url=pausable_url, region_name="us-east-1").create_bucket(
-        Bucket="paused"
-    )
+        pairs, beir = str(work / "pairs"), str(work / "beir")
+        runs = work / "running"
+        s3 = {
+            "AWS_ENDPOINT_URL": moto,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        paused = {**s3, "AWS_ENDPOINT_URL": pausable_url, "SANTA_S3_READ_TIMEOUT": "3"}
+        import boto3
 
-    def train(name: str, *extra: str, job: str = "ray_jobs.pretrain") -> list[str]:
-        return [job, "--data", pairs, "--storage", str(runs), "--name", name, *RUN_TINY, *extra]
+        boto3.client("s3", endpoint_url=pausable_url, region_name="us-east-1").create_bucket(
+            Bucket="paused"
+        )
 
-    # Inputs some faults need: a ghost table, a corrupt model, a flat Ruby folder, ESCI.
-    ghost = {str(stdlib_pair_rows()[0]["query_id"]): ["no-such-doc"]}
-    write_id_table(ghost, None, str(work / "ghost-table"))
-    flat = work / "flat-ruby"
-    flat.mkdir()
-    flat.joinpath("part.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in other_language_records("ruby", 5))
-    )
-    write_esci(work / "esci")
-    products = work / "esci" / "shopping_queries_dataset_products.parquet"
-    products.write_bytes(products.read_bytes()[:-200])
-    previous_eval = work / "previous-eval"
-    with staged_output(str(previous_eval), tool="evaluate") as staged:
-        storage.write_bytes(storage.join(staged.staging, "metrics.json"), b"{}")
-        staged.publish({"systems": ["model"]})
-    previous_neg = work / "previous-neg"
-    with staged_output(str(previous_neg), tool="mine_negatives") as staged:
-        storage.write_bytes(storage.join(staged.staging, "negatives.parquet"), b"kept")
-        staged.publish({"queries": 0})
-    corrupt_model(work / "corrupt-model")
-    # A corpus whose refresh (encoding every document) outlasts a short stage.
-    copies = [
-        dict(row, id=f"{row['id']}-{k}", doc_id=f"{row['doc_id']}-{k}")
-        | {"query_id": f"{row['query_id']}-{k}", "document": f"{row['document']} # {k}"}
-        for k in range(40)
-        for row in stdlib_pair_rows()
-    ]
-    big_pairs = write_pairs(work / "big-pairs", copies)
-    session: dict[str, str] = {}
-    holders = contextlib.ExitStack()
+        def train(name: str, *extra: str, job: str = "ray_jobs.pretrain") -> list[str]:
+            return [job, "--data", pairs, "--storage", str(runs), "--name", name, *RUN_TINY, *extra]
 
-    def hold_busy() -> None:  # another preprocess writing into the output
-        from santa.data.outputs import claim_output
+        # Inputs some faults need: a ghost table, a corrupt model, a flat Ruby folder, ESCI.
+        ghost = {str(stdlib_pair_rows()[0]["query_id"]): ["no-such-doc"]}
+        write_id_table(ghost, None, str(work / "ghost-table"))
+        flat = work / "flat-ruby"
+        flat.mkdir()
+        flat.joinpath("part.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in other_language_records("ruby", 5))
+        )
+        write_esci(work / "esci")
+        products = work / "esci" / "shopping_queries_dataset_products.parquet"
+        products.write_bytes(products.read_bytes()[:-200])
+        previous_eval = work / "previous-eval"
+        with staged_output(str(previous_eval), tool="evaluate") as staged:
+            storage.write_bytes(storage.join(staged.staging, "metrics.json"), b"{}")
+            staged.publish({"systems": ["model"]})
+        previous_neg = work / "previous-neg"
+        with staged_output(str(previous_neg), tool="mine_negatives") as staged:
+            storage.write_bytes(storage.join(staged.staging, "negatives.parquet"), b"kept")
+            staged.publish({"queries": 0})
+        corrupt_model(work / "corrupt-model")
+        # A corpus whose refresh (encoding every document) outlasts a short stage.
+        copies = [
+            dict(row, id=f"{row['id']}-{k}", doc_id=f"{row['doc_id']}-{k}")
+            | {"query_id": f"{row['query_id']}-{k}", "document": f"{row['document']} # {k}"}
+            for k in range(40)
+            for row in stdlib_pair_rows()
+        ]
+        big_pairs = write_pairs(work / "big-pairs", copies)
+        session: dict[str, str] = {}
+        holders = contextlib.ExitStack()
 
-        holders.enter_context(claim_output(str(work / "busy-out"), "preprocess"))
+        def hold_busy() -> None:  # another preprocess writing into the output
+            from santa.data.outputs import claim_output
 
-    def release_busy() -> None:
-        holders.close()
+            holders.enter_context(claim_output(str(work / "busy-out"), "preprocess"))
 
-    def kill_driver(proc, head) -> None:
-        session["dir"] = _session_of(head)
-        proc.kill()
+        def release_busy() -> None:
+            holders.close()
 
-    def ray_gone() -> bool:
-        deadline = time.time() + 60
-        while time.time() < deadline and session_processes(session.get("dir") or "/nonexistent"):
-            time.sleep(1)
-        return bool(session.get("dir")) and not session_processes(session["dir"])
+        def kill_driver(proc, head) -> None:
+            session["dir"] = _session_of(head)
+            proc.kill()
 
-    def stop_s3(proc, head) -> None:
-        os.kill(pausable.pid, signal.SIGSTOP)
+        def ray_gone() -> bool:
+            deadline = time.time() + 60
+            while time.time() < deadline and session_processes(
+                session.get("dir") or "/nonexistent"
+            ):
+                time.sleep(1)
+            return bool(session.get("dir")) and not session_processes(session["dir"])
 
-    def resume_s3() -> None:
-        os.kill(pausable.pid, signal.SIGCONT)
+        def stop_s3(proc, head) -> None:
+            os.kill(pausable.pid, signal.SIGSTOP)
 
-    evaluate = ["ray_jobs.evaluate", "--checkpoint", str(runs / "cut"), "--data", beir]
-    sweep = [
-        "tuning.sweep", "--data", pairs, "--eval-data", beir, "--storage", str(work / "sweeps"),
-        "--name", "cut", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2",
-        "--scheduler", "fifo", "--max-concurrent", "1", "--seed", "0", *TINY,
-    ]  # fmt: skip
-    step = "[train] step "
-    faults = [
-        # ---------------------------------------------------------------- Ctrl-C, job stop
+        def resume_s3() -> None:
+            os.kill(pausable.pid, signal.SIGCONT)
+
+        evaluate = ["ray_jobs.evaluate", "--checkpoint", str(runs / "cut"), "--data", beir]
+        sweep = [
+            "tuning.sweep", "--data", pairs, "--eval-data", beir, "--storage", str(work / "sweeps"),
+            "--name", "cut", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2",
+            "--scheduler", "fifo", "--max-concurrent", "1", "--seed", "0", *TINY,
+        ]  # fmt: skip
+        step = "[train] step "
+        self.__dict__.update(
+            {name: value for name, value in locals().items() if name not in ("self", "moto")}
+        )
+
+
+def interrupt_faults(case: RunningCase) -> list[Fault]:
+    """Ctrl-C and ``ray job stop`` of each kind of job, and the re-runs after them."""
+    work = case.work
+    runs = case.runs
+    pairs = case.pairs
+    beir = case.beir
+    train = case.train
+    step = case.step
+    evaluate = case.evaluate
+    sweep = case.sweep
+    previous_eval = case.previous_eval
+    previous_neg = case.previous_neg
+    return [
         Fault(
             "pretrain: Ctrl-C mid-run (process group)",
             train("cut", "--max-steps", "8"),
@@ -260,7 +283,19 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             watch=[work / "previous"],
             running=True,
         ),
-        # ---------------------------------------------------------------- workers, driver
+    ]
+
+
+def process_faults(case: RunningCase) -> list[Fault]:
+    """A killed training worker, driver or miner; negatives that never come; a bad table."""
+    work = case.work
+    runs = case.runs
+    train = case.train
+    step = case.step
+    big_pairs = case.big_pairs
+    kill_driver = case.kill_driver
+    ray_gone = case.ray_gone
+    return [
         Fault(
             "pretrain: kill -9 a training worker",
             train("worker", "--max-steps", "8", "--max-failures", "1"),
@@ -349,8 +384,17 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             check=lambda: _lock_free(runs / "ghost"),
             running=True,
         ),
-        # ---------------------------------------------------------------- checked before Ray
-        # ---------------------------------------------------------------- a plan that can run
+    ]
+
+
+def plan_faults(case: RunningCase) -> list[Fault]:
+    """What is checked before Ray: a plan that cannot run, inputs cut short or mismatched."""
+    work = case.work
+    runs = case.runs
+    beir = case.beir
+    train = case.train
+    flat = case.flat
+    return [
         Fault(
             "pretrain: --gpu on a machine without one",
             train("no-gpu", "--gpu"),
@@ -358,8 +402,8 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             watch=[runs / "no-gpu"],
         ),
         Fault(
-            "pretrain: 2 workers of 1 CPU on 2 CPUs (Ray Data starved)",
-            train("starved", "--num-workers", "2", "--cpus-per-worker", "1"),
+            "pretrain: 3 workers of 1 CPU on a 2-CPU cluster (plan cannot be placed)",
+            train("starved", "--num-workers", "3", "--cpus-per-worker", "1"),
             2,
             watch=[runs / "starved"],
         ),
@@ -399,7 +443,18 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             + ["--baseline", "none"],
             2,
         ),
-        # ---------------------------------------------------------------- one writer per output
+    ]
+
+
+def writer_faults(case: RunningCase) -> list[Fault]:
+    """One writer per output: another tool's output, a re-run, a second writer."""
+    work = case.work
+    runs = case.runs
+    evaluate = case.evaluate
+    previous_eval = case.previous_eval
+    hold_busy = case.hold_busy
+    release_busy = case.release_busy
+    return [
         Fault(
             "evaluate: --output holding a preprocess output",
             [*evaluate, "--output", str(work / "previous"), "--baseline", "none"],
@@ -441,7 +496,17 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             check=lambda: not (work / "busy-out").exists(),
             running=True,
         ),
-        # ---------------------------------------------------------------- S3 lost mid-run
+    ]
+
+
+def s3_faults(case: RunningCase) -> list[Fault]:
+    """S3 going silent mid-training, and the re-run once it answers."""
+    pairs = case.pairs
+    step = case.step
+    paused = case.paused
+    stop_s3 = case.stop_s3
+    resume_s3 = case.resume_s3
+    return [
         Fault(
             "pretrain: S3 silent mid-training (moto stopped)",
             [
@@ -485,7 +550,13 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             success_line="checkpoint: s3://paused/runs/r/",
             running=True,
         ),
-        # ---------------------------------------------------------------- a lost node
+    ]
+
+
+def lost_node_faults(case: RunningCase) -> list[Fault]:
+    """A node lost from a two-node cluster, with a fixed and an elastic worker count."""
+    work = case.work
+    return [
         Fault(
             "pretrain: lost node, fixed size (waits 2 x 20 s, ends)",
             lost_node("fixed", work),
@@ -504,7 +575,20 @@ def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> 
             timeout_s=1500,
         ),
     ]
-    return faults
+
+
+def build_running_faults(work: Path, moto: str, pausable, pausable_url: str) -> list[Fault]:
+    """The faults while jobs run (after :func:`build_faults`, whose data they reuse), case
+    by case."""
+    case = RunningCase(work, moto, pausable, pausable_url)
+    return [
+        *interrupt_faults(case),
+        *process_faults(case),
+        *plan_faults(case),
+        *writer_faults(case),
+        *s3_faults(case),
+        *lost_node_faults(case),
+    ]
 
 
 # ============================================================================ issue 40
