@@ -106,12 +106,13 @@ def metrics_rows(storage: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def preprocess(work: Path, size: int, env: dict[str, str]) -> dict[str, Any]:
-    """Both preprocess runs of a size (kept when done: their outputs are reused)."""
-    corpus = work / "csn"
-    written = scale_data.write_codesearchnet(corpus, size, test=max(200, size // 20))
-    results: dict[str, Any] = {"language": written.get("language")}
-    for stage, split in (("pretrain", "train"), ("eval", "test")):
+def preprocess(
+    work: Path, dataset: str, corpus: Path, jobs: list[tuple[str, str]], env: dict[str, str]
+) -> dict[str, Any]:
+    """The preprocess runs of a size, ``(stage, split)`` each into ``pre-<stage>`` (kept
+    when done: their outputs are reused by the next bench of the same size)."""
+    results: dict[str, Any] = {}
+    for stage, split in jobs:
         output = work / f"pre-{stage}"
         marker = work / f"pre-{stage}.json"
         if marker.exists():
@@ -121,7 +122,7 @@ def preprocess(work: Path, size: int, env: dict[str, str]) -> dict[str, Any]:
             python_job(
                 "ray_jobs.preprocess",
                 "--dataset",
-                "codesearchnet",
+                dataset,
                 "--input",
                 str(corpus),
                 "--stage",
@@ -208,8 +209,8 @@ class HashedEncoder:
         return out
 
 
-def refresh(work: Path, env: dict[str, str], encoder: str) -> dict[str, Any]:
-    """One refresh over the whole corpus, in a process of its own."""
+def refresh(work: Path, env: dict[str, str], encoder: str, data: str) -> dict[str, Any]:
+    """One refresh over the whole corpus of ``pre-<data>``, in a process of its own."""
     output = work / f"refresh-{encoder}.json"
     result = run_job(
         [
@@ -217,7 +218,7 @@ def refresh(work: Path, env: dict[str, str], encoder: str) -> dict[str, Any]:
             str(Path(__file__)),
             "refresh-once",
             "--data",
-            str(work / "pre-pretrain"),
+            str(work / f"pre-{data}"),
             "--run",
             str(work / "runs" / "warm"),
             "--encoder",
@@ -407,7 +408,7 @@ def flat(result: dict[str, Any]) -> dict[str, Any]:
     peaks: dict[str, float] = {}
     for stage in ("preprocess", "cold", "warm", "refresh", "evaluate"):
         part = result.get(stage, {})
-        groups = [part] if stage != "preprocess" else [part["pretrain"], part["eval"]]
+        groups = [part] if stage != "preprocess" else list(part.values())
         for group in groups:
             for name, mb in (group.get("peak_mb") or {}).items():
                 peaks[f"{stage}:{name}"] = max(peaks.get(f"{stage}:{name}", 0), mb)
@@ -417,6 +418,8 @@ def flat(result: dict[str, Any]) -> dict[str, Any]:
 
 def print_tables(results: list[dict[str, Any]]) -> None:
     rows = [flat(result) for result in results]
+    if not rows:
+        return
     keys = [
         "preprocess_s",
         "rows_build_s",
@@ -440,33 +443,79 @@ def print_tables(results: list[dict[str, Any]]) -> None:
             ]
         )
     table.append(["largest process"] + [f"{r['largest_process']}" for r in rows])
-    print(common.format_table(["figure", *[f"{r['size']:,}" for r in rows]], table))
+    print(common.format_table(["figure", *[f"{r['size']}" for r in rows]], table))
 
 
-def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(args.workdir) / f"csn-{size}"
+def run_stages(
+    work: Path,
+    label: Any,
+    args: argparse.Namespace,
+    refresh_data: str,
+    encoder: str,
+    restart_too: bool,
+    preprocessed: dict[str, Any],
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """Pretrain (cold, warm), refresh, evaluate, restart of one preprocessed size."""
+    result: dict[str, Any] = {"size": label, "preprocess": preprocessed}
+    print(f"[scale] {label}: pretrain (cold, then warm)", flush=True)
+    result["cold"] = pretrain(work, "cold", env)
+    result["warm"] = pretrain(work, "warm", env)
+    if not args.skip_refresh:
+        print(f"[scale] {label}: refresh ({encoder} encoder)", flush=True)
+        result["refresh"] = refresh(work, env, encoder, refresh_data)
+    print(f"[scale] {label}: evaluate", flush=True)
+    result["evaluate"] = evaluate(work, env)
+    if restart_too:
+        print(f"[scale] {label}: restart", flush=True)
+        result["restart"] = restart(work, env)
+    print(json.dumps(flat(result)), flush=True)
+    return result
+
+
+def fresh_work(args: argparse.Namespace, name: str) -> tuple[Path, dict[str, str]]:
+    """A size's folder (its data kept, its runs cleared) and a job environment whose row
+    cache no node has built yet."""
+    work = Path(args.workdir) / name
     work.mkdir(parents=True, exist_ok=True)
     # Runs start over (a run folder left by an earlier bench would be resumed, finished);
     # the data (generated, preprocessed) is kept.
     shutil.rmtree(work / "runs", ignore_errors=True)
-    row_cache = tempfile.mkdtemp(prefix=f"rows-{size}-", dir=args.workdir)
-    env = job_env(row_cache)
-    result: dict[str, Any] = {"size": size}
+    row_cache = tempfile.mkdtemp(prefix=f"rows-{name}-", dir=args.workdir)
+    return work, job_env(row_cache)
+
+
+def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """CodeSearchNet-shaped data of ``size`` training functions."""
+    work, env = fresh_work(args, f"csn-{size}")
+    corpus = work / "csn"
+    scale_data.write_codesearchnet(corpus, size, test=max(200, size // 20))
     print(f"[scale] {size:,}: preprocess", flush=True)
-    result["preprocess"] = preprocess(work, size, env)
-    print(f"[scale] {size:,}: pretrain (cold, then warm)", flush=True)
-    result["cold"] = pretrain(work, "cold", env)
-    result["warm"] = pretrain(work, "warm", env)
-    if not args.skip_refresh:
-        encoder = "model" if size <= args.model_refresh_max else "hashed"
-        print(f"[scale] {size:,}: refresh ({encoder} encoder)", flush=True)
-        result["refresh"] = refresh(work, env, encoder)
-    print(f"[scale] {size:,}: evaluate", flush=True)
-    result["evaluate"] = evaluate(work, env)
-    if size in args.restart_sizes:
-        print(f"[scale] {size:,}: restart", flush=True)
-        result["restart"] = restart(work, env)
-    print(json.dumps(flat(result)), flush=True)
+    jobs = [("pretrain", "train"), ("eval", "test")]
+    preprocessed = preprocess(work, "codesearchnet", corpus, jobs, env)
+    encoder = "model" if size <= args.model_refresh_max else "hashed"
+    return run_stages(
+        work, size, args, "pretrain", encoder, size in args.restart_sizes, preprocessed, env
+    )
+
+
+def run_esci(args: argparse.Namespace) -> dict[str, Any]:
+    """ESCI-shaped data at the release's size: products pretraining (one pair per product),
+    the fine-tuning pairs (the corpus the refresh mines) and the test queries' BEIR set."""
+    products, judgments = args.esci_products, args.esci_judgments
+    label = f"esci-{products}-{judgments}"
+    work, env = fresh_work(args, label)
+    corpus = work / "esci"
+    print(f"[scale] {label}: generate", flush=True)
+    started = time.perf_counter()
+    scale_data.write_esci(corpus, products, judgments)
+    generate_s = round(time.perf_counter() - started, 1)
+    print(f"[scale] {label}: preprocess", flush=True)
+    jobs = [("pretrain", "train"), ("finetune", "train"), ("eval", "test")]
+    preprocessed = preprocess(work, "esci", corpus, jobs, env)
+    encoder = "model" if judgments <= args.model_refresh_max else "hashed"
+    result = run_stages(work, label, args, "finetune", encoder, False, preprocessed, env)
+    result["generate_s"] = generate_s
     return result
 
 
@@ -477,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", default="10000,100000,1000000,2000000")
     parser.add_argument("--restart-sizes", default="10000,1000000")
+    parser.add_argument("--esci", action="store_true", help="also ESCI-shaped data")
+    parser.add_argument("--esci-products", type=int, default=1_800_000)
+    parser.add_argument("--esci-judgments", type=int, default=2_600_000)
     parser.add_argument("--workdir", default="/tmp/santa-scale")
     parser.add_argument("--skip-refresh", action="store_true")
     parser.add_argument(
@@ -505,11 +557,24 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     previous = json.loads(output.read_text()) if output.exists() else {}
     results = {r["size"]: r for r in previous.get("sizes", [])}
-    for size in (int(s) for s in args.sizes.split(",")):
-        results[size] = run_size(size, args)
+    esci = {r["size"]: r for r in previous.get("esci", [])}
+
+    def write() -> None:
         # Written after every size: a size that runs out of room keeps the others.
-        run.write_json(output, {"sizes": [results[s] for s in sorted(results)]})
+        run.write_json(
+            output,
+            {"sizes": [results[s] for s in sorted(results)], "esci": list(esci.values())},
+        )
+
+    for size in (int(s) for s in args.sizes.split(",") if s):
+        results[size] = run_size(size, args)
+        write()
+    if args.esci:
+        result = run_esci(args)
+        esci[result["size"]] = result
+        write()
     print_tables([results[s] for s in sorted(results)])
+    print_tables(list(esci.values()))
     return 0
 
 
