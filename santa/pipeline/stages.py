@@ -413,6 +413,9 @@ def train_stage(
         "stage": stage,
         "checkpoint": stage_layout.checkpoint_uri(result.checkpoint),
         "learning_rate": train.learning_rate,
+        # The plots draw a panel per loss a stage trained (a weight of 0 logs it untrained).
+        "sda_weight": train.sda_weight,
+        "mep_weight": train.mep_weight,
         "hard_negatives": config.negatives.source.split(":", 1)[0],
         "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},
         "history": read_history(stage_layout.root),
