@@ -21,7 +21,6 @@ folder reuses the corpus, the mined table and every finished stage, and resumes 
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -464,10 +463,11 @@ def evaluate_systems(
             split=split,
             output=layout.eval("untrained"),
             baseline=None,
-            progress=sys.stderr.isatty(),
+            progress=True,  # "[eval] documents: ..." lines every 15 s
             max_query_length=query_length,
             max_document_length=document_length,
         )
+        print("[eval] the untrained model", flush=True)
         systems["untrained"] = evaluate(untrained, data, config)["model"]
     last = list(trained)[-1]
     for name, model in trained.items():
@@ -476,10 +476,11 @@ def evaluate_systems(
             split=split,
             output=layout.eval(folder),
             baseline=baseline if name == last else None,
-            progress=sys.stderr.isatty(),
+            progress=True,  # "[eval] documents: ..." lines every 15 s
             max_query_length=query_length,
             max_document_length=document_length,
         )
+        print(f"[eval] {name}" + (f" and {baseline}" if config.baseline else ""), flush=True)
         results = evaluate(model, data, config)
         systems[name] = results.pop("model")
         if name == last:
