@@ -81,10 +81,11 @@ class ProgressLines:
             self._say(self._progress(now))
 
     def finish(self) -> None:
-        """The phase's closing line, where it printed progress (a short phase stays silent)."""
-        if not self.lines:
-            return
+        """The phase's closing line, where it lasted an interval or printed progress (a
+        short phase stays silent)."""
         seconds = self.clock() - self.started
+        if not self.lines and (seconds < self.every_s or not self.done):
+            return
         rate = f" ({self.done / seconds:,.0f} {self.unit}/s)" if seconds > 0 else ""
         self._say(f"{self.what}: {self.done:,} {self.unit} in {seconds:.0f} s{rate}")
 
