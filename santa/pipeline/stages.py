@@ -183,10 +183,22 @@ def run_pipeline(
                 f"pipeline {spec.layout.root}: "
                 + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
             ),
-            hint="run the same command to resume (the corpus, the mined table and "
-            "finished stages are reused)",
+            hint=resume_hint(spec),
         ):
             return _run(spec, configs, done)
+
+
+def resume_hint(spec: PipelineSpec) -> str:
+    """What an interrupted pipeline's last line says a rerun reuses: only what this run
+    makes (a corpus it builds, a table it mines), and its finished stages."""
+    reused = []
+    if not spec.data:
+        reused.append("the corpus")
+    if "ance" in spec.stages and spec.hard_negatives == "table":
+        reused.append("the mined table")
+    reused.append("finished stages")
+    listed = ", ".join(reused[:-1]) + (" and " if len(reused) > 1 else "") + reused[-1]
+    return f"run the same command to resume ({listed} are reused)"
 
 
 def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None:
@@ -391,10 +403,21 @@ def train_stage(
     dev_uri: str,
     warm_start: str,
 ) -> dict[str, Any]:
-    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
+    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one;
+    a stage that finished in an earlier run with the same settings is not entered again."""
     from santa.train.trainer import fit
 
     train = config.train
+    stage_layout = spec.layout.stage(stage)
+    settings = {"config": config.to_dict(), "data": data, "warm_start": warm_start}
+    finished = finished_stage(stage_layout, settings)
+    if finished is not None:
+        # Re-entering it cost a Ray Train start-up (26 s) to resume "from step 20" of 20.
+        print(
+            f"[{stage}] finished in an earlier run: skipped (checkpoint {finished['checkpoint']})",
+            flush=True,
+        )
+        return finished
     print(
         f"[{stage}] {spec.recipe}: {train.max_steps or f'{train.epochs} epochs of'} steps, "
         f"lr {train.learning_rate:g}, {train.num_workers} workers, "
@@ -402,13 +425,12 @@ def train_stage(
         + (f", from {warm_start}" if warm_start else ""),
         flush=True,
     )
-    stage_layout = spec.layout.stage(stage)
     run = stage_run(spec, stage_layout, data, dev_uri, warm_start)
     started = time.time()
     result = fit(config, run)
     if result.error is not None or result.checkpoint is None:
         raise RuntimeError(f"{stage} training failed: {result.error}")
-    return {
+    summary = {
         "stage": stage,
         "checkpoint": stage_layout.checkpoint_uri(result.checkpoint),
         "learning_rate": train.learning_rate,
@@ -420,6 +442,41 @@ def train_stage(
         "history": read_history(stage_layout.root),
         "seconds": time.time() - started,
     }
+    record = {k: v for k, v in summary.items() if k != "history"}
+    storage.write_json(stage_layout.path(STAGE_DONE), {**record, "settings": settings})
+    return summary
+
+
+STAGE_DONE = "stage.json"
+"""Written into a stage's run once it finished: its summary and the settings it ran with."""
+
+
+def finished_stage(stage_layout: RunLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of a stage that finished with these ``settings`` (config, data, warm
+    start) and whose checkpoint is still there; None otherwise (train it)."""
+    uri = stage_layout.path(STAGE_DONE)
+    try:
+        if not storage.exists(uri):
+            return None
+        record = storage.read_json(uri)
+    except (storage.StorageError, ValueError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("settings") != _plain(settings):
+        return None
+    checkpoint = str(record.get("checkpoint") or "")
+    if not checkpoint or not storage.exists(
+        storage.join(checkpoint_model(checkpoint), "config.json")
+    ):
+        return None
+    summary = {k: v for k, v in record.items() if k != "settings"}
+    return {**summary, "history": read_history(stage_layout.root)}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    import json
+
+    return json.loads(json.dumps(value))
 
 
 def stage_run(
