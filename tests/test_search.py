@@ -142,6 +142,19 @@ def test_first_line_and_table():
     assert table.splitlines()[2].split() == ["1", "0.5000", "doc-1", "def", "f():"]
 
 
+def test_long_ids_keep_their_line_ranges():
+    """Two functions of one file: their ids differ only at the end, which the table keeps
+    (cut at the end, both read ``.../configdialog.py#L1…``)."""
+    from santa.search.searcher import Hit
+
+    root = "/usr/lib/python3.11/idlelib/configdialog.py"
+    hits = [Hit(1, 0.61, f"{root}#L120-L135", "", "x"), Hit(2, 0.6, f"{root}#L140-L152", "", "y")]
+    shown = [line.split()[2] for line in format_hits("q", hits).splitlines()[2:]]
+    assert shown[0] != shown[1]
+    assert shown[0].endswith("configdialog.py#L120-L135") and shown[0].startswith("…")
+    assert shown[1].endswith("configdialog.py#L140-L152")
+
+
 # ============================================================================ index → search
 
 
@@ -179,6 +192,52 @@ def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, ca
     assert search.main(["--index", built["output"], "-k", "2", data.queries[chosen[0]]]) == 0
     table = capsys.readouterr().out
     assert "   1  " in table and expected[chosen[0]][0] in table
+
+
+def test_several_queries_in_one_start_with_start_up_and_search_timed_apart(
+    built, beir, monkeypatch, capsys
+):
+    """One start answers many queries: from a file, from standard input, or typed at a
+    prompt one after the other; stderr says the start-up (index and model loaded) apart
+    from the time spent searching (a single search was 9-15 s, most of it start-up)."""
+    import io
+    import re
+
+    from ray_jobs import search
+
+    data = load_beir(beir)
+    queries = [data.queries[q] for q in list(data.queries)[:3]]
+    listed = Path(built["output"]).parent / "queries.txt"
+    listed.write_text("\n".join(queries) + "\n")
+    assert search.main(["--index", built["output"], "-k", "2", "--queries", str(listed)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("query: ") == 3
+    ready, searched = err.strip().splitlines()
+    assert re.fullmatch(
+        r"\[search\] ready in \d+\.\d s \(index of 105 documents and its model loaded\)", ready
+    )
+    assert re.fullmatch(r"\[search\] 3 queries searched in \d+\.\d\d s \(\d+ ms each\)", searched)
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(queries[:2]) + "\n"))
+    assert search.main(["--index", built["output"], "-k", "1", "--json"]) == 0  # a pipe
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["query"] for line in out.splitlines()] == queries[:2]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal("\n".join(queries[:2]) + "\n\n"))
+    assert search.main(["--index", built["output"], "-k", "1"]) == 0  # a prompt
+    out, err = capsys.readouterr()
+    assert out.count(search.PROMPT) == 3 and out.count("query: ") == 2
+    lines = err.strip().splitlines()
+    assert lines[0].endswith(" loaded); one query a line, an empty line to end")
+    assert [re.fullmatch(r"\[search\] \d+ ms", line) is not None for line in lines[1:3]] == [
+        True,
+        True,
+    ]
+    assert re.fullmatch(r"\[search\] 2 queries searched in .*", lines[3])
 
 
 def test_rerun_of_a_published_index_is_up_to_date(built):
@@ -466,11 +525,27 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
 
     data = load_beir(beir)
     assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
+    # The run's other sets are indexed beside the held-out one (everyday questions then
+    # find their function), and one line says what the index holds.
+    extra = tmp_path / "more.jsonl"
+    extra.write_text(
+        "".join(
+            json.dumps({"id": f"extra-{i}", "text": f"def helper_{i}(): return {i}"}) + "\n"
+            for i in range(5)
+        )
+    )
     shown = index_and_show(
-        built["config"].checkpoint, beir, str(tmp_path / "index"), examples=3, k=3
+        built["config"].checkpoint,
+        beir,
+        str(tmp_path / "index"),
+        examples=3,
+        k=3,
+        more_corpora=(("dev", ""), ("training", str(extra))),
+        holds="a test corpus",
     )
     out = capsys.readouterr().out
-    assert shown["count"] == 105 and len(shown["examples"]) == 3
+    assert "[index] holds 110 documents (105 held-out, 5 training): a test corpus\n" in out
+    assert shown["count"] == 110 and len(shown["examples"]) == 3
     assert out.count("query: ") == 3 and "python -m ray_jobs.search --index" in out
     searcher = Searcher.open(str(tmp_path / "index"))
     for example in shown["examples"]:
@@ -487,7 +562,7 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
     # deep, so each of these 105 documents' ranks is known), quoted for a shell.
     for example in shown["examples"]:
         qid = next(q for q, text in data.queries.items() if text == example["query"])
-        ranked = [hit.id for hit in searcher.search([example["query"]], 105)[0]]
+        ranked = [hit.id for hit in searcher.search([example["query"]], 110)[0]]
         assert example["judged_rank"] == 1 + min(ranked.index(doc) for doc in data.qrels[qid])
     best = min(shown["examples"], key=lambda example: example["judged_rank"])
     assert shown["suggested_query"] == " ".join(best["query"].split())

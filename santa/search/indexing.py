@@ -36,7 +36,7 @@ import numpy as np
 
 from santa.data.outputs import StagedOutput, read_manifest
 from santa.runtime import storage
-from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpus
+from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpora
 from santa.search.faiss_index import INDEX_KINDS, EmbeddingIndex
 from santa.search.shards import (
     DOCUMENTS_FILE,
@@ -68,6 +68,9 @@ class IndexConfig:
     """The model: anything :func:`santa.models.checkpoints.resolve_model` takes (local or s3://)."""
     corpus: str
     """The corpus URI (see :mod:`santa.search.corpus`)."""
+    more_corpora: tuple[str, ...] = ()
+    """Corpora indexed with the first, in order (a document whose id an earlier one holds
+    is left out): the pipeline indexes its held-out, dev and training sets together."""
     output: str
     """The index folder to publish (local or s3://)."""
     corpus_format: str = "auto"
@@ -426,7 +429,7 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
     model_config = model.model_config
     dimension = model.embedding_dim
     del model  # the actors load their own copy
-    corpus = read_corpus(config.corpus, config.corpus_format)
+    corpus = read_corpora([config.corpus, *config.more_corpora], config.corpus_format)
     count = len(corpus)
     shard_size = _shard_size(config, count)
     shards = math.ceil(count / shard_size)
@@ -499,7 +502,12 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
             "count": count,
             "max_query_length": query_length,
             "max_document_length": document_length,
-            "corpus": {"uri": corpus.uri, "format": corpus.format, "skipped": dict(corpus.skipped)},
+            "corpus": {
+                "uri": corpus.uri,
+                "format": corpus.format,
+                "skipped": dict(corpus.skipped),
+                "parts": corpus.parts,
+            },
             "index": {
                 "kind": kind,
                 "nlist": index.nlist if kind == "ivf" else None,
