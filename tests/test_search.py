@@ -142,6 +142,26 @@ def test_first_line_and_table():
     assert table.splitlines()[2].split() == ["1", "0.5000", "doc-1", "def", "f():"]
 
 
+def test_the_page_marks_the_querys_words_as_words_and_labels_the_score():
+    """A query's words are marked where they stand as words (``read_file`` marks ``file``;
+    ``bits`` does not mark ``its``, nor ``SameFileError`` ``file``), stop words not at all,
+    and each hit's score says what it is (the model's similarity)."""
+    from santa.search.page import highlight, render_page
+
+    text = "def bits(x): raise SameFileError  # read_file with its file"
+    marked = highlight(text, "read a file with its bits")
+    assert marked == (
+        "def <mark>bits</mark>(x): raise SameFileError  # <mark>read</mark>_<mark>file</mark>"
+        " with its <mark>file</mark>"
+    )
+    assert highlight("x = open(PATH)", "Open a path") == "x = <mark>open</mark>(<mark>PATH</mark>)"
+    assert highlight("a < b", "with the") == "a &lt; b"  # only stop words: nothing marked
+
+    hit = {"rank": 1, "score": 0.61234, "id": "m.py#L1-L2", "title": "f", "text": "def f(): ..."}
+    page = render_page({"similarity": "cosine", "count": 1}, query="f", hits=[hit])
+    assert '<span class="score" title="cosine similarity to the query">cosine 0.6123</span>' in page
+
+
 def test_long_ids_keep_their_line_ranges():
     """Two functions of one file: their ids differ only at the end, which the table keeps
     (cut at the end, both read ``.../configdialog.py#L1…``)."""
