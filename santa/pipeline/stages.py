@@ -313,7 +313,7 @@ def _run(
         print(f"[index] the run's corpus with the final model ({stages[-1]['stage']})")
         indexed_at = time.time()
         # Every function the corpus job read, not only the held-out split: an everyday
-        # question ("compute an md5 hash") then finds its function.
+        # question ("shuffle a list") then finds its function.
         report["index"] = index_and_show(
             previous,
             test_uri,
