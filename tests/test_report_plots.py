@@ -97,7 +97,7 @@ def test_pipeline_figures_draw_the_runs_numbers(pipeline, tmp_path):
         },
         written,
     )
-    assert "![training losses (SDA and MEP apart)](losses.png)" in markdown
+    assert "![training losses, one panel per loss the recipe trains](losses.png)" in markdown
     page = markdown_page(markdown, "r")
     assert '<img src="metrics.png"' in page and "<table>" in page and "http" not in page
 

@@ -74,7 +74,7 @@ def startup_table(stages: list[dict[str, Any]]) -> list[str]:
 
 PLOT_CAPTIONS = {
     "metrics.png": "held-out retrieval after every stage, BM25 beside",
-    "losses.png": "training losses (SDA and MEP apart)",
+    "losses.png": "training losses, one panel per loss the recipe trains",
     "dev_mrr.png": "dev MRR@100 over the steps",
     "throughput.png": "training throughput per stage",
 }
