@@ -540,8 +540,14 @@ def test_search_page_in_a_real_browser(served, built, capsys):
 # ============================================================================ the demo's step
 
 
-def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, tmp_path, capsys):
+def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
+    built, beir, tmp_path, capsys, monkeypatch
+):
+    import re
+
     from santa.search.demo import index_and_show, pick_queries
+
+    monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "0")  # a progress line each time it moves
 
     data = load_beir(beir)
     assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
@@ -565,6 +571,13 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
     )
     out = capsys.readouterr().out
     assert "[index] holds 110 documents (105 held-out, 5 training): a test corpus\n" in out
+    # The encoding says how far it got as the actors' batches are done, not only per shard.
+    encoded = [line for line in out.splitlines() if line.startswith("[index] documents encoded")]
+    assert re.fullmatch(r"\[index\] documents encoded: 110 documents in \d+ s.*", encoded[-1])
+    assert all(
+        re.fullmatch(r"\[index\] documents encoded: \d+/110 documents \(\d+%\), .*", line)
+        for line in encoded[:-1]
+    ), encoded
     assert shown["count"] == 110 and len(shown["examples"]) == 3
     assert out.count("query: ") == 3 and "python -m ray_jobs.search --index" in out
     searcher = Searcher.open(str(tmp_path / "index"))
@@ -589,6 +602,28 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
     line = out.split("search it yourself:\n", 1)[1].splitlines()[0]
     assert shlex.split(line)[-1] == shown["suggested_query"]
     assert shlex.split(line)[:5] == ["python", "-m", "ray_jobs.search", "--index", shown["index"]]
+
+
+def test_functions_sharing_a_docstring_are_each_a_judged_answer(
+    checkpoint, tmp_path, capsys, ray_cluster
+):
+    """Two functions with one docstring (``Node.pre_order``, ``Leaf.pre_order``) are two
+    held-out queries of the same text with one answer each: the example of that text marks
+    both (it marked one, the other looked like a miss)."""
+    from santa.search.demo import index_and_show
+
+    rows = [dict(row) for row in stdlib_pair_rows()[:6]]
+    rows[1]["query"] = rows[0]["query"]
+    beir = write_beir(tmp_path / "beir", rows)
+    shown = index_and_show(checkpoint, beir, str(tmp_path / "index"), examples=6, k=6)
+    blocks = capsys.readouterr().out.split("query: ")[1:]
+    head = " ".join(rows[0]["query"].split())[:60]  # the table's header cuts long queries
+    shared = [block for block in blocks if block.startswith(head)]
+    assert len(shared) == 2
+    for block in shared:
+        marked = [line.split()[2] for line in block.splitlines() if "← the judged answer" in line]
+        assert sorted(marked) == ["d0", "d1"]
+    assert all(example["answer_rank"] is not None for example in shown["examples"])
 
 
 def test_the_suggested_query_is_the_best_ranked_example_quoted_for_a_shell():

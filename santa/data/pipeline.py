@@ -52,7 +52,7 @@ from santa.data.report import build_report, summarize
 from santa.data.schema import PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
 from santa.runtime import storage
-from santa.runtime.progress import ProgressLines
+from santa.runtime.progress import ProgressLines, counted
 from santa.runtime.ray_utils import capacity_of, cluster_cpus, environment
 
 logger = logging.getLogger(__name__)
@@ -273,33 +273,8 @@ def _materialize(work: ray.data.Dataset, progress: ProgressLines | None, counter
     operators' count): the source corpus job was 3 minutes without a line."""
     if progress is None or counter is None:
         return work.materialize()
-    import threading
-
-    stop = threading.Event()
-    seen = 0
-
-    def poll() -> None:
-        nonlocal seen
-        try:
-            now = ray.get(counter.value.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - a late count costs a line, not the job
-            return
-        progress.advance(now - seen)
-        seen = now
-
-    def watch() -> None:
-        while not stop.wait(1.0):
-            poll()
-
-    watcher = threading.Thread(target=watch, name="santa-preprocess-progress", daemon=True)
-    watcher.start()
-    try:
+    with counted(progress, lambda: ray.get(counter.value.remote(), timeout=10)):
         return work.materialize()
-    finally:
-        stop.set()
-        watcher.join(15)
-        poll()
-        progress.finish()
 
 
 def _read_examples(config: PreprocessConfig) -> pa.Table:

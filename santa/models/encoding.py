@@ -12,7 +12,7 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -158,28 +158,34 @@ class TextEncoder:
         progress: bool = False,
         desc: str = "",
         tag: str = "encode",
+        on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` in input order: ``(len(texts), dim)`` float32. Batched longest
         text first (less padding); the same embeddings whatever the batch size or order.
 
         ``progress``: santa's progress lines (``[tag] desc: 2,048/5,427 texts ...``, see
         :mod:`santa.runtime.progress`) while it works, not a redrawn bar: a bar's text
-        became empty lines on the pipeline's terminal."""
+        became empty lines on the pipeline's terminal. ``on_batch(count)`` is called after
+        each batch (an index actor tells the driver's count)."""
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         batches = plan_batches(texts, batch_size)
         if not batches:
             return out
-        if not progress:
+        if not progress and on_batch is None:
             rows = np.concatenate(batches)
             out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
             return out
         from santa.runtime.progress import ProgressLines
 
-        lines = ProgressLines(tag, desc or "encoding", total=len(texts))
+        lines = ProgressLines(tag, desc or "encoding", total=len(texts)) if progress else None
         for rows in batches:
             out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
-            lines.advance(len(rows))
-        lines.finish()
+            if lines is not None:
+                lines.advance(len(rows))
+            if on_batch is not None:
+                on_batch(len(rows))
+        if lines is not None:
+            lines.finish()
         return out
 
 
@@ -192,10 +198,11 @@ def encode_texts(
     desc: str = "",
     progress: bool = True,
     tag: str = "encode",
+    on_batch: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` in-process, in float32 on the model's device: ``(len(texts), dim)``,
     in input order (a :class:`TextEncoder` around ``model``); ``progress``: a ``[tag]``
-    line every 15 s of a long encoding.
+    line every 15 s of a long encoding; ``on_batch(count)`` after each batch.
 
     Texts are batched longest first (less padding); the model is put in eval mode and
     its previous mode restored afterwards.
@@ -206,7 +213,13 @@ def encode_texts(
         raise ValueError("batch_size and max_length must be positive")
     encoder = TextEncoder(model, num_gpus=None, threads=0, half=False)
     return encoder.encode(
-        list(texts), max_length, batch_size, progress=progress, desc=desc, tag=tag
+        list(texts),
+        max_length,
+        batch_size,
+        progress=progress,
+        desc=desc,
+        tag=tag,
+        on_batch=on_batch,
     )
 
 

@@ -14,13 +14,15 @@ shorter than the interval prints nothing. ``SANTA_PROGRESS_EVERY_S`` sets the in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
-__all__ = ["EVERY_S", "ProgressLines", "progress_interval"]
+__all__ = ["EVERY_S", "ProgressLines", "counted", "progress_interval"]
 
 EVERY_S = 15.0
 """Seconds between two progress lines of one phase (``SANTA_PROGRESS_EVERY_S``)."""
@@ -99,3 +101,40 @@ class ProgressLines:
     def _say(self, text: str) -> None:
         print(f"[{self.tag}] {text}", file=self.out or sys.stdout, flush=True)
         self.lines += 1
+
+
+@contextlib.contextmanager
+def counted(
+    progress: ProgressLines, read: Callable[[], int], poll_s: float = 1.0
+) -> Iterator[ProgressLines]:
+    """Feed ``progress`` from ``read()`` (the units done so far, e.g. a Ray actor's count
+    that workers add to) every ``poll_s`` while the block runs, then once more and close it:
+    the block itself only waits (a Ray Data execution). A ``read`` that fails costs a line,
+    never the work."""
+    stop = threading.Event()
+    seen = 0
+    lock = threading.Lock()
+
+    def poll() -> None:
+        nonlocal seen
+        try:
+            now = int(read())
+        except Exception:  # noqa: BLE001 - progress must never stop the work
+            return
+        with lock:
+            progress.advance(now - seen)
+            seen = now
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
+            poll()
+
+    watcher = threading.Thread(target=watch, name="santa-progress", daemon=True)
+    watcher.start()
+    try:
+        yield progress
+    finally:
+        stop.set()
+        watcher.join(15)
+        poll()
+        progress.finish()

@@ -67,8 +67,19 @@ def index_and_show(
     texts = [data.queries[qid] for qid in chosen]
     depth = max(k, RANK_DEPTH)
     shown = []
-    for qid, query, ranked in zip(chosen, texts, searcher.search(texts, depth), strict=True):
-        answers = set(doc for doc, label in data.qrels[qid].items() if label > 0)
+    # Functions that share a docstring (Node.pre_order and Leaf.pre_order: "Return a
+    # pre-order iterator for the tree.") are separate queries with one answer each: every
+    # one of them answers the text shown.
+    same_text: dict[str, list[str]] = {}
+    for other, text in data.queries.items():
+        same_text.setdefault(" ".join(text.split()).lower(), []).append(other)
+    for query, ranked in zip(texts, searcher.search(texts, depth), strict=True):
+        answers = {
+            doc
+            for other in same_text[" ".join(query.split()).lower()]
+            for doc, label in data.qrels.get(other, {}).items()
+            if label > 0
+        }
         judged_rank = next((hit.rank for hit in ranked if hit.id in answers), None)
         hits = ranked[:k]
         first_answer = judged_rank if judged_rank is not None and judged_rank <= k else None

@@ -176,11 +176,13 @@ class ShardEncoder:
         use_gpu: bool,
         bf16: bool,
         threads: int,
+        counter: Any = None,
     ) -> None:
         import torch
 
         from santa.models.checkpoints import load
 
+        self.counter = counter  # documents encoded, for the driver's progress lines
         if threads > 0:
             torch.set_num_threads(threads)
             # The fast tokenizer's thread pool would use every core of the node: an actor
@@ -216,6 +218,7 @@ class ShardEncoder:
                 max_length=self.max_length,
                 batch_size=self.batch_size,
                 progress=False,
+                on_batch=None if self.counter is None else self.counter.add.remote,
             )  # (shard rows, dim)
         write_shard(self.work, shard, documents.column("id"), embeddings)
         return documents.num_rows, time.perf_counter() - started
@@ -297,6 +300,12 @@ def _encode_missing(
         f"{'GPU' if use_gpu else 'CPU'} actor(s), {report['precision']}",
         flush=True,
     )
+    from santa.data.operators import ProgressCounter
+    from santa.runtime.progress import ProgressLines, counted
+
+    # Shards finish a minute apart on a CPU: the actors count each batch into this, and
+    # the driver says how far they got every 15 s.
+    counter = ray.remote(num_cpus=0)(ProgressCounter).remote() if config.progress else None
     dataset = ray.data.from_items(
         [{"shard": shard} for shard in missing], override_num_blocks=len(missing)
     ).map_batches(
@@ -309,6 +318,7 @@ def _encode_missing(
             "use_gpu": use_gpu,
             "bf16": bf16,
             "threads": 0 if use_gpu else max(1, int(config.cpus_per_actor)),
+            "counter": counter,
         },
         batch_size=1,
         batch_format="numpy",
@@ -317,21 +327,14 @@ def _encode_missing(
         num_cpus=0 if use_gpu else config.cpus_per_actor,
     )
     started = time.perf_counter()
-    done_rows, next_mark = 0, 0.1
+    done_rows = 0
     actor_seconds = 0.0
-    for done_shards, row in enumerate(dataset.iter_rows(), start=1):
-        done_rows += int(row["rows"])
-        actor_seconds += float(row["seconds"])
-        if config.progress and (done_rows / total >= next_mark or done_shards == len(missing)):
-            elapsed = time.perf_counter() - started
-            print(
-                f"[index] {done_rows:,}/{total:,} documents ({done_rows / total:.0%}), "
-                f"{done_shards}/{len(missing)} shards, {done_rows / max(elapsed, 1e-9):,.0f} "
-                "documents/s",
-                flush=True,
-            )
-            while next_mark <= done_rows / total:
-                next_mark += 0.1
+    progress = ProgressLines("index", "documents encoded", total, unit="documents")
+    read = (lambda: ray.get(counter.value.remote(), timeout=10)) if counter else (lambda: 0)
+    with counted(progress, read) if counter is not None else nullcontext():
+        for row in dataset.iter_rows():
+            done_rows += int(row["rows"])
+            actor_seconds += float(row["seconds"])
     report["encode_s"] = time.perf_counter() - started
     report["encode_actor_s"] = actor_seconds
     report["encoded_documents"] = done_rows
