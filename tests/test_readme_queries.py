@@ -24,7 +24,7 @@ EVERYDAY = {
     "shuffle a list": {"random.py:shuffle"},
     "check if a year is a leap year": {"datetime.py:_is_leap", "calendar.py:isleap"},
     "merge two sorted lists": {"heapq.py:merge"},
-    "wrap text to a given width": {"textwrap.py:wrap", "textwrap.py:fill"},
+    "compute the median of a list": {"statistics.py:median"},
 }
 """The README's everyday questions and the functions (``file:name``) that answer them."""
 
