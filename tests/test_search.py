@@ -541,7 +541,7 @@ def test_search_page_in_a_real_browser(served, built, capsys):
 
 
 def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
-    built, beir, tmp_path, capsys, monkeypatch
+    built, beir, tmp_path, tmp_path_factory, capsys, monkeypatch
 ):
     import re
 
@@ -553,7 +553,9 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
     assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
     # The run's other sets are indexed beside the held-out one (everyday questions then
     # find their function), and one line says what the index holds.
-    extra = tmp_path / "more.jsonl"
+    # Its path sorts before the held-out set's: the line keeps the order indexed, not the
+    # manifest's (a JSON object's keys are written sorted).
+    extra = tmp_path_factory.mktemp("aaa-more") / "more.jsonl"
     extra.write_text(
         "".join(
             json.dumps({"id": f"extra-{i}", "text": f"def helper_{i}(): return {i}"}) + "\n"
@@ -571,6 +573,17 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
     )
     out = capsys.readouterr().out
     assert "[index] holds 110 documents (105 held-out, 5 training): a test corpus\n" in out
+    # Published and found again (up to date): the same counts in the same order.
+    again = index_and_show(
+        built["config"].checkpoint,
+        beir,
+        str(tmp_path / "index"),
+        examples=1,
+        k=1,
+        more_corpora=(("dev", ""), ("training", str(extra))),
+    )
+    assert again["count"] == 110
+    assert "[index] holds 110 documents (105 held-out, 5 training)\n" in capsys.readouterr().out
     # The encoding says how far it got as the actors' batches are done, not only per shard.
     encoded = [line for line in out.splitlines() if line.startswith("[index] documents encoded")]
     assert re.fullmatch(r"\[index\] documents encoded: 110 documents in \d+ s.*", encoded[-1])

@@ -122,7 +122,7 @@ def index_contents(
 ) -> str:
     """One line saying what an index holds: its documents, how many from each of its
     corpora (``names``, in the order indexed), and whence (``holds``)."""
-    parts = list(((manifest.get("corpus") or {}).get("parts") or {}).values())
+    parts = [count for _, count in (manifest.get("corpus") or {}).get("parts") or []]
     names = names or []
     split = ", ".join(
         f"{count:,} {names[i] if i < len(names) else f'from corpus {i + 1}'}"

@@ -509,7 +509,8 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
                 "uri": corpus.uri,
                 "format": corpus.format,
                 "skipped": dict(corpus.skipped),
-                "parts": corpus.parts,
+                # In indexing order (a JSON object's keys are written sorted).
+                "parts": [[uri, count] for uri, count in corpus.parts.items()],
             },
             "index": {
                 "kind": kind,
