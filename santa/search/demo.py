@@ -122,7 +122,10 @@ def index_contents(
 ) -> str:
     """One line saying what an index holds: its documents, how many from each of its
     corpora (``names``, in the order indexed), and whence (``holds``)."""
-    parts = [count for _, count in (manifest.get("corpus") or {}).get("parts") or []]
+    parts = (manifest.get("corpus") or {}).get("parts") or []
+    if isinstance(parts, dict):  # an index published before the parts kept their order
+        parts = list(parts.items())
+    parts = [count for _, count in parts]
     names = names or []
     split = ", ".join(
         f"{count:,} {names[i] if i < len(names) else f'from corpus {i + 1}'}"
