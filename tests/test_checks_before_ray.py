@@ -216,3 +216,78 @@ def test_a_corrupt_esci_file_is_named(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(products) in lines[0], proc.stderr
     assert "Ray:" not in proc.stdout
+
+
+def _no_ray(monkeypatch) -> list:
+    """Record any start of Ray (none is expected)."""
+    from santa.runtime import ray_utils
+
+    started: list = []
+    monkeypatch.setattr(ray_utils, "init_ray", lambda *a, **k: started.append(a) or "")
+    return started
+
+
+def test_a_recipe_without_scoders_negatives_is_refused_before_ray(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``ray_jobs.scoder --recipe tiny`` (no hard negatives per query) failed ~4 minutes in,
+    after the warm-up, on the discriminators' scores of shape (8, 1): now one line and exit
+    2 before Ray starts, naming the recipes that fit; the sweep's SCodeR objective too."""
+    from ray_jobs import scoder
+    from tuning import sweep
+
+    started = _no_ray(monkeypatch)
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    argv = ["--recipe", "tiny", "--data", data, "--storage", str(tmp_path / "runs")]
+    assert scoder.main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "santa: error: recipe 'tiny' has no hard negatives per query (negatives.per_query=0), "
+        "which SCodeR's listwise examples need; recipes for SCodeR: minilm-scoder, "
+        "tiny-ci-scoder, tiny-scoder, unixcoder-scoder (or --set negatives.per_query=N)"
+    )
+    beir = tmp_path / "beir"  # never read: the recipe is refused first
+    argv = ["--recipe", "tiny", "--data", data, "--eval-data", str(beir), "--objective", "scoder"]
+    assert sweep.main([*argv, "--storage", str(tmp_path / "sweeps"), "--max-steps", "4"]) == 2
+    assert "recipes for SCodeR: minilm-scoder" in capsys.readouterr().err
+    assert started == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_recipe_that_is_no_pipelines_is_refused_naming_those_that_are(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``ray_jobs.pipeline --recipe tiny-scoder`` named a recipe 'tiny-scoder-finetune' it
+    could not find; now the line says what the pipeline takes, before Ray and the corpus."""
+    from ray_jobs import pipeline
+
+    started = _no_ray(monkeypatch)
+    argv = ["--recipe", "tiny-scoder", "--storage", str(tmp_path / "runs")]
+    assert pipeline.main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: recipe 'tiny-scoder' is not a pipeline's")
+    assert line.endswith(
+        "recipes for the pipeline: codet5-base-adv, codet5-base-adv-table2, "
+        "codet5-base-code, codet5-base-codesearch, minilm, t5-base-esci, t5-base-product, "
+        "tiny, tiny-ci"
+    )
+    assert started == [] and not (tmp_path / "runs").exists()
+
+
+def test_mep_on_an_encoder_only_backbone_names_the_recipes_that_train_it(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``--recipe minilm --set train.mep_weight=1``: one line before Ray, with the recipes
+    that do train MEP (a T5 backbone)."""
+    from ray_jobs import pretrain
+
+    started = _no_ray(monkeypatch)
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    argv = ["--recipe", "minilm", "--data", data, "--storage", str(tmp_path / "runs")]
+    assert pretrain.main([*argv, "--name", "r", "--set", "train.mep_weight=1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: recipe 'minilm': MEP (train.mep_weight=1.0) needs a T5")
+    assert line.endswith(
+        "; recipes with MEP: codet5-base-adv, codet5-base-adv-table2, codet5-base-code, "
+        "codet5-base-codesearch, t5-base-esci, t5-base-product, tiny, tiny-ci"
+    )
+    assert started == []

@@ -509,3 +509,39 @@ def test_shared_esci_graded_both_protocols(shared_fixtures, tiny_checkpoint, ray
     assert set(results) == {"model", "bm25", "model-rerank", "bm25-rerank"}
     for metrics in results.values():
         assert 0.0 <= metrics[ev.NDCG_4CLASS] <= 1.0 and metrics["num_queries"] == 1
+
+
+# ============================================================================ progress
+
+
+def test_evaluation_shows_progress_lines_not_bars(tiny_model, tmp_path, monkeypatch, capsys):
+    """Evaluation's encoding says how far it got as santa's own ``[eval]`` lines (every
+    15 s; here every batch): the pipeline's [eval] showed nothing for 91 s but the empty
+    lines of tqdm bars. No empty line, no carriage return or escape sequence."""
+    import re
+
+    monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "0")
+    corpus = [
+        {"_id": f"d{i}", "title": "", "text": f"def f{i}(x): return x + {i}"} for i in range(20)
+    ]
+    queries = [{"_id": f"q{i}", "text": f"add {i} to a value"} for i in range(20)]
+    qrels = [(f"q{i}", f"d{i}", 1) for i in range(20)]
+    beir = write_beir(tmp_path / "beir", corpus, queries, qrels)
+    ev.evaluate(tiny_model, beir, EvalConfig(baseline=None, batch_size=8))
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    progress = [line for line in lines if line.startswith("[eval] ")]
+    assert re.fullmatch(
+        r"\[eval\] documents: 8/20 texts \(40%\), [\d,]+ texts/s, \d+ s", progress[0]
+    )
+    assert any(re.fullmatch(r"\[eval\] documents: 20 texts in \d+ s.*", p) for p in progress)
+    assert any(re.fullmatch(r"\[eval\] queries: 20 texts in \d+ s.*", p) for p in progress)
+    assert "" not in lines and "\r" not in captured.out + captured.err
+    assert "\x1b" not in captured.out + captured.err
+
+    # Quiet where asked (--no-progress), and a phase shorter than the interval is silent.
+    ev.evaluate(tiny_model, beir, EvalConfig(baseline=None, batch_size=8, progress=False))
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "15")
+    ev.evaluate(tiny_model, beir, EvalConfig(baseline=None, batch_size=8))
+    assert capsys.readouterr().out == ""

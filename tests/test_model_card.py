@@ -77,7 +77,12 @@ def test_sentence_transformers_export_has_a_card_with_the_runs_evaluation(pipeli
     assert meta["license"] == "apache-2.0"  # the shipped MiniLM folder's own card says so
     assert {"santa", "dense-retrieval", "sentence-transformers"} <= set(meta["tags"])
     text = card.text
-    assert "# minilm-csn" in text and "Recipe `minilm`" in text and "(step 10)" in text
+    # Titled by the run and its stage, not the folder; the base named by its hub id (from
+    # the shipped MiniLM folder's own card), not by a path inside a virtualenv.
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert text.lstrip().startswith("# santa: run (finetune stage)\n")
+    assert "site-packages" not in text
+    assert "Recipe `minilm`" in text and "(step 10)" in text
     # The evaluation table is this run's: every system with its MRR@100 as evaluated.
     for system, label in (("model", "this model"), ("bm25", "bm25")):
         value = pipeline_run["metrics"][system]["mrr@100"]
@@ -109,6 +114,7 @@ def test_hf_export_of_an_unevaluated_checkpoint_says_how_to_evaluate(pipeline_ru
     assert export.main(["--checkpoint", str(source), "--to", str(out)]) == 0
     card, meta = _card(out)
     assert meta["library_name"] == "transformers" and "base_model" not in meta
+    assert card.text.lstrip().startswith("# santa: other\n")  # the training run's name
     assert "not evaluated" in card.text and "python -m ray_jobs.evaluate --checkpoint" in card.text
     (block,) = _python_blocks(card.text)
     scope: dict = {}
@@ -124,3 +130,33 @@ def test_hf_export_of_an_unevaluated_checkpoint_says_how_to_evaluate(pipeline_ru
     missing = ["--checkpoint", str(source), "--to", str(tmp_path / "x"), "--eval", str(tmp_path)]
     assert export.main(missing) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_base_model_is_a_hub_id_read_from_the_base_folder(tmp_path):
+    """A local base folder names its hub id in its card (the id its snippets load whose
+    last part is the card's title) or, without a card, in its config's ``_name_or_path``;
+    a card that names only other models gives none (its ``base_model`` is the base's
+    base)."""
+    from santa.models.card import base_model_id
+    from santa.recipes import minilm_path
+
+    assert base_model_id(str(minilm_path())) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert base_model_id("Salesforce/codet5-base") == "Salesforce/codet5-base"
+    assert base_model_id("tiny-t5") is None
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"_name_or_path": "org/base-model"}))
+    assert base_model_id(str(bare)) == "org/base-model"
+    (bare / "config.json").write_text(json.dumps({"_name_or_path": "/home/me/model"}))
+    assert base_model_id(str(bare)) is None
+
+    carded = tmp_path / "carded"
+    carded.mkdir()
+    (carded / "README.md").write_text(
+        "---\nbase_model: org/its-base\n---\n\n# my-model\n\n"
+        "Fine-tuned from `org/its-base`: AutoModel.from_pretrained('org/its-base')\n"
+    )
+    assert base_model_id(str(carded)) is None
+    (carded / "README.md").write_text("# my-model\n\nSentenceTransformer('me/My-Model')\n")
+    assert base_model_id(str(carded)) == "me/My-Model"

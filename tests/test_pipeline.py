@@ -175,7 +175,14 @@ def test_codesearchnet_eval_writes_beir(csn_root, tmp_path):
     assert all(line.endswith("\t1") for line in qrels[1:])
 
 
-def test_source_tree_records(tmp_path):
+def test_source_tree_records(tmp_path, monkeypatch, capsys):
+    """A source tree: records split by file, the files that do not parse counted by reason
+    in one summary line, and santa's progress lines while the files are parsed."""
+    import re
+
+    from santa.data.report import format_text
+
+    monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "0")  # a line each time the count moves
     tree = tmp_path / "tree"
     shutil.copytree(
         storage.join(__import__("santa.data.source", fromlist=["x"]).default_source_root(), "json"),
@@ -202,6 +209,22 @@ def test_source_tree_records(tmp_path):
     report = outputs["train"]
     assert report["dropped"]["unparsable_code"] == 1
     assert report["dropped"]["undecodable_bytes"] == 1
+    summary = format_text(report).splitlines()
+    assert not [line for line in summary if line.startswith("failed file ")]
+    assert (
+        "failed files           2 source files not parsed (undecodable_bytes 1, "
+        "unparsable_code 1; report.json's failed_files names each)"
+    ) in summary
+    printed = capsys.readouterr().out.splitlines()
+    progress = [line for line in printed if line.startswith("[preprocess] ")]
+    files = len(list(tree.rglob("*.py"))) + 1  # and Box.java
+    assert progress, printed
+    assert all(
+        re.fullmatch(rf"\[preprocess\] source files parsed: \d+/{files} files .*", line)
+        or re.fullmatch(rf"\[preprocess\] source files parsed: {files} files in \d+ s.*", line)
+        for line in progress
+    ), progress
+    assert re.fullmatch(rf"\[preprocess\] source files parsed: {files} files in .*", progress[-1])
     written = sum(r["rows_written"] for r in outputs.values())
     assert written > 10
     ids = [set(read_pairs(str(tmp_path / s)).column("url").to_pylist()) for s in outputs]
@@ -441,7 +464,7 @@ def test_parsers_read_their_own_input(csn_root, tmp_path):
 
     root, _ = csn_root
     config = PreprocessConfig(dataset="codesearchnet", input=str(root), output=str(tmp_path))
-    stats = _code_work_dataset(config).materialize().stats()
+    stats = _code_work_dataset(config)[0].materialize().stats()
     assert "ReadJsonLines->MapBatches(CodePairBuilder)" in stats, stats
 
 

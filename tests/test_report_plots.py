@@ -97,7 +97,7 @@ def test_pipeline_figures_draw_the_runs_numbers(pipeline, tmp_path):
         },
         written,
     )
-    assert "![training losses (SDA and MEP apart)](losses.png)" in markdown
+    assert "![training losses, one panel per loss the recipe trains](losses.png)" in markdown
     page = markdown_page(markdown, "r")
     assert '<img src="metrics.png"' in page and "<table>" in page and "http" not in page
 
@@ -118,3 +118,92 @@ def test_sweep_figure_places_each_trial_at_its_lr_and_lambda():
     # Without λ (a learning-rate sweep): the metric over the learning rate.
     flat = sweep_figure([{**r, "lambda": None} for r in rows[:2]], "dev_mrr")
     assert list(flat.axes[0].lines[0].get_ydata()) == [0.3, 0.2]
+
+
+def _minilm_stage(name: str, steps: tuple[int, ...], start: float) -> dict:
+    """A stage of the minilm recipe as its metrics.jsonl has it: SDA only (the total loss
+    is the SDA loss, MEP logged as 0), two logged steps."""
+    history = [
+        {"step": step, "loss": start - 0.01 * step, "loss_sda": start - 0.01 * step}
+        | {"loss_mep": 0.0, "dev_mrr": 0.664 + 0.003 * i}
+        for i, step in enumerate(steps)
+    ]
+    return {
+        "stage": name,
+        "history": history,
+        "final_metrics": {"step": steps[-1], "run_pairs_per_s": 50.0},
+        "learning_rate": 1e-5,
+        "sda_weight": 1.0,
+        "mep_weight": 1.0,
+        "hard_negatives": "none",
+        "checkpoint": f"/r/{name}/c",
+        "seconds": 30.0,
+    }
+
+
+def test_a_recipe_without_mep_draws_one_panel_per_loss_it_trains_as_points_with_labels():
+    """The minilm demo: one "SDA loss" panel (no copy of it as "loss", no MEP panel), two
+    logged steps per stage drawn as points with their values (no line suggesting a rise),
+    the dev MRR on 0..1 so that a 0.003 change looks small, a y label on every plot and
+    each bar of metrics.png labelled with its value."""
+    stages = [_minilm_stage("pretrain", (10, 20), 0.9), _minilm_stage("finetune", (5, 10), 1.2)]
+    metrics = {
+        "untrained": {"mrr@100": 0.637, "recall@10": 0.8},
+        "santa (finetune)": {"mrr@100": 0.684, "recall@10": 0.85},
+    }
+    figures = pipeline_figures({"metrics": metrics}, stages)
+
+    (losses,) = figures["losses.png"].axes
+    assert losses.get_title() == "SDA loss"
+    for line in losses.lines:
+        assert line.get_linestyle() == "None" and line.get_marker() == "o"
+    labels = sorted(text.get_text() for text in losses.texts)
+    assert labels == sorted(f"{h['loss_sda']:.3f}" for s in stages for h in s["history"])
+    assert losses.get_ylim()[0] == 0
+
+    (dev,) = figures["dev_mrr.png"].axes
+    assert dev.get_ylim() == (0, 1)
+    assert {line.get_linestyle() for line in dev.lines} == {"None"}
+    assert "0.667" in [text.get_text() for text in dev.texts]
+
+    (bars,) = figures["metrics.png"].axes
+    shown = [text.get_text() for text in bars.texts]
+    assert sorted(shown) == sorted(f"{v:.3f}" for m in metrics.values() for v in m.values())
+
+    for name, figure in figures.items():
+        for axis in figure.axes:
+            assert axis.get_ylabel(), f"{name}: {axis.get_title()} has no y label"
+
+
+def test_a_stage_that_does_not_train_a_loss_draws_no_panel_of_it(pipeline):
+    """``train.mep_weight=0`` logs the MEP loss without training it: no MEP panel, and no
+    total beside SDA alone; a stage with many logged steps is a line."""
+    stages, metrics = pipeline
+    unweighted = [{**stage, "mep_weight": 0.0} for stage in stages]
+    (axis,) = pipeline_figures({"metrics": metrics}, unweighted)["losses.png"].axes
+    assert axis.get_title() == "SDA loss"
+    finetune = next(line for line in axis.lines if line.get_label() == "finetune")
+    assert finetune.get_linestyle() == "-"  # 6 logged steps
+
+
+def test_report_captions_every_plot(pipeline, tmp_path):
+    """Each plot of report.md has a caption line under it saying how to read it."""
+    from santa.pipeline.report import PLOT_NOTES
+
+    stages, metrics = pipeline
+    written = write_figures(pipeline_figures({"metrics": metrics}, stages), str(tmp_path))
+    report = {
+        "name": "r",
+        "recipe": "tiny",
+        "data": {"test": "t"},
+        "metrics": metrics,
+        "stages": stages,
+        "corpus": {},
+        "phases": {"total_s": 1.0},
+        "run": str(tmp_path),
+    }
+    lines = format_report(report, written).splitlines()
+    for uri in written:
+        name = uri.rsplit("/", 1)[-1]
+        at = next(i for i, line in enumerate(lines) if line.endswith(f"]({name})"))
+        assert lines[at + 2] == f"*{PLOT_NOTES[name]}*"

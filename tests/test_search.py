@@ -142,6 +142,39 @@ def test_first_line_and_table():
     assert table.splitlines()[2].split() == ["1", "0.5000", "doc-1", "def", "f():"]
 
 
+def test_the_page_marks_the_querys_words_as_words_and_labels_the_score():
+    """A query's words are marked where they stand as words (``read_file`` marks ``file``;
+    ``bits`` does not mark ``its``, nor ``SameFileError`` ``file``), stop words not at all,
+    and each hit's score says what it is (the model's similarity)."""
+    from santa.search.page import highlight, render_page
+
+    text = "def bits(x): raise SameFileError  # read_file with its file"
+    marked = highlight(text, "read a file with its bits")
+    assert marked == (
+        "def <mark>bits</mark>(x): raise SameFileError  # <mark>read</mark>_<mark>file</mark>"
+        " with its <mark>file</mark>"
+    )
+    assert highlight("x = open(PATH)", "Open a path") == "x = <mark>open</mark>(<mark>PATH</mark>)"
+    assert highlight("a < b", "with the") == "a &lt; b"  # only stop words: nothing marked
+
+    hit = {"rank": 1, "score": 0.61234, "id": "m.py#L1-L2", "title": "f", "text": "def f(): ..."}
+    page = render_page({"similarity": "cosine", "count": 1}, query="f", hits=[hit])
+    assert '<span class="score" title="cosine similarity to the query">cosine 0.6123</span>' in page
+
+
+def test_long_ids_keep_their_line_ranges():
+    """Two functions of one file: their ids differ only at the end, which the table keeps
+    (cut at the end, both read ``.../configdialog.py#L1…``)."""
+    from santa.search.searcher import Hit
+
+    root = "/usr/lib/python3.11/idlelib/configdialog.py"
+    hits = [Hit(1, 0.61, f"{root}#L120-L135", "", "x"), Hit(2, 0.6, f"{root}#L140-L152", "", "y")]
+    shown = [line.split()[2] for line in format_hits("q", hits).splitlines()[2:]]
+    assert shown[0] != shown[1]
+    assert shown[0].endswith("configdialog.py#L120-L135") and shown[0].startswith("…")
+    assert shown[1].endswith("configdialog.py#L140-L152")
+
+
 # ============================================================================ index → search
 
 
@@ -179,6 +212,52 @@ def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, ca
     assert search.main(["--index", built["output"], "-k", "2", data.queries[chosen[0]]]) == 0
     table = capsys.readouterr().out
     assert "   1  " in table and expected[chosen[0]][0] in table
+
+
+def test_several_queries_in_one_start_with_start_up_and_search_timed_apart(
+    built, beir, monkeypatch, capsys
+):
+    """One start answers many queries: from a file, from standard input, or typed at a
+    prompt one after the other; stderr says the start-up (index and model loaded) apart
+    from the time spent searching (a single search was 9-15 s, most of it start-up)."""
+    import io
+    import re
+
+    from ray_jobs import search
+
+    data = load_beir(beir)
+    queries = [data.queries[q] for q in list(data.queries)[:3]]
+    listed = Path(built["output"]).parent / "queries.txt"
+    listed.write_text("\n".join(queries) + "\n")
+    assert search.main(["--index", built["output"], "-k", "2", "--queries", str(listed)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("query: ") == 3
+    ready, searched = err.strip().splitlines()
+    assert re.fullmatch(
+        r"\[search\] ready in \d+\.\d s \(index of 105 documents and its model loaded\)", ready
+    )
+    assert re.fullmatch(r"\[search\] 3 queries searched in \d+\.\d\d s \(\d+ ms each\)", searched)
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(queries[:2]) + "\n"))
+    assert search.main(["--index", built["output"], "-k", "1", "--json"]) == 0  # a pipe
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["query"] for line in out.splitlines()] == queries[:2]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal("\n".join(queries[:2]) + "\n\n"))
+    assert search.main(["--index", built["output"], "-k", "1"]) == 0  # a prompt
+    out, err = capsys.readouterr()
+    assert out.count(search.PROMPT) == 3 and out.count("query: ") == 2
+    lines = err.strip().splitlines()
+    assert lines[0].endswith(" loaded); one query a line, an empty line to end")
+    assert [re.fullmatch(r"\[search\] \d+ ms", line) is not None for line in lines[1:3]] == [
+        True,
+        True,
+    ]
+    assert re.fullmatch(r"\[search\] 2 queries searched in .*", lines[3])
 
 
 def test_rerun_of_a_published_index_is_up_to_date(built):
@@ -461,16 +540,58 @@ def test_search_page_in_a_real_browser(served, built, capsys):
 # ============================================================================ the demo's step
 
 
-def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, tmp_path, capsys):
+def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
+    built, beir, tmp_path, tmp_path_factory, capsys, monkeypatch
+):
+    import re
+
     from santa.search.demo import index_and_show, pick_queries
+
+    monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "0")  # a progress line each time it moves
 
     data = load_beir(beir)
     assert pick_queries(data.queries, 3) == pick_queries(dict(reversed(data.queries.items())), 3)
+    # The run's other sets are indexed beside the held-out one (everyday questions then
+    # find their function), and one line says what the index holds.
+    # Its path sorts before the held-out set's: the line keeps the order indexed, not the
+    # manifest's (a JSON object's keys are written sorted).
+    extra = tmp_path_factory.mktemp("aaa-more") / "more.jsonl"
+    extra.write_text(
+        "".join(
+            json.dumps({"id": f"extra-{i}", "text": f"def helper_{i}(): return {i}"}) + "\n"
+            for i in range(5)
+        )
+    )
     shown = index_and_show(
-        built["config"].checkpoint, beir, str(tmp_path / "index"), examples=3, k=3
+        built["config"].checkpoint,
+        beir,
+        str(tmp_path / "index"),
+        examples=3,
+        k=3,
+        more_corpora=(("dev", ""), ("training", str(extra))),
+        holds="a test corpus",
     )
     out = capsys.readouterr().out
-    assert shown["count"] == 105 and len(shown["examples"]) == 3
+    assert "[index] holds 110 documents (105 held-out, 5 training): a test corpus\n" in out
+    # Published and found again (up to date): the same counts in the same order.
+    again = index_and_show(
+        built["config"].checkpoint,
+        beir,
+        str(tmp_path / "index"),
+        examples=1,
+        k=1,
+        more_corpora=(("dev", ""), ("training", str(extra))),
+    )
+    assert again["count"] == 110
+    assert "[index] holds 110 documents (105 held-out, 5 training)\n" in capsys.readouterr().out
+    # The encoding says how far it got as the actors' batches are done, not only per shard.
+    encoded = [line for line in out.splitlines() if line.startswith("[index] documents encoded")]
+    assert re.fullmatch(r"\[index\] documents encoded: 110 documents in \d+ s.*", encoded[-1])
+    assert all(
+        re.fullmatch(r"\[index\] documents encoded: \d+/110 documents \(\d+%\), .*", line)
+        for line in encoded[:-1]
+    ), encoded
+    assert shown["count"] == 110 and len(shown["examples"]) == 3
     assert out.count("query: ") == 3 and "python -m ray_jobs.search --index" in out
     searcher = Searcher.open(str(tmp_path / "index"))
     for example in shown["examples"]:
@@ -487,13 +608,35 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(built, beir, t
     # deep, so each of these 105 documents' ranks is known), quoted for a shell.
     for example in shown["examples"]:
         qid = next(q for q, text in data.queries.items() if text == example["query"])
-        ranked = [hit.id for hit in searcher.search([example["query"]], 105)[0]]
+        ranked = [hit.id for hit in searcher.search([example["query"]], 110)[0]]
         assert example["judged_rank"] == 1 + min(ranked.index(doc) for doc in data.qrels[qid])
     best = min(shown["examples"], key=lambda example: example["judged_rank"])
     assert shown["suggested_query"] == " ".join(best["query"].split())
     line = out.split("search it yourself:\n", 1)[1].splitlines()[0]
     assert shlex.split(line)[-1] == shown["suggested_query"]
     assert shlex.split(line)[:5] == ["python", "-m", "ray_jobs.search", "--index", shown["index"]]
+
+
+def test_functions_sharing_a_docstring_are_each_a_judged_answer(
+    checkpoint, tmp_path, capsys, ray_cluster
+):
+    """Two functions with one docstring (``Node.pre_order``, ``Leaf.pre_order``) are two
+    held-out queries of the same text with one answer each: the example of that text marks
+    both (it marked one, the other looked like a miss)."""
+    from santa.search.demo import index_and_show
+
+    rows = [dict(row) for row in stdlib_pair_rows()[:6]]
+    rows[1]["query"] = rows[0]["query"]
+    beir = write_beir(tmp_path / "beir", rows)
+    shown = index_and_show(checkpoint, beir, str(tmp_path / "index"), examples=6, k=6)
+    blocks = capsys.readouterr().out.split("query: ")[1:]
+    head = " ".join(rows[0]["query"].split())[:60]  # the table's header cuts long queries
+    shared = [block for block in blocks if block.startswith(head)]
+    assert len(shared) == 2
+    for block in shared:
+        marked = [line.split()[2] for line in block.splitlines() if "← the judged answer" in line]
+        assert sorted(marked) == ["d0", "d1"]
+    assert all(example["answer_rank"] is not None for example in shown["examples"])
 
 
 def test_the_suggested_query_is_the_best_ranked_example_quoted_for_a_shell():

@@ -53,6 +53,43 @@ def test_minilm_checkpoint_round_trips(tmp_path, capsys):
     assert not list(tmp_path.glob(".st.partial-*"))
 
 
+def test_the_exported_folder_loads_in_sentence_transformers_without_warnings(tmp_path):
+    """A santa MiniLM checkpoint has no BERT pooler (santa never uses one): the exported
+    folder says so (``add_pooling_layer: false``), so loading it prints no transformers
+    LOAD REPORT of ``pooler.dense.*`` MISSING and newly initialised, nothing at all on
+    stderr (transformers' own "Loading weights" bar, shown for every model it loads, is
+    off here by its variable)."""
+    import os
+    import subprocess
+    import sys
+
+    config = get_recipe("minilm")
+    DualEncoder.from_config(config.model).save_pretrained(
+        str(tmp_path / "ck" / "model"), santa_config=config
+    )
+    out = tmp_path / "st"
+    argv = ["--checkpoint", str(tmp_path / "ck"), "--to", str(out)]
+    assert export.main([*argv, "--format", "sentence-transformers"]) == 0
+    module = json.loads((out / "sentence_bert_config.json").read_text())
+    assert module["model_args"] == {"add_pooling_layer": False}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRANSFORMERS_", "SANTA_", "PYTHONWARNINGS"))
+    }
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    load = (
+        "import sys; from sentence_transformers import SentenceTransformer; "
+        "print(SentenceTransformer(sys.argv[1], device='cpu').encode(['hi']).shape)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", load, str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(1, 384)"
+    assert done.stderr == "", done.stderr
+
+
 def test_cls_pooling_projection_and_dot_product_round_trip(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertModel
 

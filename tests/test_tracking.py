@@ -175,3 +175,120 @@ def test_a_resumed_run_logs_each_step_once_and_an_interrupt_marks_it_killed(tmp_
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6, 7]
     again.finish(metrics={"loss": 3.0})
     assert client.get_run(again.mlflow_run_id).info.status == "FINISHED"
+
+
+SQLITE_JOB = """
+import argparse, os, sys
+from santa.runtime.errors import run_job
+from santa.runtime.tracking import Tracking, WorkerTracker
+
+
+def main():
+    tracking = Tracking.from_args(argparse.Namespace(mlflow=sys.argv[1], wandb=None))
+    print(tracking.mlflow_uri)
+    tracked = tracking.begin(run_uri=sys.argv[2], name="stored", params={"train.lr": 0.1})
+    os.chdir(sys.argv[3])  # as a Ray Train worker does: relative paths would move
+    worker = WorkerTracker(tracked)
+    for step in (1, 2):
+        worker.log({"loss": 3.0 - step}, step)
+    tracked.finish(metrics={"loss": 1.0}, model_dir=sys.argv[4])
+    return 0
+
+
+sys.exit(run_job(main))
+"""
+
+
+def test_a_sqlite_store_works_as_the_readme_says(tmp_path):
+    """``--mlflow sqlite:///mlflow.db`` (relative, as the README writes it) from a job run
+    on the command line: the store opens (SQLAlchemy and alembic come with the tracking
+    extra), the workers' other working folder logs into the same database, MLflow's INFO
+    lines go to the job's log file and not the terminal, and the artifacts land beside the
+    database, not in ``./mlruns`` of the folder the job ran from."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    here, worker_dir, model = tmp_path / "here", tmp_path / "worker", tmp_path / "model"
+    for folder in (here, worker_dir, model):
+        folder.mkdir()
+    (model / "config.json").write_text("{}")
+    log = tmp_path / "job.log"
+    script = tmp_path / "job.py"
+    script.write_text(SQLITE_JOB)
+    env = {**__import__("os").environ, "SANTA_LOG_FILE": str(log)}
+    env.pop("MLFLOW_CONFIGURE_LOGGING", None)
+    run_uri = str(tmp_path / "runs" / "stored")
+    done = subprocess.run(
+        [sys.executable, str(script), "sqlite:///store/mlflow.db", run_uri, str(worker_dir)]
+        + [str(model)],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    database = here / "store" / "mlflow.db"
+    assert done.stdout.strip() == f"sqlite:///{database}"
+    assert done.stderr == ""  # no "INFO mlflow.store.db.utils: Creating initial ..."
+    assert "mlflow.store.db.utils" in log.read_text()
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    experiment = client.get_experiment_by_name("santa")
+    assert experiment.artifact_location == str(here / "store" / "mlartifacts")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["train.lr"] == "0.1"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0)]
+    stored = here / "store" / "mlartifacts" / run.info.run_id / "artifacts" / "model"
+    assert (stored / "config.json").read_text() == "{}"
+    assert not (here / "mlruns").exists() and not (worker_dir / "mlruns").exists()
+    assert not (worker_dir / "store").exists()
+
+
+def test_mlflow_artifacts_flag_sets_where_a_new_experiment_keeps_them(tmp_path, monkeypatch):
+    """``--mlflow-artifacts DIR`` is the new experiment's artifact location."""
+    import argparse
+
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(mlflow="sqlite:///db/m.db", mlflow_artifacts="arts", wandb=None)
+    tracking = Tracking.from_args(args)
+    assert tracking.mlflow_artifacts == str(tmp_path / "arts")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking.mlflow_uri)
+    assert client.get_experiment_by_name("santa").artifact_location == str(tmp_path / "arts")
+    with pytest.raises(TrackingError, match="needs --mlflow"):
+        Tracking.from_args(argparse.Namespace(mlflow=None, mlflow_artifacts="x", wandb=None))
+
+
+def test_a_database_store_without_its_packages_is_one_line_before_ray(
+    tmp_path, monkeypatch, capsys
+):
+    """mlflow-skinny alone cannot open a ``sqlite:`` store: the training job says so in one
+    line and exit 2 before Ray starts (it failed after Ray started, 130 s in)."""
+    import importlib.util
+
+    from ray_jobs import pretrain
+    from santa.runtime import ray_utils
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("sqlalchemy", "alembic") else real(name, *a),
+    )
+    data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
+    store = f"sqlite:///{tmp_path / 'x' / 'mlflow.db'}"
+    argv = ["--data", data, "--storage", str(tmp_path / "runs"), "--name", "r"]
+    started = []
+    monkeypatch.setattr(ray_utils, "init_ray", lambda *a, **k: started.append(a) or "")
+    assert pretrain.main([*argv, "--mlflow", store]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"santa: error: --mlflow {store} needs SQLAlchemy and alembic (MLflow's database "
+        "store): pip install 'santa[tracking]' (or pip install sqlalchemy alembic)"
+    ]
+    assert started == [] and not (tmp_path / "x").exists()

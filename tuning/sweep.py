@@ -35,6 +35,7 @@ from typing import Any
 
 from santa.config import SantaConfig
 from santa.pipeline.report import write_sweep_report
+from santa.recipes import check_scoder_recipe
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.flags import recipe_config, run_parser
@@ -320,6 +321,8 @@ def base_config(args: argparse.Namespace) -> SantaConfig:
             for name in ("warmup", "discriminator", "dual_encoder")
         ]
     config = recipe_config(args, then=then)
+    if getattr(args, "objective", "auto") == "scoder":
+        check_scoder_recipe(args.recipe, config)  # before Ray, not in every trial
     max_steps = config.train.max_steps
     if not max_steps:
         raise ValueError("a sweep needs a step budget: --max-steps N (ASHA's max_t)")

@@ -19,6 +19,10 @@ from santa.config.scoder import ScoderConfig
 from santa.config.train import TrainConfig
 
 
+class MepWithoutDecoder(ValueError):
+    """MEP asked of a backbone without a decoder: the jobs add the recipes that train it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SantaConfig:
     """A whole run's config: the model and how to train it."""
@@ -37,7 +41,7 @@ class SantaConfig:
 
     def __post_init__(self) -> None:
         if self.model.kind != "t5" and self.train.uses_mep:
-            fail(
+            raise MepWithoutDecoder(
                 f"MEP (train.mep_weight={self.train.mep_weight}) needs a T5 backbone "
                 f"(model.kind='t5'), not kind={self.model.kind!r}: encoder-only backbones "
                 "train with the SDA/DR loss only; set train.mep_weight=0"

@@ -33,6 +33,28 @@ from santa.method.entities import ensure_pos_tagger
 HELDOUT_MARK = "__heldout__"
 
 
+class ProgressCounter:
+    """What the operators have done so far (source files parsed, JSON lines read), for the
+    driver's progress lines: run as a Ray actor of no CPU, added to once per batch."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, count: int) -> None:
+        """``count`` more units done."""
+        self.count += int(count)
+
+    def value(self) -> int:
+        """The units done so far."""
+        return self.count
+
+
+def _count(counter: Any, count: int) -> None:
+    """Tell the driver's counter (a Ray actor handle, or None) without waiting for it."""
+    if counter is not None:
+        counter.add.remote(count)
+
+
 class CodePairBuilder:
     """Ray Data operator: raw JSON lines → pair rows (or dropped rows with a reason)."""
 
@@ -44,7 +66,9 @@ class CodePairBuilder:
         heldout_splits: tuple[str, ...],
         languages: tuple[str, ...],
         root: str,
+        counter: Any = None,
     ):
+        self.counter = counter  # rows read, for the driver's progress lines
         self.root = root
         self.dataset = dataset
         self.options = options
@@ -98,10 +122,11 @@ class CodePairBuilder:
                     row["drop_detail"] = raw.decode("utf-8", "replace")
             row["row_key"] = f"{path}:{line_number:010d}"
             rows.append(row)
+        _count(self.counter, batch.num_rows)
         return rows_to_table(rows)
 
 
-def extract_source_records(batch: pa.Table, root: str, repo: str) -> pa.Table:
+def extract_source_records(batch: pa.Table, root: str, repo: str, counter: Any = None) -> pa.Table:
     """Ray Data function: source files → CodeSearchNet-format JSON lines (raw rows).
 
     A plain function (run as Ray tasks, not actors): an actor pool here next to the pair
@@ -129,6 +154,7 @@ def extract_source_records(batch: pa.Table, root: str, repo: str) -> pa.Table:
         for index, record in enumerate(records, start=1):
             raw = json.dumps(record, ensure_ascii=False).encode("utf-8")
             emit(path, index, raw, record.get("partition", ""), "")
+    _count(counter, batch.num_rows)  # files parsed, for the driver's progress lines
     return pa.table(out, schema=RAW_SCHEMA)
 
 

@@ -33,6 +33,7 @@ from santa.data.operators import (
     ProductJudgmentBuilder,
     ProductPairBuilder,
     ProductPaperPairBuilder,
+    ProgressCounter,
     extract_source_records,
     select_output_rows,
 )
@@ -51,6 +52,7 @@ from santa.data.report import build_report, summarize
 from santa.data.schema import PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
 from santa.runtime import storage
+from santa.runtime.progress import ProgressLines, counted
 from santa.runtime.ray_utils import capacity_of, cluster_cpus, environment
 
 logger = logging.getLogger(__name__)
@@ -212,8 +214,12 @@ def _read_block_size(nbytes: int):
         context.target_max_block_size = saved
 
 
-def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
-    """Pair rows of the requested split, plus key-only rows of the held-out splits.
+def _code_work_dataset(
+    config: PreprocessConfig, counter: Any = None
+) -> tuple[ray.data.Dataset, ProgressLines]:
+    """Pair rows of the requested split, plus key-only rows of the held-out splits, and the
+    progress lines its execution counts into through ``counter`` (source files parsed, or
+    JSON lines read).
 
     Held-out splits are read in the same pass (not a second one) so that training output
     can be checked against them; evaluation output needs no such check.
@@ -233,11 +239,14 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
             raw = ray.data.read_binary_files(files, include_paths=True, **_READ_ARGS)
         raw = raw.map_batches(
             extract_source_records,
-            fn_kwargs={"root": config.input, "repo": "local"},
+            fn_kwargs={"root": config.input, "repo": "local", "counter": counter},
             batch_size=16,
             batch_format="pyarrow",
         )
         pool = _actor_pool(config)
+        progress = ProgressLines("preprocess", "source files parsed", len(files), unit="files")
+        work = raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
+        return work, progress
     else:
         # Files whose name says another split are not read; files of unknown split are
         # read and their rows selected by the records' own `partition` field.
@@ -254,7 +263,18 @@ def _code_work_dataset(config: PreprocessConfig) -> ray.data.Dataset:
         # it has no resources or concurrency of its own and the pool takes whole blocks.
         # Nothing upstream then needs a CPU, so the whole pool can start at once.
         pool = _actor_pool(config, start_all=True, whole_blocks=True)
-    return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
+    builder_args["counter"] = counter
+    progress = ProgressLines("preprocess", "records read", unit="rows")
+    return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool), progress
+
+
+def _materialize(work: ray.data.Dataset, progress: ProgressLines | None, counter: Any):
+    """``work.materialize()``, with santa's progress lines every 15 s from ``counter`` (the
+    operators' count): the source corpus job was 3 minutes without a line."""
+    if progress is None or counter is None:
+        return work.materialize()
+    with counted(progress, lambda: ray.get(counter.value.remote(), timeout=10)):
+        return work.materialize()
 
 
 def _read_examples(config: PreprocessConfig) -> pa.Table:
@@ -342,6 +362,7 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     filtered: Counter = Counter()
     expected_rows = None
     esci_counts: dict[str, Any] | None = None
+    counter = progress = None  # the code datasets' progress lines
     if config.dataset == "esci":
         products = _products_dataset(config)
         if config.stage == "pretrain" and config.esci_pretrain == "product":
@@ -368,8 +389,9 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
                 **_actor_pool(config),
             )
     else:
-        work = _code_work_dataset(config)
-    work = work.materialize()
+        counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+        work, progress = _code_work_dataset(config, counter)
+    work = _materialize(work, progress, counter)
     phases = {"process_s": time.time() - started}
 
     summary = summarize(work)

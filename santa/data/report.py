@@ -149,15 +149,38 @@ def format_text(report: dict[str, Any]) -> str:
         for reason, count in report["asst"]["skipped"].items():
             lines.append(f"asst skipped {reason:<18}{count:>10,}")
     lines += _esci_lines(report.get("esci"), report["config"])
-    for failed in report.get("failed_files", []):
-        lines.append(
-            f"failed file   {failed['path']}: {failed['reason']} ({failed['detail']}); "
-            f"{failed['rows_kept']:,} rows kept"
-        )
+    lines += _failed_file_lines(report.get("failed_files", []))
     lines.append(f"wall time     {report['wall_time_s']:>10.1f} s")
     if "beir" in report:
         lines.append("BEIR " + json.dumps(report["beir"]))
     return "\n".join(lines)
+
+
+# Source files that do not decode or parse as a whole: every standard library has some
+# (lib2to3's and test's deliberately broken files), so they are counted, not listed.
+SOURCE_FILE_REASONS = ("unparsable_code", "undecodable_bytes")
+
+
+def _failed_file_lines(failed_files: list[dict[str, Any]]) -> list[str]:
+    """A line per input file that failed or was cut short (its rows may be lost), and one
+    line counting by reason the source files that did not parse (report.json names each)."""
+    lines, unparsed = [], Counter()
+    for failed in failed_files:
+        if failed["reason"] in SOURCE_FILE_REASONS and failed.get("rows_read", 0) == 0:
+            unparsed[failed["reason"]] += 1
+            continue
+        lines.append(
+            f"failed file   {failed['path']}: {failed['reason']} ({failed['detail']}); "
+            f"{failed['rows_kept']:,} rows kept"
+        )
+    if unparsed:
+        counts = ", ".join(f"{reason} {count:,}" for reason, count in sorted(unparsed.items()))
+        total = sum(unparsed.values())
+        lines.append(
+            f"failed files  {total:>10,} source file{'s' * (total != 1)} not parsed "
+            f"({counts}; report.json's failed_files names each)"
+        )
+    return lines
 
 
 def _esci_lines(counts: dict | None, config: dict) -> list[str]:

@@ -97,7 +97,7 @@ class EvalConfig:
     device: str = "auto"
     """Where a model loaded from a URI runs: ``auto`` (CUDA when available), ``cpu``, ..."""
     progress: bool = True
-    """Show encoding progress bars."""
+    """Show encoding progress: an ``[eval]`` line every 15 s of a long encoding."""
 
     publish_whole: bool = True
     """Write ``output`` as a whole (staged, then published; an interrupted run leaves it as
@@ -164,16 +164,26 @@ def _encode(
     progress: bool,
     ray_options: Mapping[str, Any],
 ) -> np.ndarray:
+    # Progress as santa's "[eval] documents: 2,048/5,427 texts ..." lines every 15 s.
     if on_ray:
         return encode_corpus_ray(
             model_uri if model_uri is not None else model,
             texts,
             max_length=max_length,
             batch_size=batch_size,
+            progress=progress,
+            desc=desc,
+            tag="eval",
             **ray_options,
         )
     return encode_texts(
-        model, texts, max_length=max_length, batch_size=batch_size, desc=desc, progress=progress
+        model,
+        texts,
+        max_length=max_length,
+        batch_size=batch_size,
+        desc=desc,
+        progress=progress,
+        tag="eval",
     )
 
 

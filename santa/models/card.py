@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,58 @@ def _is_hub_name(name: str) -> bool:
     return bool(name) and not name.startswith(("/", ".", "s3://", "~")) and name.count("/") <= 1
 
 
+# A quoted hub id in a card's usage snippets: SentenceTransformer('org/name').
+_QUOTED_HUB_ID = re.compile(r"""["'`]([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)["'`]""")
+
+
+def _card_title(text: str) -> str:
+    """The first ``# Title`` of a card's Markdown (after its YAML metadata)."""
+    body = text.split("\n---", 1)[-1] if text.startswith("---") else text
+    found = re.search(r"^# +(.+?)\s*$", body, re.MULTILINE)
+    return found.group(1) if found else ""
+
+
+def base_model_id(backbone: str) -> str | None:
+    """The hub id of the model training started from: the backbone's own name where it is
+    one, else read from a local base folder (a package's copy of a hub model, such as the
+    `minilm` recipe's all-MiniLM-L6-v2): the hub id its card quotes whose last part is the
+    card's title (``SentenceTransformer('sentence-transformers/all-MiniLM-L6-v2')`` under
+    ``# all-MiniLM-L6-v2``), else, for a folder without a card, its config's
+    ``_name_or_path`` where that is a hub id. A card's ``base_model`` is the base's own base,
+    not its id, and is not used."""
+    if _is_hub_name(backbone):
+        return None if backbone.startswith("tiny") else backbone
+    folder = Path(backbone)
+    if not folder.is_dir():
+        return None
+    card = folder / CARD_FILE
+    if card.is_file():
+        text = card.read_text(encoding="utf-8", errors="replace")
+        title = _card_title(text).strip().lower()
+        for hub_id in _QUOTED_HUB_ID.findall(text):
+            if title and hub_id.rsplit("/", 1)[-1].lower() == title:
+                return hub_id
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = str(config.get("_name_or_path") or "")
+    return name if _is_hub_name(name) and "/" in name else None
+
+
+def card_title(report: dict[str, Any] | None, checkpoint_uri: str | None, name: str) -> str:
+    """The card's title from the run: ``santa: RUN (STAGE stage)`` for a pipeline stage's
+    checkpoint, ``santa: RUN`` for a training run's, else ``name`` (the folder's)."""
+    checkpoint = (checkpoint_uri or "").rstrip("/")
+    if not posixpath.basename(checkpoint).startswith("checkpoint_"):
+        return name
+    run_folder = posixpath.dirname(checkpoint)
+    if report and report.get("name"):
+        return f"santa: {report['name']} ({posixpath.basename(run_folder)} stage)"
+    return f"santa: {posixpath.basename(run_folder)}"
+
+
 def _evaluation_section(evaluation: Evaluation | None, model_name: str) -> list[str]:
     from santa.eval.metrics import METRICS, NDCG_4CLASS
 
@@ -218,7 +271,7 @@ def model_card(
     model = santa_config.get("model") or {}
     train = santa_config.get("train") or {}
     backbone = str(model.get("backbone") or "")
-    base_model = backbone if _is_hub_name(backbone) and not backbone.startswith("tiny") else None
+    base_model = base_model_id(backbone)
     report = _pipeline_report(checkpoint_uri)
     datasets: list[str] = []
     if report:
@@ -234,17 +287,18 @@ def model_card(
         "datasets": datasets,
         "tags": ["santa", "dense-retrieval", domain, "feature-extraction"]
         + (["sentence-transformers"] if sentence_transformers else []),
-        "license": _base_license(backbone),
+        "license": _base_license(backbone) or KNOWN_LICENSES.get(base_model or ""),
     }
     pooling = model.get("pooling") or ("decoder-0" if model.get("kind") == "t5" else "cls")
     lines = [
         _metadata(metadata),
         "",
-        f"# {name}",
+        f"# {card_title(report, checkpoint_uri, name)}",
         "",
         "A dense retriever trained with santa (SANTA's structure-aware pretraining and "
-        f"fine-tuning on Ray) from "
-        f"`{backbone or 'a randomly initialised model'}`: queries and documents are embedded "
+        "fine-tuning on Ray) from "
+        + (f"`{base_model}`" if base_model else f"`{backbone or 'a randomly initialised model'}`")
+        + ": queries and documents are embedded "
         f"apart ({pooling} pooling, {model.get('similarity', 'dot')} similarity) and "
         "documents are ranked by the similarity of their vectors to the query's.",
         "",

@@ -12,8 +12,7 @@ import contextlib
 import copy
 import logging
 import math
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -158,31 +157,36 @@ class TextEncoder:
         *,
         progress: bool = False,
         desc: str = "",
+        tag: str = "encode",
+        on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` in input order: ``(len(texts), dim)`` float32. Batched longest
-        text first (less padding); the same embeddings whatever the batch size or order."""
+        text first (less padding); the same embeddings whatever the batch size or order.
+
+        ``progress``: santa's progress lines (``[tag] desc: 2,048/5,427 texts ...``, see
+        :mod:`santa.runtime.progress`) while it works, not a redrawn bar: a bar's text
+        became empty lines on the pipeline's terminal. ``on_batch(count)`` is called after
+        each batch (an index actor tells the driver's count)."""
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         batches = plan_batches(texts, batch_size)
         if not batches:
             return out
-        if not (progress and _on_a_terminal()):  # a bar redrawn into a pipe or a log: lines
+        if not progress and on_batch is None:
             rows = np.concatenate(batches)
             out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
             return out
-        from tqdm.auto import tqdm
+        from santa.runtime.progress import ProgressLines
 
-        with tqdm(total=len(texts), desc=desc or None, unit="text") as bar:
-            for rows in batches:
-                out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
-                bar.update(len(rows))
+        lines = ProgressLines(tag, desc or "encoding", total=len(texts)) if progress else None
+        for rows in batches:
+            out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
+            if lines is not None:
+                lines.advance(len(rows))
+            if on_batch is not None:
+                on_batch(len(rows))
+        if lines is not None:
+            lines.finish()
         return out
-
-
-def _on_a_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # no stderr, or a closed one
-        return False
 
 
 def encode_texts(
@@ -193,9 +197,12 @@ def encode_texts(
     batch_size: int = 64,
     desc: str = "",
     progress: bool = True,
+    tag: str = "encode",
+    on_batch: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` in-process, in float32 on the model's device: ``(len(texts), dim)``,
-    in input order (a :class:`TextEncoder` around ``model``).
+    in input order (a :class:`TextEncoder` around ``model``); ``progress``: a ``[tag]``
+    line every 15 s of a long encoding; ``on_batch(count)`` after each batch.
 
     Texts are batched longest first (less padding); the model is put in eval mode and
     its previous mode restored afterwards.
@@ -205,7 +212,15 @@ def encode_texts(
     if batch_size < 1 or max_length < 1:
         raise ValueError("batch_size and max_length must be positive")
     encoder = TextEncoder(model, num_gpus=None, threads=0, half=False)
-    return encoder.encode(list(texts), max_length, batch_size, progress=progress, desc=desc)
+    return encoder.encode(
+        list(texts),
+        max_length,
+        batch_size,
+        progress=progress,
+        desc=desc,
+        tag=tag,
+        on_batch=on_batch,
+    )
 
 
 class _EncodeActor:
@@ -237,8 +252,12 @@ def encode_corpus_ray(
     use_gpu: str | bool = "auto",
     num_actors: int = 0,
     num_cpus_per_actor: float = 1.0,
+    progress: bool = False,
+    desc: str = "",
+    tag: str = "encode",
 ) -> np.ndarray:
-    """Embed ``texts`` with a Ray Data actor pool; same result as :func:`encode_texts`.
+    """Embed ``texts`` with a Ray Data actor pool; same result as :func:`encode_texts`
+    (``progress``: the same ``[tag]`` lines, counted as the pool's batches arrive).
 
     ``model`` is a URI every node can read (local folder on one machine, ``s3://`` on a
     cluster; a Ray checkpoint folder works too) or a model object, shipped once through
@@ -304,12 +323,19 @@ def encode_corpus_ray(
     )
     out: np.ndarray | None = None
     seen = 0
+    from santa.runtime.progress import ProgressLines
+
+    lines = ProgressLines(tag, desc or "encoding", total=len(texts), every_s=None)
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
         embeddings = np.asarray(batch["embedding"], dtype=np.float32)
         if out is None:
             out = np.empty((len(texts), embeddings.shape[1]), dtype=np.float32)
         out[batch["row"]] = embeddings
         seen += len(batch["row"])
+        if progress:
+            lines.advance(len(batch["row"]))
+    if progress:
+        lines.finish()
     if out is None or seen != len(texts):
         raise RuntimeError(f"Ray encoding returned {seen} of {len(texts)} embeddings")
     return out

@@ -74,10 +74,24 @@ def startup_table(stages: list[dict[str, Any]]) -> list[str]:
 
 PLOT_CAPTIONS = {
     "metrics.png": "held-out retrieval after every stage, BM25 beside",
-    "losses.png": "training losses (SDA and MEP apart)",
+    "losses.png": "training losses, one panel per loss the recipe trains",
     "dev_mrr.png": "dev MRR@100 over the steps",
     "throughput.png": "training throughput per stage",
 }
+PLOT_NOTES = {
+    "metrics.png": "Each stage's model, the untrained model and BM25 on the held-out split: "
+    "one bar per system and metric, its value above it (the numbers of the table above).",
+    "losses.png": "The training loss at each logged step, the stages end to end (a stage's "
+    "steps follow the previous stage's): one panel per loss the recipe trains, SDA (each "
+    "docstring against its code and the batch's other documents) and, on a T5 recipe, MEP "
+    "with the total beside them. A stage with few logged steps is drawn as points with "
+    "their values. Stages train on different batches and negatives: their losses are not "
+    "comparable across stages.",
+    "dev_mrr.png": "Dev MRR@100 where dev evaluation ran, on MRR's whole range (0 to 1), "
+    "each point's value beside it.",
+    "throughput.png": "Training pairs per second of each stage, over its whole run.",
+}
+"""One line under each plot of ``report.md``: what it shows and how to read it."""
 
 
 def format_report(report: dict[str, Any], plots: list[str] | None = None) -> str:
@@ -124,8 +138,10 @@ def format_report(report: dict[str, Any], plots: list[str] | None = None) -> str
     names = [uri.rsplit("/", 1)[-1] for uri in plots or []]
     if names:
         lines += ["## Plots", ""]
-        lines += [f"![{PLOT_CAPTIONS.get(name, name)}]({name})" for name in names]
-        lines.append("")
+        for name in names:
+            lines += [f"![{PLOT_CAPTIONS.get(name, name)}]({name})", ""]
+            if name in PLOT_NOTES:
+                lines += [f"*{PLOT_NOTES[name]}*", ""]
     if report["corpus"]:
         lines += [
             "## Corpus",

@@ -21,7 +21,6 @@ folder reuses the corpus, the mined table and every finished stage, and resumes 
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from santa.config import SantaConfig
 from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
 from santa.pipeline.report import format_report, is_number, read_history
-from santa.recipes import PIPELINE_STAGES, stage_recipe
+from santa.recipes import PIPELINE_STAGES, stage_recipe, with_recipes_that_fit
 from santa.runtime import interrupts, storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
@@ -142,7 +141,9 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
         overrides.append(f"negatives.source={negatives}")
         if negatives == "async":
             overrides.append(f"negatives.refresh_every={max(1, (steps or 400) // 4)}")
-    return config.with_overrides([*overrides, *spec.overrides])
+    return with_recipes_that_fit(
+        spec.recipe, lambda: config.with_overrides([*overrides, *spec.overrides])
+    )
 
 
 def preflight(spec: PipelineSpec) -> None:
@@ -184,10 +185,34 @@ def run_pipeline(
                 f"pipeline {spec.layout.root}: "
                 + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
             ),
-            hint="run the same command to resume (the corpus, the mined table and "
-            "finished stages are reused)",
+            hint=resume_hint(spec),
         ):
             return _run(spec, configs, done)
+
+
+def _index_holds(spec: PipelineSpec) -> str:
+    """Where the demo index's documents come from, for its one line."""
+    if spec.data:
+        return f"the documents of {spec.eval_data}, its dev set and {spec.data}"
+    if spec.input:
+        return f"every function with a docstring or doc comment under {spec.input}"
+    return (
+        "every Python function with a docstring in this Python's standard library "
+        "(outside its test suites)"
+    )
+
+
+def resume_hint(spec: PipelineSpec) -> str:
+    """What an interrupted pipeline's last line says a rerun reuses: only what this run
+    makes (a corpus it builds, a table it mines), and its finished stages."""
+    reused = []
+    if not spec.data:
+        reused.append("the corpus")
+    if "ance" in spec.stages and spec.hard_negatives == "table":
+        reused.append("the mined table")
+    reused.append("finished stages")
+    listed = ", ".join(reused[:-1]) + (" and " if len(reused) > 1 else "") + reused[-1]
+    return f"run the same command to resume ({listed} are reused)"
 
 
 def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None:
@@ -287,9 +312,18 @@ def _run(
     if spec.index:
         from santa.search.demo import index_and_show
 
-        print(f"[index] the held-out corpus with the final model ({stages[-1]['stage']})")
+        print(f"[index] the run's corpus with the final model ({stages[-1]['stage']})")
         indexed_at = time.time()
-        report["index"] = index_and_show(previous, test_uri, layout.index, split=spec.eval_split)
+        # Every function the corpus job read, not only the held-out split: an everyday
+        # question ("shuffle a list") then finds its function.
+        report["index"] = index_and_show(
+            previous,
+            test_uri,
+            layout.index,
+            split=spec.eval_split,
+            more_corpora=(("dev", dev_uri), ("training", train_uri)),
+            holds=_index_holds(spec),
+        )
         phases["index_s"] = time.time() - indexed_at
         phases["total_s"] = time.time() - started
         storage.write_json(layout.report, report)
@@ -392,11 +426,22 @@ def train_stage(
     dev_uri: str,
     warm_start: str,
 ) -> dict[str, Any]:
-    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one."""
+    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one;
+    a stage that finished in an earlier run with the same settings is not entered again."""
     from santa.train.kept import kept_checkpoint
     from santa.train.trainer import fit
 
     train = config.train
+    stage_layout = spec.layout.stage(stage)
+    settings = {"config": config.to_dict(), "data": data, "warm_start": warm_start}
+    finished = finished_stage(stage_layout, settings)
+    if finished is not None:
+        # Re-entering it cost a Ray Train start-up (26 s) to resume "from step 20" of 20.
+        print(
+            f"[{stage}] finished in an earlier run: skipped (checkpoint {finished['checkpoint']})",
+            flush=True,
+        )
+        return finished
     print(
         f"[{stage}] {spec.recipe}: {train.max_steps or f'{train.epochs} epochs of'} steps, "
         f"lr {train.learning_rate:g}, {train.num_workers} workers, "
@@ -404,7 +449,6 @@ def train_stage(
         + (f", from {warm_start}" if warm_start else ""),
         flush=True,
     )
-    stage_layout = spec.layout.stage(stage)
     run = stage_run(spec, stage_layout, data, dev_uri, warm_start)
     started = time.time()
     result = fit(config, run)
@@ -414,16 +458,54 @@ def train_stage(
     # theirs), else the latest: what the next stage starts from and evaluation scores.
     kept = kept_checkpoint(result, train)
     print(f"[{stage}] kept {kept.describe()}", flush=True)
-    return {
+    summary = {
         "stage": stage,
         "checkpoint": stage_layout.checkpoint_uri(kept.checkpoint),
         "kept": kept.to_dict(),
         "learning_rate": train.learning_rate,
+        # The plots draw a panel per loss a stage trained (a weight of 0 logs it untrained).
+        "sda_weight": train.sda_weight,
+        "mep_weight": train.mep_weight,
         "hard_negatives": config.negatives.source.split(":", 1)[0],
         "final_metrics": {k: v for k, v in (result.metrics or {}).items() if is_number(v)},
         "history": read_history(stage_layout.root),
         "seconds": time.time() - started,
     }
+    record = {k: v for k, v in summary.items() if k != "history"}
+    storage.write_json(stage_layout.path(STAGE_DONE), {**record, "settings": settings})
+    return summary
+
+
+STAGE_DONE = "stage.json"
+"""Written into a stage's run once it finished: its summary and the settings it ran with."""
+
+
+def finished_stage(stage_layout: RunLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of a stage that finished with these ``settings`` (config, data, warm
+    start) and whose checkpoint is still there; None otherwise (train it)."""
+    uri = stage_layout.path(STAGE_DONE)
+    try:
+        if not storage.exists(uri):
+            return None
+        record = storage.read_json(uri)
+    except (storage.StorageError, ValueError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("settings") != _plain(settings):
+        return None
+    checkpoint = str(record.get("checkpoint") or "")
+    if not checkpoint or not storage.exists(
+        storage.join(checkpoint_model(checkpoint), "config.json")
+    ):
+        return None
+    summary = {k: v for k, v in record.items() if k != "settings"}
+    return {**summary, "history": read_history(stage_layout.root)}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    import json
+
+    return json.loads(json.dumps(value))
 
 
 def stage_run(
@@ -467,10 +549,11 @@ def evaluate_systems(
             split=split,
             output=layout.eval("untrained"),
             baseline=None,
-            progress=sys.stderr.isatty(),
+            progress=True,  # "[eval] documents: ..." lines every 15 s
             max_query_length=query_length,
             max_document_length=document_length,
         )
+        print("[eval] the untrained model", flush=True)
         systems["untrained"] = evaluate(untrained, data, config)["model"]
     last = list(trained)[-1]
     for name, model in trained.items():
@@ -479,10 +562,11 @@ def evaluate_systems(
             split=split,
             output=layout.eval(folder),
             baseline=baseline if name == last else None,
-            progress=sys.stderr.isatty(),
+            progress=True,  # "[eval] documents: ..." lines every 15 s
             max_query_length=query_length,
             max_document_length=document_length,
         )
+        print(f"[eval] {name}" + (f" and {baseline}" if config.baseline else ""), flush=True)
         results = evaluate(model, data, config)
         systems[name] = results.pop("model")
         if name == last:

@@ -212,12 +212,34 @@ def exit_with(code: int) -> None:
     hooks, Ray's shutdown after an interrupted execution sometimes ended the process with
     status 1 instead of 130.
     """
+    _stop_train_cleaners(timeout_s=10.0)
     if code == INTERRUPTED:
         _shutdown_ray(timeout_s=20.0)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     sys.exit(code)
+
+
+def _stop_train_cleaners(timeout_s: float) -> None:
+    """Stop the ``PlacementGroupCleaner`` actors of the job's Ray Train runs (see
+    :func:`santa.train.warden.stop_train_cleaners`): an interrupted run's stayed ALIVE on a
+    long-lived cluster. At most ``timeout_s`` (a cluster that went away)."""
+    if "ray" not in sys.modules:
+        return
+    import threading
+
+    def stop() -> None:
+        try:
+            from santa.train.warden import stop_train_cleaners
+
+            stop_train_cleaners()
+        except BaseException:  # noqa: BLE001, S110 - the job is ending anyway
+            pass
+
+    thread = threading.Thread(target=stop, name="santa-stop-cleaners", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
 
 
 def _shutdown_ray(timeout_s: float) -> None:

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 
 from santa.config import SantaConfig
-from santa.recipes import RECIPES, get_recipe
+from santa.recipes import RECIPES, get_recipe, with_recipes_that_fit
 from santa.runtime.quiet import PROGRESS_HELP
 from santa.runtime.tracking import add_tracking_flags
 
@@ -112,4 +112,9 @@ def recipe_config(
     """``args.recipe`` with the workers/GPU flags and ``overrides``, then the user's --set,
     then ``then`` (which wins over --set)."""
     cluster = [f"train.num_workers={args.num_workers}", *cluster_overrides(args)]
-    return get_recipe(args.recipe).with_overrides([*cluster, *overrides, *args.overrides, *then])
+    return with_recipes_that_fit(
+        args.recipe,
+        lambda: get_recipe(args.recipe).with_overrides(
+            [*cluster, *overrides, *args.overrides, *then]
+        ),
+    )

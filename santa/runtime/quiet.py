@@ -72,6 +72,10 @@ THIRD_PARTY_LOGGERS = (
     "wandb",
 )
 """Libraries whose records below WARNING a quiet job drops (the rest go to its log file)."""
+OWN_HANDLER_LOGGERS = ("mlflow", "alembic", "sqlalchemy.engine", "huey")
+"""Loggers MLflow gives a terminal handler of its own when imported (``INFO
+mlflow.store.db.utils: Creating initial MLflow database tables...`` on a new ``sqlite:``
+store): in a quiet job their records go to its log file like the others'."""
 PROGRESS_HELP = "show Ray Data's progress bars (off by default: the terminal shows santa's lines)"
 """``--progress``'s help, the same in every job that has it."""
 PROGRESS_BAR_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -222,5 +226,13 @@ def quiet_job_logging(path: str | None = None) -> str:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _AtLeast) for f in logger.filters):
             logger.addFilter(_AtLeast(logging.WARNING))  # bm25s resets its level on import
+    # MLflow reads this when imported; one imported already is undone below.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+    for name in OWN_HANDLER_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if not isinstance(handler, logging.FileHandler):
+                logger.removeHandler(handler)
+        logger.propagate = True
     _installed["job_logging"] = path
     return path

@@ -224,6 +224,9 @@ def _start_or_join(address: str, **init_kwargs) -> None:
         ray.init(address=address, **init_kwargs)
         return
     wait = _start_wait_s()
+    # The line says how long the user waited: Ray's wait for the raylet starts only once
+    # the node's other processes are up (a first attempt of "30 s" took 153 s at load 24-60).
+    started = time.monotonic()
     try:
         with _node_start_wait(wait):
             ray.init(address=address, **init_kwargs)
@@ -233,13 +236,15 @@ def _start_or_join(address: str, **init_kwargs) -> None:
         if what is None:
             raise
         _clean_up_failed_start(error)
+    first_s = time.monotonic() - started
     longer = wait * RETRY_WAIT_FACTOR
     from santa.runtime import console
 
     console.say(
-        f"local Ray did not start within {wait:g} s ({what}; {_load_seen()}); "
-        f"retrying once with a {longer:g} s wait"
+        f"local Ray did not start in {first_s:.0f} s ({what} within Ray's {wait:g} s wait; "
+        f"{_load_seen()}); retrying once with a {longer:g} s wait"
     )
+    started = time.monotonic()
     try:
         with _node_start_wait(longer):
             ray.init(address=address, **init_kwargs)
@@ -248,12 +253,14 @@ def _start_or_join(address: str, **init_kwargs) -> None:
         if what is None:
             raise
         logs = _clean_up_failed_start(error)
+        second_s = time.monotonic() - started
         from santa.runtime.errors import RayStartError
 
         raise RayStartError(
-            f"local Ray did not start, twice (within {wait:g} s, then {longer:g} s: {what}; "
-            f"{_load_seen()}): set RAY_ADDRESS to a running cluster (ray start --head) or "
-            "retry when the machine is less busy" + (f"; Ray's logs in {logs}" if logs else "")
+            f"local Ray did not start, twice (in {first_s:.0f} s, then {second_s:.0f} s: "
+            f"{what} within Ray's {wait:g} s, then {longer:g} s wait; {_load_seen()}): set "
+            "RAY_ADDRESS to a running cluster (ray start --head) or retry when the machine "
+            "is less busy" + (f"; Ray's logs in {logs}" if logs else "")
         ) from error
 
 

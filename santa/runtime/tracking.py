@@ -10,11 +10,16 @@ with the santa run's URI; W&B: an id derived from it). A Tune sweep logs one run
 through Tune's own ``MLflowLoggerCallback`` / ``WandbLoggerCallback``
 (:func:`tune_callbacks`).
 
-Neither package is a dependency of santa: ``pip install 'santa[tracking]'`` (or ``mlflow``
-/ ``wandb`` alone). Settings come from the flags (``--mlflow [URI]``, ``--wandb
-[PROJECT]``) and the packages' own environment variables (``MLFLOW_TRACKING_URI``,
-``MLFLOW_EXPERIMENT_NAME``, ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``WANDB_DIR``, ...),
-which are handed to the workers.
+Neither package is a dependency of santa: ``pip install 'santa[tracking]'`` (MLflow with
+what its database stores need, and W&B). Settings come from the flags (``--mlflow [URI]``,
+``--mlflow-artifacts URI``, ``--wandb [PROJECT]``) and the packages' own environment
+variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``, ``WANDB_PROJECT``,
+``WANDB_MODE=offline``, ``WANDB_DIR``, ...), which are handed to the workers.
+
+A local MLflow store (``sqlite:///...``, a folder) is opened before Ray starts, so a store
+that cannot be used is one line in seconds, not an error after the cluster came up; a
+``sqlite:`` store keeps its artifacts beside the database (``mlartifacts/``), not in the
+``./mlruns`` of whatever folder the job ran from.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 __all__ = [
     "Tracking",
@@ -44,6 +50,13 @@ DEFAULT_EXPERIMENT = "santa"
 # its run; MLflow's client retries for minutes on its own.
 END_EARLY_WAIT_S = 10.0
 ENV_PREFIXES = ("MLFLOW_", "WANDB_")
+# MLflow's database stores (``mlflow.store.db.db_types``; ``sqlite+pysqlite:`` counts too)
+# need SQLAlchemy and alembic, which mlflow-skinny does not install.
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+DATABASE_PACKAGES = {"sqlalchemy": "SQLAlchemy", "alembic": "alembic"}
+ARTIFACTS_BESIDE_DATABASE = "mlartifacts"
+"""The folder beside a ``sqlite:`` store's file that holds its runs' artifacts (the name
+``mlflow server`` gives its own artifact folder)."""
 
 
 class TrackingError(ValueError):
@@ -58,8 +71,15 @@ def add_tracking_flags(parser) -> None:
         const="env",
         default=None,
         metavar="URI",
-        help="log to MLflow (URI: a tracking server or file store; default "
+        help="log to MLflow (URI: a tracking server, sqlite:///PATH.db or a folder; default "
         "MLFLOW_TRACKING_URI); experiment: MLFLOW_EXPERIMENT_NAME or 'santa'",
+    )
+    parser.add_argument(
+        "--mlflow-artifacts",
+        default="",
+        metavar="URI",
+        help="where a new MLflow experiment keeps its runs' artifacts (a folder or s3://; "
+        f"default: a sqlite: store's folder's {ARTIFACTS_BESIDE_DATABASE}/, else the store's own)",
     )
     parser.add_argument(
         "--wandb",
@@ -99,6 +119,8 @@ class Tracking:
     wandb_project: str = ""
     env: dict[str, str] = field(default_factory=dict)
     """The driver's ``MLFLOW_*`` / ``WANDB_*`` variables, set in the workers too."""
+    mlflow_artifacts: str = ""
+    """Where a new experiment keeps its artifacts ("": the store's default)."""
     mlflow_run_id: str = ""
     wandb_run_id: str = ""
     run_name: str = ""
@@ -108,18 +130,45 @@ class Tracking:
         """From ``--mlflow`` / ``--wandb`` and the environment; checks the packages now."""
         mlflow_flag, wandb_flag = getattr(args, "mlflow", None), getattr(args, "wandb", None)
         env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
-        mlflow_uri = ""
+        mlflow_uri, artifacts = "", getattr(args, "mlflow_artifacts", "") or ""
         if mlflow_flag is not None:
             mlflow_uri = env.get("MLFLOW_TRACKING_URI", "") if mlflow_flag == "env" else mlflow_flag
             if not mlflow_uri:
                 raise TrackingError("--mlflow needs a URI (or MLFLOW_TRACKING_URI)")
             _require("mlflow")
+            _require_store_packages(mlflow_uri)
+            mlflow_uri = absolute_store_uri(mlflow_uri)
+            artifacts = _absolute_path(artifacts) or default_artifacts(mlflow_uri)
+        elif artifacts:
+            raise TrackingError("--mlflow-artifacts needs --mlflow")
         project = ""
         if wandb_flag is not None:
             project = env.get("WANDB_PROJECT", "santa") if wandb_flag == "env" else wandb_flag
             _require("wandb")
         experiment = env.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-        return cls(mlflow_uri=mlflow_uri, experiment=experiment, wandb_project=project, env=env)
+        tracking = cls(
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            wandb_project=project,
+            env=env,
+            mlflow_artifacts=artifacts,
+        )
+        if mlflow_uri and is_local_store(mlflow_uri):
+            tracking.check_mlflow_store()
+        return tracking
+
+    def check_mlflow_store(self) -> None:
+        """Open the MLflow store and the experiment now (creating a ``sqlite:`` database
+        and the experiment where they are new): a store that cannot be used is one line
+        naming it, before any Ray work."""
+        try:
+            self._mlflow_experiment_id(self._mlflow_client())
+        except TrackingError:
+            raise
+        except Exception as error:  # noqa: BLE001 - MLflow's errors are of many kinds
+            lines = str(error).strip().splitlines()
+            why = lines[0] if lines else type(error).__name__
+            raise TrackingError(f"cannot use the MLflow store {self.mlflow_uri}: {why}") from error
 
     @property
     def active(self) -> bool:
@@ -143,12 +192,7 @@ class Tracking:
         flat = {k: v for k, v in _flatten("", params, {}).items() if v not in (None, "")}
         if self.mlflow_uri:
             client = self._mlflow_client()
-            experiment = client.get_experiment_by_name(self.experiment)
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else client.create_experiment(self.experiment)
-            )
+            experiment_id = self._mlflow_experiment_id(client)
             found = client.search_runs(
                 [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_uri}'", max_results=1
             )
@@ -224,6 +268,15 @@ class Tracking:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(tracking_uri=self.mlflow_uri)
+
+    def _mlflow_experiment_id(self, client) -> str:
+        """The experiment's id, created (with its artifact location) where it is new."""
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(
+            self.experiment, artifact_location=self.mlflow_artifacts or None
+        )
 
     def _mlflow_finish(self, final, evaluation, model_dir, failed) -> None:
         import time
@@ -365,6 +418,70 @@ def _require(package: str) -> None:
             f"--{package} needs the {package} package: pip install 'santa[tracking]' "
             f"(or pip install {package})"
         )
+
+
+def _store_scheme(uri: str) -> str:
+    """``sqlite`` for ``sqlite:///x.db`` and ``sqlite+pysqlite:///x.db``; ``""`` for a path."""
+    scheme = urlparse(uri).scheme.split("+")[0].lower()
+    return "" if len(scheme) == 1 else scheme  # a Windows drive letter is a path
+
+
+def _require_store_packages(uri: str) -> None:
+    """A database store needs SQLAlchemy and alembic (not in mlflow-skinny): without them
+    MLflow fails only when the first run is opened, after Ray started."""
+    if _store_scheme(uri) not in DATABASE_SCHEMES:
+        return
+    missing = [name for module, name in DATABASE_PACKAGES.items() if not _find(module)]
+    if missing:
+        raise TrackingError(
+            f"--mlflow {uri} needs {' and '.join(missing)} (MLflow's database store): "
+            f"pip install 'santa[tracking]' (or pip install {' '.join(missing).lower()})"
+        )
+
+
+def _find(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def is_local_store(uri: str) -> bool:
+    """A store on this machine (a ``sqlite:`` file, a folder): cheap to open before Ray."""
+    return _store_scheme(uri) in ("", "file", "sqlite")
+
+
+def _absolute_path(path: str) -> str:
+    """A local path made absolute (an ``s3://`` or other URI as it is)."""
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_store_uri(uri: str) -> str:
+    """``uri`` with a relative local path made absolute: Ray Train's workers run in a
+    folder of their own, where ``sqlite:///mlflow.db`` would name another database."""
+    scheme = _store_scheme(uri)
+    if scheme == "":
+        return _absolute_path(uri)
+    if scheme != "sqlite":
+        return uri
+    head, sep, rest = uri.partition(":///")  # sqlite:///rel.db, sqlite:////abs.db
+    path, mark, query = rest.partition("?")
+    if not sep or not path or path == ":memory:" or os.path.isabs(path):
+        return uri
+    return f"{head}:///{os.path.abspath(os.path.expanduser(path))}{mark}{query}"
+
+
+def default_artifacts(uri: str) -> str:
+    """Where a new experiment of the store at ``uri`` keeps artifacts: beside a ``sqlite:``
+    file (MLflow's own default is ``./mlruns`` of the current folder); "" for other stores,
+    which have their own (a folder store, a server's artifact root)."""
+    if _store_scheme(uri) != "sqlite":
+        return ""
+    path = uri.partition(":///")[2].partition("?")[0]
+    if not path or path == ":memory:":
+        return ""
+    return os.path.join(os.path.dirname(path), ARTIFACTS_BESIDE_DATABASE)
 
 
 def tune_callbacks(tracking: Tracking) -> list:

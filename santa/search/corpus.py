@@ -30,7 +30,7 @@ from santa.data.outputs import published_root, read_manifest
 from santa.data.published import iter_pairs
 from santa.runtime import storage
 
-__all__ = ["CORPUS_FORMATS", "Corpus", "detect_format", "read_corpus"]
+__all__ = ["CORPUS_FORMATS", "Corpus", "detect_format", "read_corpora", "read_corpus"]
 
 CORPUS_FORMATS = ("auto", "pairs", "beir", "beir-corpus", "codesearchnet", "jsonl")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
@@ -47,6 +47,8 @@ class Corpus:
     """``id``, ``title``, ``text`` (the embedded text), one row per document."""
     skipped: Counter = field(default_factory=Counter)
     """Rows not indexed, by reason."""
+    parts: dict[str, int] = field(default_factory=dict)
+    """Documents taken from each corpus read into this one (:func:`read_corpora`)."""
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -65,6 +67,8 @@ class _Collector:
         self.titles: list[str] = []
         self.texts: list[str] = []
         self.seen: set[str] = set()
+        self.earlier: set[str] = set()
+        """Ids of the corpora read before the current one (:func:`read_corpora`)."""
         self.skipped: Counter = Counter()
 
     def add(self, doc_id: Any, title: Any, text: Any) -> None:
@@ -72,6 +76,8 @@ class _Collector:
             self.skipped["missing_field"] += 1
             return
         doc_id = str(doc_id)
+        if doc_id in self.earlier:
+            return  # an earlier corpus of the same index has it
         if not text.strip():
             self.skipped["empty_text"] += 1
         elif doc_id in self.seen:
@@ -89,13 +95,42 @@ class _Collector:
 
 def read_corpus(uri: str, format: str = "auto") -> Corpus:
     """Read the corpus at ``uri`` (local or ``s3://``) in ``format`` (see the module doc)."""
+    return read_corpora([uri], format)
+
+
+def read_corpora(uris: list[str], format: str = "auto") -> Corpus:
+    """Read several corpora into one index's documents: each in its own format (``auto``
+    detects each), a document whose id an earlier corpus held left out (not a skip: the
+    pipeline's held-out, dev and training sets hold the same function once each); the uri
+    is the first's, with ``+ N more``, and ``parts`` counts the documents each gave."""
+    if not uris:
+        raise ValueError("no corpus to read")
+    collector = _Collector()
+    formats, parts = [], {}
+    for uri in uris:
+        before = len(collector.ids)
+        formats.append(_read_into(uri, format, collector))
+        parts[uri] = len(collector.ids) - before
+    name = uris[0] + (f" + {len(uris) - 1} more" if len(uris) > 1 else "")
+    kinds = formats[0] if len(set(formats)) == 1 else "+".join(formats)
+    corpus = collector.corpus(name, kinds)
+    corpus.parts = parts
+    if not len(corpus):
+        reasons = ", ".join(f"{r}: {n}" for r, n in corpus.skipped.items()) or "no rows"
+        raise ValueError(f"no document to index in {name} ({kinds}; {reasons})")
+    return corpus
+
+
+def _read_into(uri: str, format: str, collector: _Collector) -> str:
+    """Add the documents of the corpus at ``uri`` to ``collector``; returns its format."""
     if format not in CORPUS_FORMATS:
         raise ValueError(f"corpus format must be one of {CORPUS_FORMATS}, got {format!r}")
     if not storage.exists(uri):
         raise storage.StorageError(f"no corpus at {uri}")
     if format == "auto":
         format = detect_format(uri)
-    collector = _Collector()
+    if collector.ids:  # ids of the corpora read before: the same documents, not duplicates
+        collector.earlier = set(collector.seen)
     if format == "pairs":
         _read_pairs(uri, collector)
     elif format in ("beir", "beir-corpus"):
@@ -107,11 +142,7 @@ def read_corpus(uri: str, format: str = "auto") -> Corpus:
     else:
         for row in _json_rows(_jsonl_files(uri), collector):
             collector.add(row.get("id"), row.get("title"), row.get("text"))
-    corpus = collector.corpus(uri, format)
-    if not len(corpus):
-        reasons = ", ".join(f"{r}: {n}" for r, n in corpus.skipped.items()) or "no rows"
-        raise ValueError(f"no document to index in {uri} ({format}; {reasons})")
-    return corpus
+    return format
 
 
 def detect_format(uri: str) -> str:

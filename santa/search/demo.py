@@ -1,5 +1,6 @@
-"""The pipeline's last step: index the held-out corpus with the final model and show it at
-work on a few held-out queries (the judged answer's rank marked), with the commands to go on:
+"""The pipeline's last step: index every function the run's corpus holds (held-out, dev and
+training sets) with the final model, say what the index holds, and show it at work on a few
+held-out queries (the judged answer's rank marked), with the commands to go on:
 the query it suggests searching is one of those shown, the one whose judged answer ranked
 best, so that the first query a newcomer copies finds what it asks for on this index.
 """
@@ -14,7 +15,7 @@ from santa.runtime import storage
 from santa.search.indexing import IndexConfig, build_index
 from santa.search.searcher import Searcher, format_hits
 
-__all__ = ["index_and_show", "pick_queries", "suggest_query"]
+__all__ = ["index_and_show", "index_contents", "pick_queries", "suggest_query"]
 
 # How deep the examples are searched for their judged answer's rank (the suggestion's
 # choice); only the top ``k`` are shown.
@@ -39,21 +40,46 @@ def index_and_show(
     examples: int = 3,
     k: int = 3,
     force: bool = False,
+    more_corpora: tuple[tuple[str, str], ...] = (),
+    holds: str = "",
 ) -> dict[str, Any]:
-    """Index the corpus of the BEIR folder ``beir_uri`` with ``model_uri`` into ``output``
-    (Ray Data actor pool; needs Ray initialised), search ``examples`` of its judged queries
-    and print their top ``k``; returns the index summary and the examples."""
+    """Index the corpus of the BEIR folder ``beir_uri`` (and ``more_corpora``: the run's
+    other sets, so that everyday questions find their function) with ``model_uri`` into
+    ``output`` (Ray Data actor pool; needs Ray initialised), say in one line what it holds
+    (``holds``: where its documents come from; ``more_corpora``: ``(name, uri)``, an empty
+    uri left out), search ``examples`` of the held-out set's
+    judged queries and print their top ``k``; returns the index summary and the examples."""
+    more = [(name, uri) for name, uri in more_corpora if uri]
     manifest = build_index(
-        IndexConfig(checkpoint=model_uri, corpus=beir_uri, output=output, force=force)
+        IndexConfig(
+            checkpoint=model_uri,
+            corpus=beir_uri,
+            more_corpora=tuple(uri for _, uri in more),
+            output=output,
+            force=force,
+        )
     )
+    names = ["held-out", *(name for name, _ in more)]
+    print(index_contents(manifest, holds, names), flush=True)
     data = load_beir(beir_uri, split)
     chosen = pick_queries(data.queries, examples)
     searcher = Searcher.open(output)
     texts = [data.queries[qid] for qid in chosen]
     depth = max(k, RANK_DEPTH)
     shown = []
-    for qid, query, ranked in zip(chosen, texts, searcher.search(texts, depth), strict=True):
-        answers = set(doc for doc, label in data.qrels[qid].items() if label > 0)
+    # Functions that share a docstring (Node.pre_order and Leaf.pre_order: "Return a
+    # pre-order iterator for the tree.") are separate queries with one answer each: every
+    # one of them answers the text shown.
+    same_text: dict[str, list[str]] = {}
+    for other, text in data.queries.items():
+        same_text.setdefault(" ".join(text.split()).lower(), []).append(other)
+    for query, ranked in zip(texts, searcher.search(texts, depth), strict=True):
+        answers = {
+            doc
+            for other in same_text[" ".join(query.split()).lower()]
+            for doc, label in data.qrels.get(other, {}).items()
+            if label > 0
+        }
         judged_rank = next((hit.rank for hit in ranked if hit.id in answers), None)
         hits = ranked[:k]
         first_answer = judged_rank if judged_rank is not None and judged_rank <= k else None
@@ -89,6 +115,27 @@ def index_and_show(
         "index_s": manifest["throughput"]["total_s"] if not manifest.get("up_to_date") else 0.0,
         "uri": storage.absolute(output),
     }
+
+
+def index_contents(
+    manifest: dict[str, Any], holds: str = "", names: list[str] | None = None
+) -> str:
+    """One line saying what an index holds: its documents, how many from each of its
+    corpora (``names``, in the order indexed), and whence (``holds``)."""
+    parts = (manifest.get("corpus") or {}).get("parts") or []
+    if isinstance(parts, dict):  # an index published before the parts kept their order
+        parts = list(parts.items())
+    parts = [count for _, count in parts]
+    names = names or []
+    split = ", ".join(
+        f"{count:,} {names[i] if i < len(names) else f'from corpus {i + 1}'}"
+        for i, count in enumerate(parts)
+    )
+    return (
+        f"[index] holds {manifest['count']:,} documents"
+        + (f" ({split})" if len(parts) > 1 else "")
+        + (f": {holds}" if holds else "")
+    )
 
 
 def suggest_query(examples: list[dict[str, Any]]) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 
 from santa.data.outputs import StagedOutput, read_manifest
 from santa.runtime import storage
-from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpus
+from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpora
 from santa.search.faiss_index import INDEX_KINDS, EmbeddingIndex
 from santa.search.shards import (
     DOCUMENTS_FILE,
@@ -68,6 +68,9 @@ class IndexConfig:
     """The model: anything :func:`santa.models.checkpoints.resolve_model` takes (local or s3://)."""
     corpus: str
     """The corpus URI (see :mod:`santa.search.corpus`)."""
+    more_corpora: tuple[str, ...] = ()
+    """Corpora indexed with the first, in order (a document whose id an earlier one holds
+    is left out): the pipeline indexes its held-out, dev and training sets together."""
     output: str
     """The index folder to publish (local or s3://)."""
     corpus_format: str = "auto"
@@ -173,11 +176,13 @@ class ShardEncoder:
         use_gpu: bool,
         bf16: bool,
         threads: int,
+        counter: Any = None,
     ) -> None:
         import torch
 
         from santa.models.checkpoints import load
 
+        self.counter = counter  # documents encoded, for the driver's progress lines
         if threads > 0:
             torch.set_num_threads(threads)
             # The fast tokenizer's thread pool would use every core of the node: an actor
@@ -213,6 +218,7 @@ class ShardEncoder:
                 max_length=self.max_length,
                 batch_size=self.batch_size,
                 progress=False,
+                on_batch=None if self.counter is None else self.counter.add.remote,
             )  # (shard rows, dim)
         write_shard(self.work, shard, documents.column("id"), embeddings)
         return documents.num_rows, time.perf_counter() - started
@@ -294,6 +300,12 @@ def _encode_missing(
         f"{'GPU' if use_gpu else 'CPU'} actor(s), {report['precision']}",
         flush=True,
     )
+    from santa.data.operators import ProgressCounter
+    from santa.runtime.progress import ProgressLines, counted
+
+    # Shards finish a minute apart on a CPU: the actors count each batch into this, and
+    # the driver says how far they got every 15 s.
+    counter = ray.remote(num_cpus=0)(ProgressCounter).remote() if config.progress else None
     dataset = ray.data.from_items(
         [{"shard": shard} for shard in missing], override_num_blocks=len(missing)
     ).map_batches(
@@ -306,6 +318,7 @@ def _encode_missing(
             "use_gpu": use_gpu,
             "bf16": bf16,
             "threads": 0 if use_gpu else max(1, int(config.cpus_per_actor)),
+            "counter": counter,
         },
         batch_size=1,
         batch_format="numpy",
@@ -314,21 +327,14 @@ def _encode_missing(
         num_cpus=0 if use_gpu else config.cpus_per_actor,
     )
     started = time.perf_counter()
-    done_rows, next_mark = 0, 0.1
+    done_rows = 0
     actor_seconds = 0.0
-    for done_shards, row in enumerate(dataset.iter_rows(), start=1):
-        done_rows += int(row["rows"])
-        actor_seconds += float(row["seconds"])
-        if config.progress and (done_rows / total >= next_mark or done_shards == len(missing)):
-            elapsed = time.perf_counter() - started
-            print(
-                f"[index] {done_rows:,}/{total:,} documents ({done_rows / total:.0%}), "
-                f"{done_shards}/{len(missing)} shards, {done_rows / max(elapsed, 1e-9):,.0f} "
-                "documents/s",
-                flush=True,
-            )
-            while next_mark <= done_rows / total:
-                next_mark += 0.1
+    progress = ProgressLines("index", "documents encoded", total, unit="documents")
+    read = (lambda: ray.get(counter.value.remote(), timeout=10)) if counter else (lambda: 0)
+    with counted(progress, read) if counter is not None else nullcontext():
+        for row in dataset.iter_rows():
+            done_rows += int(row["rows"])
+            actor_seconds += float(row["seconds"])
     report["encode_s"] = time.perf_counter() - started
     report["encode_actor_s"] = actor_seconds
     report["encoded_documents"] = done_rows
@@ -426,7 +432,7 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
     model_config = model.model_config
     dimension = model.embedding_dim
     del model  # the actors load their own copy
-    corpus = read_corpus(config.corpus, config.corpus_format)
+    corpus = read_corpora([config.corpus, *config.more_corpora], config.corpus_format)
     count = len(corpus)
     shard_size = _shard_size(config, count)
     shards = math.ceil(count / shard_size)
@@ -499,7 +505,13 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
             "count": count,
             "max_query_length": query_length,
             "max_document_length": document_length,
-            "corpus": {"uri": corpus.uri, "format": corpus.format, "skipped": dict(corpus.skipped)},
+            "corpus": {
+                "uri": corpus.uri,
+                "format": corpus.format,
+                "skipped": dict(corpus.skipped),
+                # In indexing order (a JSON object's keys are written sorted).
+                "parts": [[uri, count] for uri, count in corpus.parts.items()],
+            },
             "index": {
                 "kind": kind,
                 "nlist": index.nlist if kind == "ivf" else None,

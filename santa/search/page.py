@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["highlight", "render_page", "snippet"]
+__all__ = ["STOP_WORDS", "highlight", "render_page", "snippet"]
 
 SNIPPET_LINES = 12
 SNIPPET_CHARS = 800
@@ -39,18 +39,69 @@ mark{background:#ffe38a}
 """
 
 
+# Words a query shares with nearly every text: marked, they were most of the page's marks.
+STOP_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "then",
+        "there",
+        "these",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "will",
+        "with",
+    ]
+)
+
+
 def _words(query: str) -> list[str]:
-    """The query's words worth marking (two characters or more), longest first."""
-    words = {w.lower() for w in re.findall(r"\w{2,}", query)}
+    """The query's words worth marking (two characters or more, not stop words), longest
+    first."""
+    words = {w.lower() for w in re.findall(r"\w{2,}", query)} - STOP_WORDS
     return sorted(words, key=lambda w: (-len(w), w))
 
 
 def highlight(text: str, query: str) -> str:
-    """``text`` as escaped HTML with every occurrence of the query's words in ``<mark>``."""
+    """``text`` as escaped HTML with the query's words in ``<mark>`` where they stand as
+    words: between non-alphanumerics, so ``read_file`` marks ``file`` but ``bits`` does not
+    mark ``its`` and ``SameFileError`` does not mark ``file``."""
     words = _words(query)
     if not words:
         return html.escape(text)
-    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
+    alternatives = "|".join(re.escape(w) for w in words)
+    pattern = re.compile(rf"(?<![^\W_])(?:{alternatives})(?![^\W_])", re.IGNORECASE)
     parts, last = [], 0
     for match in pattern.finditer(text):
         parts.append(html.escape(text[last : match.start()]))
@@ -106,12 +157,15 @@ def render_page(
         took = f" in {took_ms:.1f} ms" if took_ms is not None else ""
         body.append(f'<p class="took" id="took">{len(hits)} hits{took}</p>')
         body.append('<ol id="hits">')
+        # The score says what it is: the model's similarity of the hit to the query.
+        similarity = html.escape(str(describe.get("similarity") or "score"))
         for hit in hits:
             title = f" {html.escape(hit['title'])}" if hit.get("title") else ""
             body.append(
                 f'<li class="hit" data-id="{html.escape(hit["id"])}">'
                 f'<div class="head"><span class="rank">{hit["rank"]}</span>'
-                f'<span class="score">{hit["score"]:.4f}</span>'
+                f'<span class="score" title="{similarity} similarity to the query">'
+                f"{similarity} {hit['score']:.4f}</span>"
                 f'<span class="id">{html.escape(hit["id"])}</span>{title}</div>'
                 f"<pre>{highlight(snippet(hit['text']), query)}</pre></li>"
             )

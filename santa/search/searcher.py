@@ -168,13 +168,21 @@ class Searcher:
         return {key: self.manifest.get(key) for key in keys} | {"index": self.index.kind}
 
 
+def short_id(doc_id: str, width: int) -> str:
+    """``doc_id`` within ``width`` characters, cut at its start: an id's end tells documents
+    apart (``…/configdialog.py#L120-L135`` beside ``…/configdialog.py#L140-L152``; cut at the
+    end, both read ``…/configdialog.py#L1…``)."""
+    return doc_id if len(doc_id) <= width else "…" + doc_id[len(doc_id) - width + 1 :]
+
+
 def format_hits(query: str, hits: list[Hit], width: int = 100) -> str:
-    """A query's hits as a plain-text table: rank, score, id, first line of the text."""
-    id_width = min(40, max([len("id"), *(len(hit.id) for hit in hits)]))
+    """A query's hits as a plain-text table: rank, similarity score, id (its end kept),
+    first line of the text."""
+    id_width = min(48, max([len("id"), *(len(hit.id) for hit in hits)]))
     text_width = max(20, width - id_width - 18)
     lines = [f"query: {query}", f"{'rank':>4}  {'score':>8}  {'id':<{id_width}}  text"]
     for hit in hits:
-        hit_id = hit.id if len(hit.id) <= id_width else hit.id[: id_width - 1] + "…"
+        hit_id = short_id(hit.id, id_width)
         lines.append(
             f"{hit.rank:>4}  {hit.score:>8.4f}  {hit_id:<{id_width}}  "
             f"{first_line(hit.text, text_width)}"

@@ -10,7 +10,10 @@ in the format every release since 2.x reads (``modules.json`` with ``Transformer
   ``dot`` where it scores by raw dot product;
 - ``max_seq_length``: the document length the evaluator uses for the model (santa encodes
   queries at the query length; sentence-transformers has one length for every text);
-- lower-casing where the backbone lower-cases.
+- lower-casing where the backbone lower-cases;
+- ``model_args: {"add_pooling_layer": false}`` where the backbone's class would build a
+  pooler the weights do not have (santa never trains one): the folder loads without
+  transformers' report of ``pooler.dense.*`` as MISSING and newly initialised.
 
 T5 models are refused with one line: santa embeds with the decoder's state at position 0,
 and sentence-transformers' ``Transformer`` module runs a T5's encoder only.
@@ -43,6 +46,25 @@ def _write_json(path: Path, payload: Any) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def _builds_a_pooler_it_lacks(folder: Path, config) -> bool:
+    """Whether loading the folder with ``AutoModel`` would build a pooler (BERT and kin)
+    that its weights do not hold."""
+    from safetensors import safe_open
+
+    from santa.models.folders import without_pooler
+
+    if not without_pooler(str(folder), config):
+        return False  # the class has no pooler to leave out
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return False
+    for path in weights:
+        with safe_open(str(path), framework="pt") as handle:
+            if any(".pooler." in f".{key}" for key in handle.keys()):  # noqa: SIM118
+                return False
+    return True
+
+
 def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
     """Add the sentence-transformers module files to a santa model folder; returns what
     was written (pooling, similarity, max_seq_length, modules)."""
@@ -73,10 +95,15 @@ def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
             "type": "sentence_transformers.models.Pooling",
         },
     ]
-    _write_json(
-        folder / "sentence_bert_config.json",
-        {"max_seq_length": document_length, "do_lower_case": bool(config.lowercase)},
-    )
+    module_config: dict[str, Any] = {
+        "max_seq_length": document_length,
+        "do_lower_case": bool(config.lowercase),
+    }
+    if _builds_a_pooler_it_lacks(folder, config):
+        # The Transformer module hands these to AutoModel.from_pretrained (every release
+        # since 2.x; 6.x reads the old name as model_kwargs).
+        module_config["model_args"] = {"add_pooling_layer": False}
+    _write_json(folder / "sentence_bert_config.json", module_config)
     _write_json(
         folder / "1_Pooling" / "config.json",
         {

@@ -407,7 +407,11 @@ class ClusterWatch(ControllerCallback, WorkerGroupCallback):
         self.reporter = reporter
 
     def after_controller_start(self, train_run_context: Any) -> None:
+        from santa.train.warden import register_train_cleaner
+
         self.reporter.controller_started(train_run_context)
+        # Ray Train's cleaner of this run, for the driver to stop if the job is interrupted.
+        register_train_cleaner()
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         from santa.train.warden import watch_group

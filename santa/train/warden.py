@@ -148,3 +148,85 @@ def watch_group(worker_group: Any) -> bool:
         logger.warning("could not register the worker group with %s", WARDEN_NAME, exc_info=True)
         return False
     return True
+
+
+# Ray Train's own cleaner of a run (one detached PlacementGroupCleaner actor per controller):
+# its handle, kept in Ray's internal KV under the job, for the driver to stop at the end of
+# an interrupted job.
+CLEANER_NAMESPACE = "santa"
+CLEANER_KEY_PREFIX = "train-cleaner:"
+
+
+def _cleaner_key_prefix(job_id: str) -> str:
+    return f"{CLEANER_KEY_PREFIX}{job_id}:"
+
+
+def register_train_cleaner() -> bool:
+    """From a Ray Train controller (after its start): keep the handle of the run's
+    ``PlacementGroupCleaner`` where the driver finds it (:func:`stop_train_cleaners`).
+
+    The cleaner is detached so that it outlives a controller that dies. When the controller
+    ends normally it stops the cleaner; when the driver is interrupted (Ctrl-C, ``ray job
+    stop``) the controller dies with the job and the cleaner, which asks the state API
+    whether the controller lives (the dashboard's) and, when it finds it dead, exits from a
+    thread that no task follows, stays ALIVE on the cluster (about 200 MB each). Only the
+    handle reaches it: it has no name, and is found here among the controller's objects."""
+    import gc
+    import pickle
+
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import (
+            PlacementGroupCleanerCallback,
+        )
+    except ImportError:  # another Ray layout: nothing to keep
+        return False
+    cleaners = [
+        obj._cleaner
+        for obj in gc.get_objects()
+        if isinstance(obj, PlacementGroupCleanerCallback) and getattr(obj, "_cleaner", None)
+    ]
+    if not cleaners:
+        return False
+    context = ray.get_runtime_context()
+    key = _cleaner_key_prefix(context.get_job_id()) + (context.get_actor_id() or "driver")
+    try:
+        _internal_kv_put(key, pickle.dumps(cleaners[-1]), namespace=CLEANER_NAMESPACE)
+    except Exception:  # noqa: BLE001 - keeping it must never stop training
+        logger.warning("could not keep Ray Train's placement-group cleaner", exc_info=True)
+        return False
+    return True
+
+
+def stop_train_cleaners() -> int:
+    """In the driver, at the end of an interrupted job: stop the ``PlacementGroupCleaner``
+    of each Ray Train run the job started (their placement groups go with the job); returns
+    how many were stopped. Nothing to do without Ray."""
+    import pickle
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return 0
+    from ray.experimental.internal_kv import (
+        _internal_kv_del,
+        _internal_kv_get,
+        _internal_kv_list,
+    )
+
+    stopped = 0
+    prefix = _cleaner_key_prefix(ray.get_runtime_context().get_job_id())
+    for key in _internal_kv_list(prefix, namespace=CLEANER_NAMESPACE):
+        try:
+            payload = _internal_kv_get(key, namespace=CLEANER_NAMESPACE)
+            if payload:
+                ray.kill(pickle.loads(payload), no_restart=True)
+                stopped += 1
+        except Exception:  # noqa: BLE001 - gone already (a run that ended), or Ray is going
+            logger.debug("could not stop a placement-group cleaner", exc_info=True)
+        finally:
+            with suppress(Exception):
+                _internal_kv_del(key, namespace=CLEANER_NAMESPACE)
+    return stopped
