@@ -37,8 +37,9 @@ from santa.data.schema import CODE_LANGUAGES
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
 from santa.eval.evaluation import CODE_TEXTS
 from santa.eval.protocols import PROTOCOLS, run_and_publish
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.preflight import check_input, check_writable
+from santa.runtime.errors import exit_with, with_exit_codes
+from santa.runtime.job import Job
+from santa.runtime.preflight import check_input
 
 # Spellings of --protocol from before the papers' protocols: variants of `retrieval`.
 LEGACY_PROTOCOLS = {"full": "full", "rerank": "rerank", "both": "both"}
@@ -119,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def evaluate_and_print() -> int:
-        check_input(args.data, "--data")
-        if args.output:
-            check_writable(args.output, "--output")
         outcome = run_and_publish(
             protocol,
             args.checkpoint,
@@ -135,7 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"output: {args.output}")
         return 0
 
-    return run_job(evaluate_and_print, argv)
+    job = Job(
+        "evaluate",
+        output=args.output or "",
+        kept=lambda: (
+            f"no metrics were published; {args.output} is as it was"
+            if args.output
+            else "nothing was written"
+        ),
+    )
+    return job.main(evaluate_and_print, argv, checks=[lambda: check_input(args.data, "--data")])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
+from santa.runtime.errors import exit_with, with_exit_codes
 
 PROG = "python -m ray_jobs.export"
 
@@ -67,23 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse → resolve → download → report."""
+    """Parse → lock --to → resolve → download → report."""
+    from santa.runtime.job import Job
+
     args = build_parser().parse_args(argv)
-    return run_job(lambda: export(args), argv)
-
-
-def export(args: argparse.Namespace) -> int:
-    """Resolve → download → report."""
-    from santa.data.outputs import claim_output
-    from santa.runtime import interrupts
-    from santa.runtime.preflight import check_writable
-
-    check_writable(args.to, "--to")
-    with (
-        claim_output(args.to, "export", "--to"),
-        interrupts.keeping(lambda: f"nothing was written; {args.to} is as it was"),
-    ):
-        return _export(args)
+    job = Job(
+        "export",
+        output=args.to,
+        output_flag="--to",
+        kept=lambda: f"nothing was written; {args.to} is as it was",
+    )
+    return job.main(lambda: _export(args), argv)
 
 
 def _export(args: argparse.Namespace) -> int:

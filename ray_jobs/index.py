@@ -61,10 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Check inputs, start or join Ray, build and publish the index."""
-    from santa.runtime import interrupts, storage
-    from santa.runtime.preflight import check_input, check_writable
-    from santa.runtime.ray_utils import init_ray
-    from santa.search.indexing import IndexConfig, build_index, output_lock
+    from santa.runtime import storage
+    from santa.runtime.job import Job
+    from santa.runtime.preflight import check_input
+    from santa.search.indexing import IndexConfig, build_index
 
     config = IndexConfig(
         checkpoint=_local_or_as_is(args.checkpoint),
@@ -85,17 +85,18 @@ def run(args: argparse.Namespace) -> dict:
         max_document_length=args.max_document_length,
         force=args.force,
     )
-    for uri in (config.corpus, *config.more_corpora):
-        check_input(uri, "--corpus")
-    check_writable(config.output, "--output")
     # The output's lock before Ray starts: a second writer is refused in a second.
-    with output_lock(config):
-        print(init_ray(args.address, progress=args.progress), flush=True)
-        with interrupts.keeping(
-            lambda: f"nothing was published; {config.output} is as it was",
-            hint="run the same command to resume (the encoded shards are kept)",
-        ):
-            manifest = build_index(config, lock=False)
+    job = Job(
+        "index",
+        output=config.output,
+        force=config.force,
+        kept=lambda: f"nothing was published; {config.output} is as it was",
+        hint="run the same command to resume (the encoded shards are kept)",
+    )
+    corpora = (config.corpus, *config.more_corpora)
+    with job.running(checks=[lambda: [check_input(uri, "--corpus") for uri in corpora]]):
+        job.start_ray(args.address, progress=args.progress)
+        manifest = build_index(config)
     # build_index printed what it published ("[index] published ..."): no JSON dump here.
     print(f"output: {config.output}")
     return manifest

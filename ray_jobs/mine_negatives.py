@@ -19,14 +19,13 @@ import json
 import logging
 
 from santa.config import NegativesConfig, SantaConfig
-from santa.data.outputs import claim_output
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from santa.negatives.miner import refresh_table
 from santa.negatives.mining import NO_NEGATIVE, load_mining_corpus, publish_table
-from santa.runtime import interrupts
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.preflight import check_pairs, check_writable
+from santa.runtime.errors import exit_with, with_exit_codes
+from santa.runtime.job import Job
+from santa.runtime.preflight import check_pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,19 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-query-length", type=int, default=None)
     parser.add_argument("--max-document-length", type=int, default=None)
     args = parser.parse_args(argv)
-    return run_job(lambda: mine(args), argv)
-
-
-def mine(args: argparse.Namespace) -> int:
-    """Check → load → mine → write; errors reach ``run_job`` (one line, exit 2/1)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    check_pairs(args.data)
-    check_writable(args.output, "--output")
-    with (
-        claim_output(args.output, "mine_negatives"),
-        interrupts.keeping(lambda: f"no table was published; {args.output} is as it was"),
-    ):
-        return _mine(args)
+    job = Job(
+        "mine_negatives",
+        output=args.output,
+        kept=lambda: f"no table was published; {args.output} is as it was",
+    )
+    return job.main(lambda: _mine(args), argv, checks=[lambda: check_pairs(args.data)])
 
 
 def _mine(args: argparse.Namespace) -> int:

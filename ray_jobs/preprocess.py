@@ -15,16 +15,14 @@ import sys
 
 from santa.data import esci
 from santa.data.datasets import DATASETS, check_inputs, dataset, run_preprocess
-from santa.data.outputs import claim_output
 from santa.data.preprocess_config import SPLITS, STAGES, PreprocessConfig
 from santa.data.records import CODE_TEXTS, MEP_TARGETS
 from santa.data.schema import CODE_LANGUAGES
 from santa.method.entities import PRODUCT_ENTITY_RULES
-from santa.runtime import interrupts
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.preflight import check_input, check_writable
+from santa.runtime.errors import exit_with, with_exit_codes
+from santa.runtime.job import Job
+from santa.runtime.preflight import check_input
 from santa.runtime.quiet import PROGRESS_HELP
-from santa.runtime.ray_utils import init_ray
 from santa.table_recipes import TABLE_RECIPES
 
 DATASET_HELP = "; ".join(f"{entry.name}: {entry.about}" for entry in DATASETS.values())
@@ -113,37 +111,30 @@ def split_warning(config: PreprocessConfig) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse → start/join Ray → run → print the report (errors: one line)."""
+    """Entry point: parse → check → lock the output → start/join Ray → run → the report."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config, address, progress = parse_args(argv)
-    return run_job(lambda: _run(config, address, progress), argv)
-
-
-def _run(config: PreprocessConfig, address: str | None, progress: bool = False) -> int:
-    check_input(config.input, "--input")  # before any work: one line naming the URI
-    check_writable(config.output, "--output")
     # One writer per output, which holds nothing but a preprocess output; an interrupted
     # run leaves it as it was.
-    with (
-        claim_output(config.output, "preprocess"),
-        interrupts.keeping(
-            lambda: (
-                f"nothing was published; {config.output} is as it was (run the same "
-                "command to start over)"
-            )
+    job = Job(
+        "preprocess",
+        output=config.output,
+        kept=lambda: (
+            f"nothing was published; {config.output} is as it was (run the same command to "
+            "start over)"
         ),
-    ):
-        return _write(config, address, progress)
+    )
+    checks = [lambda: check_input(config.input, "--input"), lambda: check_inputs(config)]
+    return job.main(lambda: _write(job, config, address, progress), argv, checks)
 
 
-def _write(config: PreprocessConfig, address: str | None, progress: bool = False) -> int:
+def _write(job: Job, config: PreprocessConfig, address: str | None, progress: bool) -> int:
     entry = dataset(config.dataset)
-    check_inputs(config)
     warning = split_warning(config)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     if entry.uses_ray:
-        print(init_ray(address, progress=progress), flush=True)
+        job.start_ray(address, progress=progress)
     report = run_preprocess(config)
     print(entry.function("summary")(report))
     print(f"output: {config.output}")

@@ -32,9 +32,9 @@ from santa.recipes import check_scoder_recipe
 from santa.runtime import storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.flags import recipe_config, run_parser
+from santa.runtime.job import Job
 from santa.runtime.layout import RunLayout
-from santa.runtime.preflight import check_beir, check_pairs, check_writable
-from santa.runtime.runlock import RunLock
+from santa.runtime.preflight import check_beir, check_pairs
 from santa.runtime.tracking import Tracking
 
 logger = logging.getLogger("santa.scoder")
@@ -88,22 +88,23 @@ def scoder_config(args: argparse.Namespace) -> SantaConfig:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Take the run lock, start or join Ray, run Algorithm 2; returns the report."""
-    from santa.runtime.ray_utils import init_ray
     from santa.scoder.algorithm import run_algorithm
 
     for name in ("storage", "data", "eval_data"):
         if getattr(args, name):
             setattr(args, name, storage.absolute(getattr(args, name)))
     config = scoder_config(args)  # fail fast, before Ray
-    check_scoder_recipe(args.recipe, config)  # a recipe without negatives: one line, now
-    check_pairs(args.data)  # cheap checks before any Ray work (one line each)
+    checks = [
+        lambda: check_scoder_recipe(args.recipe, config),  # a recipe without negatives
+        lambda: check_pairs(args.data),  # cheap checks before any Ray work (one line each)
+    ]
     if args.eval_data:
-        check_beir(args.eval_data, args.eval_split)
-    check_writable(args.storage, "--storage")
+        checks.append(lambda: check_beir(args.eval_data, args.eval_split))
     tracking = Tracking.from_args(args).to_dict()  # --mlflow / --wandb: each run tracked
     layout = RunLayout.of(args.storage, args.name)
-    with RunLock(layout.root, force=args.force, description="ray_jobs.scoder"):
-        print(init_ray(args.address, verbose=args.verbose, progress=args.progress), flush=True)
+    job = Job("scoder", run=layout.root, storage=args.storage, force=args.force)
+    with job.running(checks):
+        job.start_ray(args.address, verbose=args.verbose, progress=args.progress)
         return run_algorithm(
             config,
             data=args.data,

@@ -20,7 +20,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with
+from santa.runtime.job import Job
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve.main([arg for arg in argv if arg != "--serve"])
     args = parse_args(argv)
-    return run_job(lambda: run(args), None if command_line else argv)
+    job = Job("search")  # reads only: no lock; an interruption leaves nothing to say
+    return job.main(lambda: run(args), None if command_line else argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import argparse
 import signal
 import threading
 
-from santa.runtime.errors import exit_with, run_job
+from santa.runtime.errors import exit_with
+from santa.runtime.job import Job
 
 
 def _replicas(text: str) -> tuple[int, int | None]:
@@ -65,15 +66,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+def run(
+    args: argparse.Namespace, stop_event: threading.Event | None = None, job: Job | None = None
+) -> int:
     """Deploy, then wait for Ctrl-C (or ``stop_event``) unless detached."""
+    job = job or Job("serve")
     from ray import serve
 
     from santa.runtime import storage
-    from santa.runtime.ray_utils import init_ray
     from santa.search.serve import ServeOptions, deploy
 
-    print(init_ray(args.address), flush=True)
+    job.start_ray(args.address)
     if args.stop:
         serve.delete(args.name)
         print(f"removed the Serve application {args.name}")
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace, stop_event: threading.Event | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     """Parse → serve; errors as one line."""
     args = parse_args(argv)
-    return run_job(lambda: run(args), argv)
+    job = Job("serve")  # serves until stopped; reads only: no lock
+    return job.main(lambda: run(args, job=job), argv)
 
 
 if __name__ == "__main__":

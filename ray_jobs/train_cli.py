@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from santa.runtime import interrupts, storage
+from santa.runtime import storage
 from santa.runtime.errors import with_exit_codes
 from santa.runtime.flags import recipe_config, run_parser
+from santa.runtime.job import Job
 from santa.runtime.layout import RunLayout
-from santa.runtime.preflight import (
-    check_beir,
-    check_model,
-    check_negatives_table,
-    check_pairs,
-    check_writable,
-)
-from santa.runtime.runlock import RunLock
+from santa.runtime.preflight import check_beir, check_model, check_negatives_table, check_pairs
 from santa.runtime.tracking import Tracking
 from santa.train.kept import RESUME_HINT, final_metrics_lines, kept_checkpoint
 
@@ -64,20 +58,25 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
     # Cheap checks before any Ray work, and before importing torch and Ray (seconds): each
     # failure is one line naming the URI.
     eval_data = storage.absolute(args.eval_data)
-    check_pairs(storage.absolute(args.data))
-    check_writable(storage.absolute(args.storage), "--storage")
+    checks = [lambda: check_pairs(storage.absolute(args.data))]
     if eval_data:
-        check_beir(eval_data, args.eval_split)
+        checks.append(lambda: check_beir(eval_data, args.eval_split))
     if warm_start:  # config and weights: a corrupt file is named here, not in the workers
-        check_model(warm_start)
+        checks.append(lambda: check_model(warm_start))
     if args.hard_negatives.startswith("table:"):
-        check_negatives_table(args.hard_negatives.removeprefix("table:"))
-
+        table = args.hard_negatives.removeprefix("table:")
+        checks.append(lambda: check_negatives_table(table))
     tracking = Tracking.from_args(args)  # a missing package: one line before Ray starts
     layout = RunLayout.of(args.storage, args.name)
-    kept = interrupts.keeping(lambda: "", hint=RESUME_HINT)  # fit() says what was kept
-    with kept, RunLock(layout.root, force=args.force, description=f"ray_jobs.{stage}"):
-        from santa.runtime.ray_utils import init_ray
+    job = Job(
+        stage,
+        run=layout.root,
+        storage=storage.absolute(args.storage),
+        force=args.force,
+        kept=lambda: "",  # fit() says what was kept
+        hint=RESUME_HINT,
+    )
+    with job.running(checks):
         from santa.train.trainer import FIT_IMPORTS, RunSpec, fit
 
         spec = RunSpec(
@@ -91,11 +90,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             eval_split=args.eval_split,
             tracking=tracking.to_dict(),
         )
-        print(
-            init_ray(
-                args.address, verbose=args.verbose, progress=args.progress, preload=FIT_IMPORTS
-            ),
-            flush=True,
+        job.start_ray(
+            args.address, verbose=args.verbose, progress=args.progress, preload=FIT_IMPORTS
         )
         result = fit(config, spec)
     # A short table, not every metric: the whole history is in the run's metrics.jsonl.

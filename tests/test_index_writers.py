@@ -5,31 +5,44 @@ from __future__ import annotations
 
 import pytest
 
-from santa.models.dual_encoder import DualEncoder
-from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
-from santa.runtime.runlock import RunLockedError
-from santa.search.indexing import IndexConfig, build_index, output_lock
+from santa.data.outputs import claim_output
 from tests.training import stdlib_pair_rows, write_beir
 
 
-def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(tmp_path):
-    rows = stdlib_pair_rows()
-    tokenizer = train_tokenizer([r["query"] for r in rows] + [r["document"] for r in rows], 500)
-    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0)
-    model.save_pretrained(str(tmp_path / "model"), santa_config=get_recipe("tiny"))
-    beir = write_beir(tmp_path / "beir", rows)
+def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(
+    tmp_path, capsys
+):
+    """The index job (its Python face, ``ray_jobs.index.main``) takes the output's lock
+    through the job lifecycle: held by another writer, the job ends in one line, exit 2."""
+    from ray_jobs import index
+
+    beir = write_beir(tmp_path / "beir", stdlib_pair_rows()[:8])
     output = tmp_path / "index"
-    config = IndexConfig(checkpoint=str(tmp_path / "model"), corpus=beir, output=str(output))
-    with (
-        output_lock(config),  # the first job's lock
-        pytest.raises(RunLockedError) as refused,
-    ):
-        build_index(config)  # refused before any encoding (no Ray needed)
-    line = str(refused.value)
-    assert line.startswith(f"output {output} is in use by pid "), line
-    assert line.endswith("wait for it or pick another --output"), line
-    assert not (output / "report.json").exists()
+    argv = ["--checkpoint", str(tmp_path / "model"), "--corpus", beir, "--output", str(output)]
+    with claim_output(str(output), "index"):  # the first job's lock
+        code = index.main(argv)  # refused before the model is read or Ray started
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"santa: error: output {output} is in use by pid "), lines
+    assert lines[0].endswith("wait for it or pick another --output"), lines
+    assert not output.exists()
+
+
+def test_the_index_output_is_taken_again_by_the_index_job_only(tmp_path):
+    """A published index folder is the index job's: it may write there again, another job
+    (an evaluation) is refused in one line."""
+    from santa.data.outputs import output_kind
+
+    output = tmp_path / "index"
+    output.mkdir()
+    (output / "index.faiss").write_bytes(b"")
+    assert output_kind(str(output)) == "index"
+    with claim_output(str(output), "index"):
+        pass
+    with pytest.raises(ValueError, match="holds the output of index"):
+        with claim_output(str(output), "evaluate"):
+            pass
 
 
 def test_the_index_job_is_refused_before_ray_starts(tmp_path):
@@ -49,7 +62,7 @@ def test_the_index_job_is_refused_before_ray_starts(tmp_path):
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-m", "ray_jobs.index", "--checkpoint", str(tmp_path / "model")]
     command += ["--corpus", beir, "--output", str(output)]
-    with output_lock(IndexConfig(checkpoint="", corpus=beir, output=str(output))):
+    with claim_output(str(output), "index"):
         started = time.perf_counter()
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         seconds = time.perf_counter() - started

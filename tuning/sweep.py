@@ -39,11 +39,11 @@ from santa.recipes import check_scoder_recipe
 from santa.runtime import interrupts, storage
 from santa.runtime.errors import exit_with, run_job, with_exit_codes
 from santa.runtime.flags import recipe_config, run_parser
+from santa.runtime.job import Job
 from santa.runtime.layout import RunLayout
 from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
-from santa.runtime.preflight import check_beir, check_pairs, check_writable
-from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement, init_ray
-from santa.runtime.runlock import RunLock
+from santa.runtime.preflight import check_beir, check_pairs
+from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement
 from santa.runtime.tracking import Tracking, tune_callbacks
 from santa.train.warden import group_warden
 from tuning.progress import SweepProgress, status_word
@@ -367,14 +367,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     """Run (or resume) the sweep of ``args``; the exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = base_config(args)
-    # Before Ray: a missing --eval-data would otherwise fail every trial, each retried.
-    check_pairs(args.data)
-    check_beir(args.eval_data, args.eval_split)
-    check_writable(args.storage, "--storage")
     storage_root = storage.absolute(args.storage)
     layout = RunLayout.of(storage_root, args.name)
-    sweep_root = layout.root
-    with RunLock(sweep_root, description="tuning.sweep"):  # one writer per sweep
+    job = Job("tuning.sweep", run=layout.root, storage=storage_root)  # one writer per sweep
+    # Before Ray: a missing --eval-data would otherwise fail every trial, each retried.
+    checks = [lambda: check_pairs(args.data), lambda: check_beir(args.eval_data, args.eval_split)]
+    with job.running(checks):
+        job.start_ray(args.address)
         return _sweep(args, config, storage_root, layout)
 
 
@@ -386,7 +385,6 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
     from santa.train.trainer import worker_cpus
 
     sweep_root = layout.root
-    print(init_ray(args.address), flush=True)
     # A trial the cluster can never hold fails here in one line, not in every trial.
     from santa.runtime.resources import check_plan
     from santa.train.trainer import run_plan

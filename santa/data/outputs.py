@@ -293,6 +293,7 @@ _SIGNATURES = (
     ("evaluate", ("metrics.json",)),
     ("mine_negatives", ("negatives.parquet",)),
     ("export", ("config.json",)),
+    ("index", ("index.faiss",)),
 )
 # santa's own bookkeeping: probes, the owner of a staging folder, the lock/lease.
 _HIDDEN_PREFIXES = (".santa-probe-", OWNER_FILE, ".santa-lock")

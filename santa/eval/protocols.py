@@ -135,20 +135,15 @@ def run_and_publish(
 ) -> ProtocolResult:
     """:func:`run_protocol`, its files published whole into ``output`` when there is one.
 
-    One writer per output (a second is refused in one line); the files are written into a
-    staging folder and renamed in (S3: named by the manifest ``report.json`` written last),
-    so an interrupted run leaves ``output`` as it was and says so.
+    The files are written into a staging folder and renamed in (S3: named by the manifest
+    ``report.json`` written last), so an interrupted run leaves ``output`` as it was. The
+    caller holds the output (the evaluate job's lock, :class:`santa.runtime.job.Job`).
     """
     if not output:
         return run_protocol(protocol, model, data, config, languages=languages)
-    from santa.data.outputs import claim_output, staged_output
-    from santa.runtime import interrupts
+    from santa.data.outputs import staged_output
 
-    with (
-        claim_output(output, "evaluate"),
-        interrupts.keeping(lambda: f"no metrics were published; {output} is as it was"),
-        staged_output(output, tool="evaluate") as staged,
-    ):
+    with staged_output(output, tool="evaluate") as staged:
         staging = dataclasses.replace(config, output=staged.staging, publish_whole=False)
         outcome = run_protocol(protocol, model, data, staging, languages=languages)
         options = {"protocol": protocol, "checkpoint": model, "data": data}

@@ -30,7 +30,7 @@ from santa.negatives.mining import published_table
 from santa.negatives.offline import mine_negatives
 from santa.pipeline.report import format_report, is_number, read_history
 from santa.recipes import PIPELINE_STAGES, stage_recipe, with_recipes_that_fit
-from santa.runtime import interrupts, storage
+from santa.runtime import storage
 from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
@@ -147,8 +147,9 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
 
 
 def preflight(spec: PipelineSpec) -> None:
-    """Inputs present, eval data loadable, storage writable: before any Ray work."""
-    from santa.runtime.preflight import check_beir, check_input, check_pairs, check_writable
+    """Inputs present, eval data loadable: before any lock or Ray work (the storage is
+    checked writable by the job, :class:`santa.runtime.job.Job`)."""
+    from santa.runtime.preflight import check_beir, check_input, check_pairs
 
     if spec.input:
         check_input(spec.input, "--input")
@@ -157,7 +158,6 @@ def preflight(spec: PipelineSpec) -> None:
             check_pairs(getattr(spec, name), "--" + name.replace("_", "-"))
     if spec.data and spec.eval_data:
         check_beir(spec.eval_data, spec.eval_split)
-    check_writable(spec.storage, "--storage")
 
 
 def run_pipeline(
@@ -168,26 +168,28 @@ def run_pipeline(
     progress: bool = False,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Check, lock the run folder, start or join Ray, run the stages; returns the report
-    (also written as ``report.json`` / ``report.md``). ``progress``: Ray Data's bars."""
-    from santa.runtime.runlock import RunLock
+    """The pipeline job (from Python as from ``ray_jobs.pipeline``): check, lock the run
+    folder, start or join Ray, run the stages; returns the report (also written as
+    ``report.json`` / ``report.md``). ``progress``: Ray Data's bars."""
+    from santa.runtime.job import Job
 
     configs = {stage: stage_config(spec, stage) for stage in spec.stages}  # fail fast
-    preflight(spec)
-    with RunLock(spec.layout.root, force=force, description="ray_jobs.pipeline"):
-        from santa.runtime.ray_utils import init_ray
-
-        print(init_ray(address, verbose=verbose, progress=progress), flush=True)
+    done: list[str] = []  # the stages finished so far (for an interruption's line)
+    job = Job(
+        "pipeline",
+        run=spec.layout.root,
+        storage=spec.storage,
+        force=force,
+        kept=lambda: (
+            f"pipeline {spec.layout.root}: "
+            + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
+        ),
+        hint=resume_hint(spec),
+    )
+    with job.running(checks=[lambda: preflight(spec)]):
+        job.start_ray(address, verbose=verbose, progress=progress)
         check_resources(spec, configs)
-        done: list[str] = []  # the stages finished so far (for an interruption's line)
-        with interrupts.keeping(
-            lambda: (
-                f"pipeline {spec.layout.root}: "
-                + (f"stages {', '.join(done)} done" if done else "no stage finished yet")
-            ),
-            hint=resume_hint(spec),
-        ):
-            return _run(spec, configs, done)
+        return _run(spec, configs, done)
 
 
 def _index_holds(spec: PipelineSpec) -> str:

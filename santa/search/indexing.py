@@ -239,9 +239,11 @@ def _work_place(output: str, key: str) -> StagedOutput:
     """Where a run with fingerprint ``key`` stages: the same place on every re-run."""
     if storage.is_s3(output):
         run_id = f"work-{key}"
-        return StagedOutput(output, run_id, storage.join(output.rstrip("/"), "runs", run_id))
+        staging = storage.join(output.rstrip("/"), "runs", run_id)
+        return StagedOutput(output, run_id, staging, tool="index")
     final = storage.absolute(output).rstrip(os.sep)
-    return StagedOutput(final, f"{key}-{uuid.uuid4().hex[:8]}", f"{final}{WORK_SUFFIX}{key}")
+    run_id = f"{key}-{uuid.uuid4().hex[:8]}"
+    return StagedOutput(final, run_id, f"{final}{WORK_SUFFIX}{key}", tool="index")
 
 
 def _prepare_work(staged: StagedOutput, plan: dict[str, Any], corpus: Corpus) -> bool:
@@ -386,31 +388,13 @@ def _build_faiss(
     return index, dim
 
 
-def output_lock(config: IndexConfig):
-    """The lock of the index output (one writer at a time), where every job's output lock
-    is (:func:`santa.runtime.layout.output_lock`: locally beside the folder, so a job that
-    fails before publishing leaves no folder behind)."""
-    from santa.runtime.layout import output_lock as lock_place
-    from santa.runtime.runlock import RunLock
-
-    return RunLock(
-        config.output,
-        force=config.force,
-        description="ray_jobs.index",
-        lock_uri=lock_place(config.output),
-        what="output",
-        hint="pick another --output",
-    )
-
-
-def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
+def build_index(config: IndexConfig) -> dict[str, Any]:
     """Encode ``config.corpus`` with the model and publish the index; returns the manifest.
 
     Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`) when shards must be encoded.
     An output already published from the same model, corpus and settings is left as it is
-    (the manifest returned has ``up_to_date: true``). ``lock=False``: the caller holds
-    :func:`output_lock` (the job takes it before starting Ray, so that a second writer is
-    refused in a second).
+    (the manifest returned has ``up_to_date: true``). The caller holds the output (the index
+    job's lock, :class:`santa.runtime.job.Job`, or the pipeline's run lock).
     """
     from santa.eval.evaluation import EvalConfig, evaluation_lengths
     from santa.models.checkpoints import load_model, resolve_model
@@ -463,85 +447,80 @@ def build_index(config: IndexConfig, *, lock: bool = True) -> dict[str, Any]:
         print(f"[index] {config.output} is up to date (same model, corpus and settings)")
         return {**published, "up_to_date": True}
 
-    with output_lock(config) if lock else nullcontext():
-        staged = _work_place(config.output, key)
-        shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
-        plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}
-        resumed = _prepare_work(staged, plan, corpus)
-        finished = finished_shards(staged.staging, shard_rows) if resumed else set()
-        missing = [shard for shard in range(shards) if shard not in finished]
-        if finished:
-            print(
-                f"[index] resuming: {len(finished)} of {shards} shard(s) already encoded in "
-                f"{staged.staging}",
-                flush=True,
-            )
-        report: dict[str, Any] = {"encode_s": 0.0, "encoded_documents": 0}
-        _encode_missing(
-            config, resolved.model_uri, staged.staging, missing, plan, document_length, report
+    staged = _work_place(config.output, key)
+    shard_rows = [min(shard_size, count - s * shard_size) for s in range(shards)]
+    plan = {"fingerprint": key, "shard_size": shard_size, "shard_rows": shard_rows}
+    resumed = _prepare_work(staged, plan, corpus)
+    finished = finished_shards(staged.staging, shard_rows) if resumed else set()
+    missing = [shard for shard in range(shards) if shard not in finished]
+    if finished:
+        print(
+            f"[index] resuming: {len(finished)} of {shards} shard(s) already encoded in "
+            f"{staged.staging}",
+            flush=True,
         )
-        still_missing = set(missing) - finished_shards(staged.staging, shard_rows)
-        if still_missing:
-            raise RuntimeError(f"shards {sorted(still_missing)[:5]} were not written")
-        indexed_at = time.perf_counter()
-        index, dim = _build_faiss(
-            staged.staging, shards, model_config.similarity, kind, config, count
-        )
-        if dim != dimension:
-            raise RuntimeError(
-                f"shards hold {dim}-dimensional vectors, the model gives {dimension}"
-            )
-        storage.write_bytes(storage.join(staged.staging, INDEX_FILE), index.to_bytes())
-        index_s = time.perf_counter() - indexed_at
-        total_s = time.perf_counter() - started
-        encoded = report.pop("encoded_documents")
-        manifest = {
-            "model": resolved.model_uri,
-            "checkpoint": resolved.checkpoint_uri or config.checkpoint,
-            "step": resolved.step,
-            "pooling": "decoder-0" if model_config.kind == "t5" else model_config.pooling,
-            "similarity": model_config.similarity,
-            "dimension": dimension,
-            "count": count,
-            "max_query_length": query_length,
-            "max_document_length": document_length,
-            "corpus": {
-                "uri": corpus.uri,
-                "format": corpus.format,
-                "skipped": dict(corpus.skipped),
-                # In indexing order (a JSON object's keys are written sorted).
-                "parts": [[uri, count] for uri, count in corpus.parts.items()],
-            },
-            "index": {
-                "kind": kind,
-                "nlist": index.nlist if kind == "ivf" else None,
-                "nprobe": index.nprobe if kind == "ivf" else None,
-                "hnsw_m": index.hnsw_m if kind == "hnsw" else None,
-                "gpu_built": index.on_gpu,
-            },
-            "shards": {
-                "count": shards,
-                "size": shard_size,
-                "encoded": len(missing),
-                "reused": len(finished),
-            },
-            "throughput": {
-                "documents_encoded": encoded,
-                "encode_s": round(report["encode_s"], 3),
-                # Wall time of the pool, actor start-up included.
-                "documents_per_s": round(encoded / report["encode_s"], 1) if encoded else None,
-                # What one actor encodes per second once loaded.
-                "documents_per_actor_s": round(encoded / report["encode_actor_s"], 1)
-                if encoded
-                else None,
-                "index_s": round(index_s, 3),
-                "total_s": round(total_s, 3),
-            },
-            **{k: v for k, v in report.items() if k in ("actors", "device", "precision")},
-            "config": options,
-        }
-        published = staged.publish(manifest)
-        _remove_other_work(config.output)
+    report: dict[str, Any] = {"encode_s": 0.0, "encoded_documents": 0}
+    _encode_missing(
+        config, resolved.model_uri, staged.staging, missing, plan, document_length, report
+    )
+    still_missing = set(missing) - finished_shards(staged.staging, shard_rows)
+    if still_missing:
+        raise RuntimeError(f"shards {sorted(still_missing)[:5]} were not written")
+    indexed_at = time.perf_counter()
+    index, dim = _build_faiss(staged.staging, shards, model_config.similarity, kind, config, count)
+    if dim != dimension:
+        raise RuntimeError(f"shards hold {dim}-dimensional vectors, the model gives {dimension}")
+    storage.write_bytes(storage.join(staged.staging, INDEX_FILE), index.to_bytes())
+    index_s = time.perf_counter() - indexed_at
+    total_s = time.perf_counter() - started
+    encoded = report.pop("encoded_documents")
+    manifest = {
+        "model": resolved.model_uri,
+        "checkpoint": resolved.checkpoint_uri or config.checkpoint,
+        "step": resolved.step,
+        "pooling": "decoder-0" if model_config.kind == "t5" else model_config.pooling,
+        "similarity": model_config.similarity,
+        "dimension": dimension,
+        "count": count,
+        "max_query_length": query_length,
+        "max_document_length": document_length,
+        "corpus": {
+            "uri": corpus.uri,
+            "format": corpus.format,
+            "skipped": dict(corpus.skipped),
+            # In indexing order (a JSON object's keys are written sorted).
+            "parts": [[uri, count] for uri, count in corpus.parts.items()],
+        },
+        "index": {
+            "kind": kind,
+            "nlist": index.nlist if kind == "ivf" else None,
+            "nprobe": index.nprobe if kind == "ivf" else None,
+            "hnsw_m": index.hnsw_m if kind == "hnsw" else None,
+            "gpu_built": index.on_gpu,
+        },
+        "shards": {
+            "count": shards,
+            "size": shard_size,
+            "encoded": len(missing),
+            "reused": len(finished),
+        },
+        "throughput": {
+            "documents_encoded": encoded,
+            "encode_s": round(report["encode_s"], 3),
+            # Wall time of the pool, actor start-up included.
+            "documents_per_s": round(encoded / report["encode_s"], 1) if encoded else None,
+            # What one actor encodes per second once loaded.
+            "documents_per_actor_s": round(encoded / report["encode_actor_s"], 1)
+            if encoded
+            else None,
+            "index_s": round(index_s, 3),
+            "total_s": round(total_s, 3),
+        },
+        **{k: v for k, v in report.items() if k in ("actors", "device", "precision")},
+        "config": options,
+    }
+    published = staged.publish(manifest)
+    _remove_other_work(config.output)
     print(
         f"[index] published {config.output}: {count:,} documents, {kind} index, dimension "
         f"{dimension}, {manifest['throughput']['total_s']:.1f} s",
