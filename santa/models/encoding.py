@@ -123,8 +123,12 @@ class TextEncoder:
         self.model.load_state_dict(state)
         self.weights_step = step
 
-    def encode_batches(self, batches: Sequence[Sequence[str]], max_length: int) -> np.ndarray:
-        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated."""
+    def encode_batches(
+        self, batches: Sequence[Sequence[str]], max_length: int, role: str | None = None
+    ) -> np.ndarray:
+        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated.
+        ``role``: ``query`` or ``document`` (the model's prefix for it; ``None``: texts as
+        given)."""
         import torch
 
         out = np.empty((sum(len(b) for b in batches), self.embedding_dim), dtype=np.float32)
@@ -139,7 +143,7 @@ class TextEncoder:
         try:
             with torch.inference_mode(), autocast:
                 for batch in batches:
-                    encoded = self.model.tokenize(list(batch), max_length)
+                    encoded = self.model.tokenize(list(batch), max_length, role=role)
                     embeddings = self.model.encode(
                         encoded["input_ids"].to(self.device),
                         encoded["attention_mask"].to(self.device),
@@ -156,24 +160,28 @@ class TextEncoder:
         max_length: int,
         batch_size: int = 64,
         *,
+        role: str | None = None,
         progress: bool = False,
         desc: str = "",
     ) -> np.ndarray:
         """Embed ``texts`` in input order: ``(len(texts), dim)`` float32. Batched longest
-        text first (less padding); the same embeddings whatever the batch size or order."""
+        text first (less padding); the same embeddings whatever the batch size or order.
+        ``role``: ``query`` or ``document`` (the model's prefix; ``None``: texts as given)."""
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         batches = plan_batches(texts, batch_size)
         if not batches:
             return out
         if not (progress and _on_a_terminal()):  # a bar redrawn into a pipe or a log: lines
             rows = np.concatenate(batches)
-            out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
+            out[rows] = self.encode_batches(
+                [[texts[i] for i in b] for b in batches], max_length, role
+            )
             return out
         from tqdm.auto import tqdm
 
         with tqdm(total=len(texts), desc=desc or None, unit="text") as bar:
             for rows in batches:
-                out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
+                out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length, role)
                 bar.update(len(rows))
         return out
 
@@ -191,11 +199,13 @@ def encode_texts(
     *,
     max_length: int,
     batch_size: int = 64,
+    role: str | None = None,
     desc: str = "",
     progress: bool = True,
 ) -> np.ndarray:
     """Embed ``texts`` in-process, in float32 on the model's device: ``(len(texts), dim)``,
-    in input order (a :class:`TextEncoder` around ``model``).
+    in input order (a :class:`TextEncoder` around ``model``). ``role``: ``query`` or
+    ``document``, whose prefix the model puts first (``None``: texts as given).
 
     Texts are batched longest first (less padding); the model is put in eval mode and
     its previous mode restored afterwards.
@@ -205,14 +215,22 @@ def encode_texts(
     if batch_size < 1 or max_length < 1:
         raise ValueError("batch_size and max_length must be positive")
     encoder = TextEncoder(model, num_gpus=None, threads=0, half=False)
-    return encoder.encode(list(texts), max_length, batch_size, progress=progress, desc=desc)
+    return encoder.encode(
+        list(texts), max_length, batch_size, role=role, progress=progress, desc=desc
+    )
 
 
 class _EncodeActor:
     """Ray Data actor UDF: a :class:`TextEncoder` loaded once, embedding ``text`` rows."""
 
     def __init__(
-        self, model: Any, max_length: int, batch_size: int, use_gpu: bool, threads: int
+        self,
+        model: Any,
+        max_length: int,
+        batch_size: int,
+        use_gpu: bool,
+        threads: int,
+        role: str | None = None,
     ) -> None:
         import ray
 
@@ -221,10 +239,11 @@ class _EncodeActor:
         self.encoder = TextEncoder(model, num_gpus=1 if use_gpu else 0, threads=threads, half=False)
         self.max_length = max_length
         self.batch_size = batch_size
+        self.role = role
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(text) for text in batch["text"]]
-        embeddings = self.encoder.encode(texts, self.max_length, self.batch_size)
+        embeddings = self.encoder.encode(texts, self.max_length, self.batch_size, role=self.role)
         return {"row": batch["row"], "embedding": embeddings}
 
 
@@ -237,8 +256,10 @@ def encode_corpus_ray(
     use_gpu: str | bool = "auto",
     num_actors: int = 0,
     num_cpus_per_actor: float = 1.0,
+    role: str | None = None,
 ) -> np.ndarray:
-    """Embed ``texts`` with a Ray Data actor pool; same result as :func:`encode_texts`.
+    """Embed ``texts`` with a Ray Data actor pool; same result as :func:`encode_texts`
+    (``role`` as there).
 
     ``model`` is a URI every node can read (local folder on one machine, ``s3://`` on a
     cluster; a Ray checkpoint folder works too) or a model object, shipped once through
@@ -295,6 +316,7 @@ def encode_corpus_ray(
             "batch_size": batch_size,
             "use_gpu": bool(use_gpu),
             "threads": 0 if use_gpu else max(1, int(num_cpus_per_actor)),
+            "role": role,
         },
         batch_size=batch_size * 8,
         batch_format="numpy",

@@ -101,10 +101,13 @@ def refresh_table(
         encoder = LocalEncoder(TextEncoder(model, num_gpus=None, threads=0), settings.batch_size)
     doc_ids = list(corpus.documents)
     query_ids = list(corpus.queries)
+    # The model's query/document prefixes (decoders' "query: "/"passage: "), put here:
+    # the encoders take texts as given.
+    doc_prefix, query_prefix = config.model.prefix("document"), config.model.prefix("query")
     doc_vectors, query_vectors = encoder.encode(
         [
-            ([corpus.documents[d] for d in doc_ids], train.max_document_length),
-            ([corpus.queries[q] for q in query_ids], train.max_query_length),
+            ([doc_prefix + corpus.documents[d] for d in doc_ids], train.max_document_length),
+            ([query_prefix + corpus.queries[q] for q in query_ids], train.max_query_length),
         ]
     )
     encoded_s = time.perf_counter() - started
