@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
     parser.add_argument(
+        "--dim", type=int, default=None, help="search the first DIM dimensions (Matryoshka)"
+    )
+    parser.add_argument(
         "--serve", action="store_true", help="serve over HTTP instead (ray_jobs.serve's flags)"
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.queries_file:
         text = storage.read_bytes(args.queries_file).decode("utf-8")
         queries += [line.strip() for line in text.splitlines() if line.strip()]
-    searcher = Searcher.open(storage.absolute(args.index), model=args.model)
+    searcher = Searcher.open(storage.absolute(args.index), model=args.model, dim=args.dim)
     results = searcher.search(queries, args.top_k)
     for query, hits in zip(queries, results, strict=True):
         if args.json:
