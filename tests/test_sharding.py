@@ -114,6 +114,7 @@ def test_transformer_blocks_are_the_backbones_repeated_layers() -> None:
     assert {type(b).__name__ for b in transformer_blocks(t5)} == {"T5Block"}
 
 
+@pytest.mark.slow  # one Ray Train run: ~60 s on this 2-core machine
 @pytest.mark.usefixtures("ray_cluster")
 def test_fsdp_with_lora_through_ray_train_checkpoints_every_workers_shard_and_exports(
     tmp_path,
