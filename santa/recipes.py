@@ -160,6 +160,8 @@ def _qwen_coder_lora_fsdp() -> SantaConfig:
     # with its in-batch negatives gathered over the 8 workers, and Matryoshka prefixes
     # (1536/768/256/64) so the index can be cut. Memory per GPU: bench/SCALING.md. The
     # lengths (64/256) and lr 1e-4 are santa's choices (RepLLaMA: 32/156 on MS MARCO).
+    # torch.compile stays off: FSDP2 under santa's compile of the whole step has not run
+    # on a GPU yet (train.compile=gpu turns it on).
     return SantaConfig(
         model=ModelConfig(
             backbone="Qwen/Qwen2.5-Coder-1.5B",
@@ -191,6 +193,7 @@ def _qwen_coder_lora_fsdp() -> SantaConfig:
             use_gpu=True,
             bf16=True,
             strategy="fsdp",
+            compile="never",
             max_query_length=64,
             max_document_length=256,
             mep_weight=0.0,

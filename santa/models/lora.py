@@ -55,12 +55,15 @@ MERGED_ADAPTERS_FILE = "santa_lora.json"
 def _lora_config(model_config: ModelConfig):
     from peft import LoraConfig
 
+    targets: str | list[str] | None = list(model_config.lora_target_modules) or None
+    if targets == ["all-linear"]:
+        targets = "all-linear"  # peft's shorthand is a string: every linear layer but the head
     return LoraConfig(
         r=model_config.lora_rank,
         lora_alpha=model_config.lora_alpha,
         lora_dropout=model_config.lora_dropout,
         # None: peft's default modules for the model type (its own table).
-        target_modules=list(model_config.lora_target_modules) or None,
+        target_modules=targets,
         modules_to_save=list(model_config.lora_trainable_modules) or None,
         bias="none",
     )
