@@ -889,6 +889,21 @@ def _faults(running: bool) -> Callable[[Path], str]:
     return render
 
 
+def decoder(results: Path) -> str:
+    """The tiny decoder's training speed on CPU, one row per system."""
+    from bench.perf.decoder import format_table as decoder_table
+
+    return decoder_table(load(results, "decoder.json"))
+
+
+def matryoshka(results: Path) -> str:
+    """Held-out MRR@100 at each truncated dimension, Matryoshka against each dimension
+    trained alone, and the flat index's size."""
+    from bench.quality.matryoshka import format_tables
+
+    return minus(format_tables(load(results, "matryoshka.json")))
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipeline": pipeline,
     "minilm_similarity": minilm_similarity,
@@ -923,6 +938,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "negative_filtering_differences": negative_filtering_differences,
     "faults_running": _faults(running=True),
     "faults_before": _faults(running=False),
+    "decoder": decoder,
+    "matryoshka": matryoshka,
 }
 
 

@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--esci-gains", choices=("released", "paper"), default="released", help=GAINS_HELP)
     add("--code-text", choices=CODE_TEXTS, default="released", help=CODE_TEXT_HELP)
     add("--index", choices=("flat", "ivf", "hnsw"), default="flat")
+    add("--dim", type=int, help="score the first DIM dimensions only (a Matryoshka model)")
     add("--ray-threshold", type=int, default=DEFAULT_RAY_THRESHOLD, help=RAY_THRESHOLD_HELP)
     add("--ray", action="store_true", help="always encode through a Ray Data actor pool")
     add("--num-actors", type=int, default=0, help="Ray encoder actors (default: auto)")
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_options={"num_actors": args.num_actors},
         index_kind=args.index,
         progress=not args.no_progress,
+        dim=args.dim,
     )
 
     def evaluate_and_print() -> int:

@@ -12,8 +12,11 @@ files, santa_config.json) loads with ``santa.load`` and with plain transformers;
 written beside ``--to`` first and renamed into place, so it is never left half-written.
 ``--format sentence-transformers`` adds sentence-transformers' module files
 (modules.json, pooling, Dense, Normalize where santa scores by cosine), so that
-``SentenceTransformer(DIR)`` encodes as santa does; T5 models (decoder-position-0 pooling)
-are refused with the reason. Every folder gets a model card (README.md: Hugging Face
+``SentenceTransformer(DIR)`` encodes as santa does (a decoder's last-token pooling and its
+query/document prefixes as prompts; ``--dim N`` declares ``truncate_dim`` for a Matryoshka
+model); T5 models (decoder-position-0 pooling) are refused with the reason. A LoRA
+checkpoint's adapters are merged into the weights and an FSDP checkpoint's sharded weights
+gathered, so the folder loads without peft or santa. Every folder gets a model card (README.md: Hugging Face
 metadata, the training recipe and stages, the run's evaluation table beside BM25 when the
 pipeline evaluated this checkpoint or ``--eval`` names a ``ray_jobs.evaluate`` output, how
 to load it, the papers to cite). S3 credentials come from the standard AWS chain; the endpoint from ``AWS_ENDPOINT_URL``.
@@ -56,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("hf", "sentence-transformers"),
         default="hf",
         help="hf: a Hugging Face folder; sentence-transformers: one SentenceTransformer(DIR) loads",
+    )
+    parser.add_argument(
+        "--dim",
+        type=int,
+        metavar="N",
+        help="sentence-transformers: encode to the first N dimensions (truncate_dim; a "
+        "Matryoshka model)",
     )
     parser.add_argument(
         "--eval",
@@ -105,6 +115,7 @@ def _export(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         sentence_transformers=args.format == "sentence-transformers",
         evaluation=evaluation,
+        dim=args.dim,
     )
     if written:
         print(f"sentence-transformers: {written}")

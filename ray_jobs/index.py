@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--max-query-length", type=int, default=None)
     parser.add_argument("--max-document-length", type=int, default=None)
+    parser.add_argument(
+        "--dim", type=int, default=None, help="keep the first DIM dimensions (Matryoshka)"
+    )
     parser.add_argument("--force", action="store_true", help="take over a stale S3 lease")
     parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS)")
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> dict:
         precision=args.precision,
         max_query_length=args.max_query_length,
         max_document_length=args.max_document_length,
+        dim=args.dim,
         force=args.force,
     )
     # The output's lock before Ray starts: a second writer is refused in a second.

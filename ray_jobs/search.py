@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
     parser.add_argument(
+        "--dim", type=int, default=None, help="search the first DIM dimensions (Matryoshka)"
+    )
+    parser.add_argument(
         "--serve", action="store_true", help="serve over HTTP instead (ray_jobs.serve's flags)"
     )
     parser.add_argument("--debug", action="store_true", help="tracebacks on errors")
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if not queries:
             raise ValueError("no query: give queries as arguments, --queries FILE, or type them")
     started = time.perf_counter()
-    searcher = Searcher.open(storage.absolute(args.index), model=args.model)
+    searcher = Searcher.open(storage.absolute(args.index), model=args.model, dim=args.dim)
     _say(
         f"ready in {time.perf_counter() - started:.1f} s (index of {len(searcher):,} "
         "documents and its model loaded)"

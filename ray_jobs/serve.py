@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index", help="index folder (local or s3://)")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")
     parser.add_argument(
+        "--dim", type=int, default=None, help="serve the first DIM dimensions (Matryoshka)"
+    )
+    parser.add_argument(
         "--replicas", type=_replicas, default=(1, None), metavar="N|MIN-MAX", help="default 1"
     )
     parser.add_argument("--target-ongoing-requests", type=float, default=4.0, metavar="N")
@@ -84,6 +87,7 @@ def run(
     options = ServeOptions(
         index=args.index if storage.is_s3(args.index) else storage.absolute(args.index),
         model=args.model,
+        dim=args.dim,
         replicas=args.replicas[0],
         max_replicas=args.replicas[1],
         target_ongoing_requests=args.target_ongoing_requests,

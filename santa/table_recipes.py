@@ -139,10 +139,22 @@ def _model(backbone: Setting) -> dict[str, Setting]:
             "model.tiny_d_model",
             "model.tiny_num_layers",
             "model.tiny_num_heads",
+            "model.tiny_num_kv_heads",
             "model.tiny_d_ff",
             "model.tiny_vocab_size",
             "model.tiny_dropout",
             why="read for backbone='tiny' only (the T5's own config sets its dropout)",
+        ),
+        **unread("model.append_eos", why="decoder backbones only (a T5's tokenizer adds </s>)"),
+        "model.query_prefix": code("", "processing/*/build_*.py: queries embedded as written"),
+        "model.document_prefix": code("", "processing/*/build_*.py: documents embedded as written"),
+        "model.lora_rank": code(0, "train_santa.py trains every weight of the T5 (no adapters)"),
+        **unread(
+            "model.lora_alpha",
+            "model.lora_dropout",
+            "model.lora_target_modules",
+            "model.lora_trainable_modules",
+            why="LoRA only (model.lora_rank > 0)",
         ),
     }
 
@@ -188,6 +200,8 @@ def _training(
         **unread(
             "train.bf16_weights", "train.bf16_position_bias", why="read under train.bf16 only"
         ),
+        "train.matryoshka_dims": paper((), "SANTA Eq. 3 and 5: the loss of the whole embedding"),
+        **unread("train.matryoshka_weights", why="with train.matryoshka_dims only"),
         "train.seed": santa(
             42,
             "santa's seed (data order, masking); SANTA's Trainer defaults to 42 too, for "

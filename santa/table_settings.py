@@ -21,6 +21,8 @@ SOURCES = (PAPER, CODE, SANTA, UNREAD)
 # why not.
 NOT_COMPUTATIONAL: dict[str, str] = {
     "model.gradient_checkpointing": "recomputes activations in the backward pass: same gradients",
+    "model.padding_side": "where the tokenizer pads: pooling and positions read the real tokens",
+    "train.strategy": "FSDP shards where the weights live: the same step as DDP's (a test)",
     "train.num_workers": "the global batch is the same on any number of workers (all-gather)",
     "train.min_workers": "elastic training keeps the global batch",
     "train.log_every": "logging cadence",

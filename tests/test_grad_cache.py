@@ -2,7 +2,8 @@
 
 Every test compares the parameter gradients of a GradCache step with those of the plain
 step (one forward over the batch, then backward) on the same batch, in fp32 on CPU: the
-tiny T5 with SDA + MEP, the MiniLM encoder, with and without hard negatives, on one process
+tiny T5 with SDA + MEP, the MiniLM encoder, a decoder with LoRA and Matryoshka prefixes, with
+and without hard negatives, on one process
 and on two gloo processes under DDP (where the chunks but the last run under ``no_sync``).
 Dropout is replayed per chunk (a control without the replay fails), and SCodeR's soft-label
 objective, bf16 autocast and ``torch.compile`` go through the same step.
@@ -201,6 +202,53 @@ def test_minilm_gets_the_full_batch_gradients(hard) -> None:
     model = minilm()
     config = santa_config(model, mep_weight=0.0)
     compare_on_one_process(model, config, make_batch(model, hard=hard, mep=False))
+
+
+def tiny_decoder() -> DualEncoder:
+    """A random Qwen2 decoder (last-token pooling) with LoRA adapters on q_proj and v_proj,
+    their B drawn at random (peft starts B at zero, which leaves A without gradient)."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    config = Qwen2Config(
+        vocab_size=1000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    model_config = ModelConfig(
+        kind="decoder", lora_rank=4, lora_alpha=8.0, lora_target_modules=("q_proj", "v_proj")
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = DualEncoder(Qwen2Model(config), model_config)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(std=0.5)
+    return model
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["in-batch", "hard-negatives"])
+def test_decoder_with_lora_and_matryoshka_gets_the_full_batch_gradients(hard) -> None:
+    """A decoder backbone with LoRA, trained on Matryoshka prefixes: the adapters (and
+    nothing else) get the plain step's gradients."""
+    model = tiny_decoder()
+    config = santa_config(
+        model, mep_weight=0.0, matryoshka_dims=(32, 8), matryoshka_weights=(1.0, 0.5)
+    )
+    batch = make_batch(model, hard=hard, mep=False)
+    expected_losses = plain_step(model, batch, config)
+    expected = gradients(model)
+    model.zero_grad(set_to_none=True)
+    got_losses = cached_step(model, model, batch, config)
+    got = gradients(model)
+    assert relative_error(got, expected) <= TOLERANCE
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert set(got) == trainable and all("lora_" in name for name in trainable)
+    assert float(got_losses["loss"]) == pytest.approx(float(expected_losses["loss"]), rel=1e-5)
 
 
 def test_two_pass_mep_and_weighted_losses() -> None:

@@ -9,9 +9,7 @@ from santa.data.outputs import claim_output
 from tests.training import stdlib_pair_rows, write_beir
 
 
-def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(
-    tmp_path, capsys
-):
+def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(tmp_path, capsys):
     """The index job (its Python face, ``ray_jobs.index.main``) takes the output's lock
     through the job lifecycle: held by another writer, the job ends in one line, exit 2."""
     from ray_jobs import index
@@ -40,9 +38,11 @@ def test_the_index_output_is_taken_again_by_the_index_job_only(tmp_path):
     assert output_kind(str(output)) == "index"
     with claim_output(str(output), "index"):
         pass
-    with pytest.raises(ValueError, match="holds the output of index"):
-        with claim_output(str(output), "evaluate"):
-            pass
+    with (
+        pytest.raises(ValueError, match="holds the output of index"),
+        claim_output(str(output), "evaluate"),
+    ):
+        pass
 
 
 def test_the_index_job_is_refused_before_ray_starts(tmp_path):

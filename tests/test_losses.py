@@ -17,7 +17,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from santa.method.distributed import all_gather_with_grad, identity_gather, is_distributed
-from santa.method.losses import contrastive_loss, mep_loss, similarity_scores, total_loss
+from santa.method.losses import (
+    contrastive_loss,
+    matryoshka_contrastive_loss,
+    matryoshka_loss,
+    mep_loss,
+    similarity_scores,
+    total_loss,
+)
 from tests.conftest import free_port
 
 WORLD_SIZE = 2
@@ -98,6 +105,51 @@ def test_cosine_with_temperature() -> None:
     )
     with pytest.raises(ValueError, match="similarity"):
         similarity_scores(queries, docs, similarity="l2")
+
+
+def test_matryoshka_loss_is_the_weighted_sum_of_the_losses_of_each_prefix() -> None:
+    """Matryoshka over prefixes (8, 4, 2) with weights (1, 0.5, 2), cosine at τ 0.1 with
+    hard negatives, against InfoNCE written out on each prefix (unit vectors of the cut
+    embeddings) and summed by hand; the gradients equal those of the hand sum."""
+    generator = torch.Generator().manual_seed(4)
+    queries = torch.randn(3, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    docs = torch.randn(3, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    hard = torch.randn(3, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    dims, weights, temperature = (8, 4, 2), (1.0, 0.5, 2.0), 0.1
+    loss = matryoshka_contrastive_loss(
+        queries, docs, hard, dims=dims, weights=weights, similarity="cosine", temperature=0.1
+    )
+    loss.backward()
+    value = 0.0
+    grad_queries = torch.zeros_like(queries)
+    for dim, weight in zip(dims, weights, strict=True):
+        cut_queries = queries.detach()[:, :dim].clone().requires_grad_(True)
+        unit_queries = cut_queries / cut_queries.norm(dim=1, keepdim=True)
+        candidates = torch.cat([docs.detach(), hard.detach()])[:, :dim]
+        unit_candidates = candidates / candidates.norm(dim=1, keepdim=True)
+        part, _, _ = hand_infonce(unit_queries.detach() / temperature, unit_candidates, [0, 1, 2])
+        value += weight * part
+        # The hand value's gradient through the normalisation of the cut queries.
+        scores = (unit_queries / temperature) @ unit_candidates.T
+        torch.nn.functional.cross_entropy(scores, torch.arange(3)).mul(weight).backward()
+        grad_queries[:, :dim] += cut_queries.grad
+    assert loss.item() == pytest.approx(value, rel=1e-12)
+    torch.testing.assert_close(queries.grad, grad_queries)
+    # One prefix, weight 1: the plain loss of the cut vectors.
+    cut = matryoshka_contrastive_loss(queries, docs, dims=(4,))
+    assert cut.item() == pytest.approx(contrastive_loss(queries[:, :4], docs[:, :4]).item())
+    # The generic wrapper around the same loss gives the same sum.
+    wrapped = matryoshka_loss(
+        lambda q, d, h: contrastive_loss(q, d, h, similarity="cosine", temperature=0.1),
+        (queries, docs, hard),
+        dims,
+        weights,
+    )
+    assert wrapped.item() == pytest.approx(value, rel=1e-12)
+    with pytest.raises(ValueError, match=r"dimensions \[16\] do not fit 8-dimensional"):
+        matryoshka_contrastive_loss(queries, docs, dims=(16, 4))
+    with pytest.raises(ValueError, match="2 Matryoshka weights for 3 dimensions"):
+        matryoshka_contrastive_loss(queries, docs, dims=dims, weights=(1.0, 1.0))
 
 
 def test_contrastive_loss_rejects_unpaired_batches() -> None:

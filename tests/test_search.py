@@ -260,6 +260,53 @@ def test_several_queries_in_one_start_with_start_up_and_search_timed_apart(
     assert re.fullmatch(r"\[search\] 2 queries searched in .*", lines[3])
 
 
+def test_an_index_at_a_truncated_dimension_finds_the_brute_force_top_1(
+    built, checkpoint, beir, tmp_path
+):
+    """``--dim 16``: the index job keeps the first 16 dimensions (shards and index a
+    eighth the size), the searcher opens a whole index at 16 too, and both return, for
+    every query, the top 1 of brute force over the truncated vectors; the evaluator's
+    ``--dim`` ranks the same."""
+    from santa.eval.retrieval import prepare_embeddings
+    from santa.models.checkpoints import load
+    from santa.models.encoding import encode_texts
+    from santa.search.shards import read_embeddings
+
+    dim = 16
+    config = IndexConfig(
+        checkpoint=checkpoint,
+        corpus=beir,
+        output=str(tmp_path / "cut"),
+        shard_size=105,
+        num_actors=1,
+        dim=dim,
+    )
+    manifest = build_index(config)
+    assert manifest["dimension"] == dim and manifest["model_dimension"] == 128
+    full_size = (Path(built["output"]) / "index.faiss").stat().st_size
+    assert (tmp_path / "cut" / "index.faiss").stat().st_size < full_size / 6
+
+    data = load_beir(beir)
+    query_ids = list(data.queries)
+    queries = [data.queries[q] for q in query_ids]
+    doc_ids, doc_vectors = read_embeddings(built["output"], 4)  # (105, 128), whole
+    length = manifest["max_query_length"]
+    query_vectors = encode_texts(load(checkpoint), queries, max_length=length, role="query")
+    scores = (
+        prepare_embeddings(query_vectors[:, :dim], "cosine")
+        @ prepare_embeddings(np.ascontiguousarray(doc_vectors[:, :dim]), "cosine").T
+    )  # (queries, documents)
+    expected = [doc_ids[i] for i in scores.argmax(axis=1)]
+    for searcher in (Searcher.open(config.output), Searcher.open(built["output"], dim=dim)):
+        assert searcher.index.dim == dim
+        assert [hits[0].id for hits in searcher.search(queries, 1)] == expected
+    evaluate(checkpoint, beir, EvalConfig(output=str(tmp_path / "eval"), baseline=None, dim=dim))
+    ranked = _trec(tmp_path / "eval" / "run.model.trec")
+    assert [ranked[q][0] for q in query_ids] == expected
+    with pytest.raises(ValueError, match="--dim 200: the index at .* holds 128 dimensions"):
+        Searcher.open(built["output"], dim=200)
+
+
 def test_rerun_of_a_published_index_is_up_to_date(built):
     again = build_index(built["config"])
     assert again["up_to_date"] is True

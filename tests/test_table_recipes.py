@@ -219,12 +219,24 @@ UNREAD_BECAUSE = {
             "model.tiny_d_model",
             "model.tiny_num_layers",
             "model.tiny_num_heads",
+            "model.tiny_num_kv_heads",
             "model.tiny_d_ff",
             "model.tiny_vocab_size",
             "model.tiny_dropout",
         ),
         lambda config: not config.model.is_tiny,
     ),
+    "model.append_eos": lambda config: not config.model.is_decoder,
+    **dict.fromkeys(
+        (
+            "model.lora_alpha",
+            "model.lora_dropout",
+            "model.lora_target_modules",
+            "model.lora_trainable_modules",
+        ),
+        lambda config: not config.model.uses_lora,
+    ),
+    "train.matryoshka_weights": lambda config: not config.train.matryoshka_dims,
     "train.shuffle_buffer": lambda config: config.train.shuffle == "global",
     **dict.fromkeys(
         ("train.bf16_weights", "train.bf16_position_bias"), lambda config: not config.train.bf16

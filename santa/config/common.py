@@ -7,9 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 TINY_BACKBONE = "tiny"
-MODEL_KINDS = ("t5", "encoder")
+MODEL_KINDS = ("t5", "encoder", "decoder")
 T5_POOLINGS = ("decoder0",)
 ENCODER_POOLINGS = ("cls", "mean")
+# Decoder LLMs: the last real token's state (an EOS appended first), or the mean.
+DECODER_POOLINGS = ("last", "mean")
+PADDING_SIDES = ("left", "right")
+# How the training loop spreads the model over its workers (santa.train.sharding).
+STRATEGIES = ("ddp", "fsdp")
 SIMILARITIES = ("dot", "cosine")
 # Activations a projection after pooling may use (sentence-transformers' Dense: tanh).
 PROJECTION_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid")

@@ -16,6 +16,7 @@ from santa.config.common import (
     OPTIMIZERS,
     SHUFFLES,
     STAGES,
+    STRATEGIES,
     check_positive,
     fail,
     section_from_dict,
@@ -200,6 +201,24 @@ class TrainConfig:
     """Under bf16 autocast: compute T5's relative position bias in bf16 once, instead of an
     fp32 bias every attention layer casts."""
 
+    strategy: str = "ddp"
+    """How the workers hold the model: ``ddp`` (a whole copy each, gradients averaged) or
+    ``fsdp`` (PyTorch's FSDP2 ``fully_shard``: parameters, gradients and optimizer state
+    sharded over the workers, each transformer block gathered only while it runs; bf16
+    parameters with fp32 gradient reduction on GPU). FSDP checkpoints are sharded
+    (``torch.distributed.checkpoint``) and resume on another number of workers
+    (:mod:`santa.train.sharding`)."""
+
+    matryoshka_dims: tuple[int, ...] = ()
+    """Matryoshka representation learning (Kusupati et al., 2022; sentence-transformers'
+    ``MatryoshkaLoss``): the SDA/DR loss is also computed on these leading dimensions of
+    every embedding (e.g. ``768,256,64``) and the losses summed with
+    ``matryoshka_weights``, so that truncated vectors (``--dim``) still rank well. Empty:
+    the full vectors only."""
+
+    matryoshka_weights: tuple[float, ...] = ()
+    """One weight per ``matryoshka_dims`` entry; empty: 1 each."""
+
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
@@ -244,6 +263,29 @@ class TrainConfig:
             "eval_every",
             "input_threads",
         )
+        if self.strategy not in STRATEGIES:
+            fail(f"TrainConfig.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.strategy == "fsdp" and self.bf16_weights:
+            fail(
+                "TrainConfig.bf16_weights is DDP's master-weight scheme; train.strategy=fsdp "
+                "keeps bf16 parameters by its own mixed precision (set train.bf16_weights=false)"
+            )
+        # Tuples from a stored dict come back as lists (JSON).
+        object.__setattr__(self, "matryoshka_dims", tuple(int(d) for d in self.matryoshka_dims))
+        object.__setattr__(
+            self, "matryoshka_weights", tuple(float(w) for w in self.matryoshka_weights)
+        )
+        if any(dim <= 0 for dim in self.matryoshka_dims):
+            fail(f"TrainConfig.matryoshka_dims must be positive, got {self.matryoshka_dims}")
+        if len(set(self.matryoshka_dims)) != len(self.matryoshka_dims):
+            fail(f"TrainConfig.matryoshka_dims has a dimension twice: {self.matryoshka_dims}")
+        if self.matryoshka_weights and len(self.matryoshka_weights) != len(self.matryoshka_dims):
+            fail(
+                f"TrainConfig.matryoshka_weights needs one weight per dimension "
+                f"({len(self.matryoshka_dims)}), got {self.matryoshka_weights}"
+            )
+        if any(weight < 0 for weight in self.matryoshka_weights):
+            fail(f"TrainConfig.matryoshka_weights must be >= 0, got {self.matryoshka_weights}")
         if self.grad_cache_chunk_size < 0:
             fail(
                 "TrainConfig.grad_cache_chunk_size must be >= 0 (0: off), got "

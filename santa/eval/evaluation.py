@@ -96,6 +96,9 @@ class EvalConfig:
     """The :class:`~santa.search.faiss_index.EmbeddingIndex` kind for full retrieval."""
     device: str = "auto"
     """Where a model loaded from a URI runs: ``auto`` (CUDA when available), ``cpu``, ..."""
+    dim: int | None = None
+    """Score with the first ``dim`` dimensions of every embedding only (a Matryoshka model's
+    truncated vectors; cosine normalises after cutting); None: whole vectors."""
     progress: bool = True
     """Show encoding progress: an ``[eval]`` line every 15 s of a long encoding."""
 
@@ -110,7 +113,7 @@ class EvalConfig:
             object.__setattr__(self, "protocol", tuple(protocols))
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be 'bm25' or None, got {self.baseline!r}")
-        for name in ("max_query_length", "max_document_length", "top_k", "batch_size"):
+        for name in ("max_query_length", "max_document_length", "top_k", "batch_size", "dim"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"EvalConfig.{name} must be positive, got {value}")
@@ -152,6 +155,16 @@ def system_name(system: str, protocol: str) -> str:
     return system if protocol == "full" else f"{system}-{protocol}"
 
 
+def truncate_embeddings(embeddings: np.ndarray, dim: int | None) -> np.ndarray:
+    """The first ``dim`` dimensions of each row ``(n, full)`` → ``(n, dim)`` (None: all);
+    a ``dim`` wider than the vectors is one line."""
+    if dim is None:
+        return embeddings
+    if dim > embeddings.shape[1]:
+        raise ValueError(f"--dim {dim} is wider than the model's {embeddings.shape[1]} dimensions")
+    return np.ascontiguousarray(embeddings[:, :dim])
+
+
 def _encode(
     model: DualEncoder | None,
     model_uri: str | None,
@@ -163,10 +176,14 @@ def _encode(
     desc: str,
     progress: bool,
     ray_options: Mapping[str, Any],
+    role: str | None = None,
+    dim: int | None = None,
 ) -> np.ndarray:
-    # Progress as santa's "[eval] documents: 2,048/5,427 texts ..." lines every 15 s.
+    """Embed ``texts`` as ``role`` (``query``/``document``), in-process or on Ray, cut to
+    ``dim`` dimensions; progress as santa's "[eval] documents: 2,048/5,427 texts ..." lines
+    every 15 s."""
     if on_ray:
-        return encode_corpus_ray(
+        embeddings = encode_corpus_ray(
             model_uri if model_uri is not None else model,
             texts,
             max_length=max_length,
@@ -174,17 +191,21 @@ def _encode(
             progress=progress,
             desc=desc,
             tag="eval",
+            role=role,
             **ray_options,
         )
-    return encode_texts(
-        model,
-        texts,
-        max_length=max_length,
-        batch_size=batch_size,
-        desc=desc,
-        progress=progress,
-        tag="eval",
-    )
+    else:
+        embeddings = encode_texts(
+            model,
+            texts,
+            max_length=max_length,
+            batch_size=batch_size,
+            role=role,
+            desc=desc,
+            progress=progress,
+            tag="eval",
+        )
+    return truncate_embeddings(embeddings, dim)
 
 
 def evaluate_model(
@@ -207,15 +228,21 @@ def evaluate_model(
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     doc_ids, query_ids = beir.doc_ids, list(beir.queries)
     inputs = {
-        "documents": (beir.document_texts(), max_document_length),
-        "queries": ([beir.queries[q] for q in query_ids], max_query_length),
+        "documents": (beir.document_texts(), max_document_length, "document"),
+        "queries": ([beir.queries[q] for q in query_ids], max_query_length, "query"),
     }
     embeddings: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
-    for name, (texts, max_length) in inputs.items():
+    for name, (texts, max_length, role) in inputs.items():
         mark = time.perf_counter()
         embeddings[name] = encode_texts(
-            model, texts, max_length=max_length, batch_size=batch_size, desc=name, progress=progress
+            model,
+            texts,
+            max_length=max_length,
+            batch_size=batch_size,
+            role=role,
+            desc=name,
+            progress=progress,
         )
         timings[f"encode_{name}_s"] = time.perf_counter() - mark
     doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
@@ -414,13 +441,21 @@ def evaluate(
     doc_texts = beir.document_texts()
     query_texts = [beir.queries[q] for q in query_ids]
     embeddings: dict[str, np.ndarray] = {}
-    for name, texts, max_length, on_ray in (
-        ("documents", doc_texts, document_length, docs_on_ray),
-        ("queries", query_texts, query_length, queries_on_ray),
+    for name, texts, max_length, on_ray, role in (
+        ("documents", doc_texts, document_length, docs_on_ray, "document"),
+        ("queries", query_texts, query_length, queries_on_ray, "query"),
     ):
         mark = time.perf_counter()
         embeddings[name] = _encode(
-            encoder, model_uri, texts, max_length=max_length, on_ray=on_ray, desc=name, **common
+            encoder,
+            model_uri,
+            texts,
+            max_length=max_length,
+            on_ray=on_ray,
+            desc=name,
+            role=role,
+            dim=config.dim,
+            **common,
         )
         timings[f"encode_{name}_s"] = time.perf_counter() - mark
     doc_embeddings, query_embeddings = embeddings["documents"], embeddings["queries"]
@@ -482,6 +517,7 @@ def evaluate(
         # How the model was scored, so numbers from different tools can be compared.
         "similarity": encoder.model_config.similarity,
         "pooling": encoder.model_config.pooling,
+        "dim": config.dim or encoder.embedding_dim,
         "top_k": config.top_k,
         "index_kind": config.index_kind,
         "ray": {"documents": docs_on_ray, "queries": queries_on_ray},

@@ -48,13 +48,13 @@ class Encoder:
 
     def documents(self, texts: Sequence[str], desc: str = "documents") -> np.ndarray:
         """Document embeddings ``(len(texts), dim)``."""
-        return self._encode(list(texts), self.document_length, desc)
+        return self._encode(list(texts), self.document_length, desc, "document")
 
     def queries(self, texts: Sequence[str], desc: str = "queries") -> np.ndarray:
         """Query embeddings ``(len(texts), dim)``."""
-        return self._encode(list(texts), self.query_length, desc)
+        return self._encode(list(texts), self.query_length, desc, "query")
 
-    def _encode(self, texts: list[str], max_length: int, desc: str) -> np.ndarray:
+    def _encode(self, texts: list[str], max_length: int, desc: str, role: str) -> np.ndarray:
         config = self.config
         on_ray = config.use_ray is True or (
             config.use_ray is None and len(texts) > config.ray_threshold
@@ -75,6 +75,8 @@ class Encoder:
             desc=desc,
             progress=config.progress,
             ray_options=config.ray_options,
+            role=role,
+            dim=config.dim,
         )
         key = f"encode_{desc.split()[-1]}_s"
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - started
@@ -89,6 +91,7 @@ class Encoder:
             "lengths_from": self.lengths_from,
             "similarity": self.model.model_config.similarity,
             "pooling": self.model.model_config.pooling,
+            "dim": self.config.dim or self.model.embedding_dim,
             "ray": self.ray_started,
         }
 

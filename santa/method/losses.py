@@ -6,13 +6,23 @@ Encoding lives in :mod:`santa.models.dual_encoder`; gathering across workers in 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from santa.method.distributed import Gather, identity_gather
 from santa.method.duplicates import duplicate_positive_mask
 
-__all__ = ["contrastive_loss", "mep_loss", "similarity_scores", "total_loss"]
+__all__ = [
+    "contrastive_loss",
+    "matryoshka_contrastive_loss",
+    "matryoshka_loss",
+    "mep_loss",
+    "similarity_scores",
+    "total_loss",
+]
 
 
 def similarity_scores(
@@ -112,45 +122,199 @@ def contrastive_loss(
             "query and document embeddings must pair up row by row, got "
             f"{tuple(query_embeddings.shape)} and {tuple(doc_embeddings.shape)}"
         )
+    candidates = _gather_candidates(
+        len(query_embeddings),
+        doc_embeddings,
+        hard_negative_embeddings,
+        gather,
+        doc_keys,
+        hard_negative_keys,
+    )
+    return _info_nce(query_embeddings, candidates, similarity, temperature)
+
+
+class _Candidates(NamedTuple):
+    """Every candidate of the global batch, gathered once: ``embeddings`` ``(candidates,
+    dim)`` (the documents, then the hard negatives), each local query's positive column
+    ``positives`` ``(batch,)``, and the ``(batch, candidates)`` mask of its positive's
+    copies (or None)."""
+
+    embeddings: torch.Tensor
+    positives: torch.Tensor
+    duplicates: torch.Tensor | None
+
+
+def _gather_candidates(
+    queries: int,
+    doc_embeddings: torch.Tensor,
+    hard_negative_embeddings: torch.Tensor | None,
+    gather: Gather,
+    doc_keys: torch.Tensor | None,
+    hard_negative_keys: torch.Tensor | None,
+) -> _Candidates:
     all_docs, offset = gather(doc_embeddings)  # (world * batch, dim)
     candidates = [all_docs]
     if hard_negative_embeddings is not None:
         all_hard_negatives, _ = gather(hard_negative_embeddings)  # (world * batch * n, dim)
         candidates.append(all_hard_negatives)
-    candidate_embeddings = torch.cat(candidates, dim=0)  # (candidates, dim)
-    scores = similarity_scores(
-        query_embeddings, candidate_embeddings, similarity=similarity, temperature=temperature
-    )  # (batch, candidates)
-    positives = offset + torch.arange(len(query_embeddings), device=scores.device)  # (batch,)
+    embeddings = torch.cat(candidates, dim=0)  # (candidates, dim)
+    positives = offset + torch.arange(queries, device=embeddings.device)  # (batch,)
+    duplicates = None
     if doc_keys is not None:
-        scores = _mask_duplicates(
-            scores, positives, doc_keys, hard_negative_keys, hard_negative_embeddings, gather
+        duplicates = _duplicate_mask(
+            positives,
+            len(embeddings),
+            doc_keys,
+            hard_negative_keys,
+            hard_negative_embeddings,
+            gather,
         )
+    return _Candidates(embeddings, positives, duplicates)
+
+
+def _info_nce(
+    query_embeddings: torch.Tensor, candidates: _Candidates, similarity: str, temperature: float
+) -> torch.Tensor:
+    scores = similarity_scores(
+        query_embeddings, candidates.embeddings, similarity=similarity, temperature=temperature
+    )  # (batch, candidates)
+    if candidates.duplicates is not None:
+        scores = scores.masked_fill(candidates.duplicates.to(scores.device), float("-inf"))
     with torch.autocast(device_type=scores.device.type, enabled=False):
-        return F.cross_entropy(scores, positives)  # fp32 scores → fp32 softmax
+        return F.cross_entropy(scores, candidates.positives.to(scores.device))  # fp32 softmax
 
 
-def _mask_duplicates(
-    scores: torch.Tensor,
+def _duplicate_mask(
     positives: torch.Tensor,
+    candidates: int,
     doc_keys: torch.Tensor,
     hard_negative_keys: torch.Tensor | None,
     hard_negative_embeddings: torch.Tensor | None,
     gather: Gather,
 ) -> torch.Tensor:
-    """``scores`` with every copy of a query's positive (but the positive) set to ``-inf``."""
+    """``(batch, candidates)``: True where a candidate is a copy of the query's positive
+    (but the positive itself)."""
     if (hard_negative_keys is None) != (hard_negative_embeddings is None):
         raise ValueError("hard_negative_keys must come with hard_negative_embeddings")
     keys = [gather(doc_keys)[0]]  # (world * batch, kinds)
     if hard_negative_keys is not None:
         keys.append(gather(hard_negative_keys)[0])  # (world * batch * n, kinds)
-    candidate_keys = torch.cat(keys, dim=0).to(scores.device)  # (candidates, kinds)
-    if candidate_keys.shape[0] != scores.shape[1]:
+    candidate_keys = torch.cat(keys, dim=0).to(positives.device)  # (candidates, kinds)
+    if candidate_keys.shape[0] != candidates:
+        raise ValueError(f"{candidate_keys.shape[0]} candidate keys for {candidates} candidates")
+    return duplicate_positive_mask(candidate_keys[positives], candidate_keys, positives)
+
+
+def _check_matryoshka(dims: Sequence[int], weights: Sequence[float] | None, width: int):
+    """The ``(dim, weight)`` pairs, checked against the embeddings' ``width``."""
+    if not dims:
+        raise ValueError("matryoshka needs at least one dimension")
+    weights = [1.0] * len(dims) if not weights else list(weights)
+    if len(weights) != len(dims):
+        raise ValueError(f"{len(weights)} Matryoshka weights for {len(dims)} dimensions")
+    too_wide = [dim for dim in dims if not 0 < dim <= width]
+    if too_wide:
         raise ValueError(
-            f"{candidate_keys.shape[0]} candidate keys for {scores.shape[1]} candidates"
+            f"Matryoshka dimensions {too_wide} do not fit {width}-dimensional embeddings"
         )
-    mask = duplicate_positive_mask(candidate_keys[positives], candidate_keys, positives)
-    return scores.masked_fill(mask, float("-inf"))  # (batch, candidates)
+    return list(zip(dims, weights, strict=True))
+
+
+def matryoshka_loss(
+    loss: Callable[..., torch.Tensor],
+    embeddings: Sequence[torch.Tensor | None],
+    dims: Sequence[int],
+    weights: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """``Σ_d w_d · loss(e_1[..., :d], e_2[..., :d], ...)``: any embedding loss over nested
+    prefixes of the embeddings (sentence-transformers' ``MatryoshkaLoss`` around a loss).
+
+    Args:
+        loss: a loss of the embeddings (each of its arguments cut to ``d`` dimensions;
+            ``None`` arguments stay ``None``).
+        embeddings: its arguments, ``(rows, dim)`` each.
+        dims: the prefix sizes, e.g. ``(768, 256, 64)``; each at most ``dim``.
+        weights: one per dimension; ``None``: 1 each.
+
+    Returns:
+        A scalar: the weighted sum (not the mean) of the per-dimension losses.
+
+    References:
+        Kusupati et al., *Matryoshka Representation Learning*, NeurIPS 2022;
+        sentence-transformers' ``MatryoshkaLoss``.
+    """
+    width = next(e for e in embeddings if e is not None).shape[-1]
+    total = None
+    for dim, weight in _check_matryoshka(dims, weights, width):
+        cut = [None if e is None else e[..., :dim] for e in embeddings]  # (rows, dim) each
+        term = weight * loss(*cut)
+        total = term if total is None else total + term
+    return total
+
+
+def matryoshka_contrastive_loss(
+    query_embeddings: torch.Tensor,
+    doc_embeddings: torch.Tensor,
+    hard_negative_embeddings: torch.Tensor | None = None,
+    *,
+    dims: Sequence[int],
+    weights: Sequence[float] | None = None,
+    gather: Gather = identity_gather,
+    similarity: str = "dot",
+    temperature: float = 1.0,
+    doc_keys: torch.Tensor | None = None,
+    hard_negative_keys: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`contrastive_loss` over nested prefixes of the embeddings (Matryoshka):
+    ``Σ_d w_d · L_InfoNCE(q[:, :d], C[:, :d])``.
+
+    Each dimension's term is exactly :func:`contrastive_loss` on the embeddings cut to
+    ``d`` dimensions (cosine normalises the cut vectors, as a truncated index scores them),
+    but the candidates are gathered across workers once, at full width, and cut after: one
+    all-gather per step whatever the number of dimensions, the same gradients.
+
+    Args:
+        query_embeddings, doc_embeddings, hard_negative_embeddings, gather, similarity,
+        temperature, doc_keys, hard_negative_keys: as :func:`contrastive_loss`.
+        dims: the prefix sizes (``train.matryoshka_dims``); list the full width too for
+            its own term.
+        weights: one per dimension (``train.matryoshka_weights``); ``None``: 1 each.
+
+    Inputs:
+        As :func:`contrastive_loss`.
+
+    Returns:
+        A scalar: the weighted sum of the per-dimension losses (sentence-transformers'
+        ``MatryoshkaLoss``), each the mean over the local queries.
+
+    References:
+        Kusupati et al., *Matryoshka Representation Learning*, NeurIPS 2022.
+
+    Example::
+
+        >>> queries, docs = torch.randn(4, 8), torch.randn(4, 8)
+        >>> matryoshka_contrastive_loss(queries, docs, dims=(8, 4, 2)).shape
+        torch.Size([])
+    """
+    if query_embeddings.shape != doc_embeddings.shape:
+        raise ValueError(
+            "query and document embeddings must pair up row by row, got "
+            f"{tuple(query_embeddings.shape)} and {tuple(doc_embeddings.shape)}"
+        )
+    candidates = _gather_candidates(
+        len(query_embeddings),
+        doc_embeddings,
+        hard_negative_embeddings,
+        gather,
+        doc_keys,
+        hard_negative_keys,
+    )
+    total = None
+    for dim, weight in _check_matryoshka(dims, weights, query_embeddings.shape[-1]):
+        cut = candidates._replace(embeddings=candidates.embeddings[:, :dim])  # (candidates, dim)
+        term = weight * _info_nce(query_embeddings[:, :dim], cut, similarity, temperature)
+        total = term if total is None else total + term
+    return total
 
 
 def mep_loss(

@@ -36,7 +36,9 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-_SUPPORTED_POOLINGS = ("cls", "mean")
+_SUPPORTED_POOLINGS = ("cls", "mean", "lasttoken")
+# sentence-transformers' pooling names that santa spells otherwise.
+_SANTA_POOLING = {"lasttoken": "last"}
 _ACTIVATIONS = {
     "Identity": "identity",
     "Tanh": "tanh",
@@ -53,7 +55,8 @@ class SentenceTransformersLayout:
     """What a sentence-transformers folder declares, as ModelConfig fields and weights."""
 
     model_fields: dict[str, Any]
-    """ModelConfig fields: pooling, similarity, max_seq_length, lowercase, projection_*."""
+    """ModelConfig fields: pooling, similarity, max_seq_length, lowercase, projection_*,
+    query_prefix / document_prefix (its prompts)."""
 
     projection_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     """The Dense layer's ``weight`` / ``bias``, when the folder has one."""
@@ -70,7 +73,7 @@ def read_sentence_transformers_layout(location: str | Path) -> SentenceTransform
     if not modules_file.is_file():
         return None
     modules = json.loads(modules_file.read_text())
-    fields: dict[str, Any] = {"similarity": _declared_similarity(folder)}
+    fields: dict[str, Any] = {"similarity": _declared_similarity(folder), **_prompts(folder)}
     projection_state = None
     for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -101,6 +104,21 @@ def _declared_similarity(folder: Path) -> str:
     return "cosine"
 
 
+def _prompts(folder: Path) -> dict[str, str]:
+    """The folder's ``query`` and ``document`` (or ``passage``) prompts as santa's
+    prefixes (none when the folder has none)."""
+    config_file = folder / ST_CONFIG_FILE
+    prompts = json.loads(config_file.read_text()).get("prompts") if config_file.is_file() else {}
+    prompts = prompts or {}
+    fields = {}
+    if prompts.get("query"):
+        fields["query_prefix"] = str(prompts["query"])
+    document = prompts.get("document") or prompts.get("passage")
+    if document:
+        fields["document_prefix"] = str(document)
+    return fields
+
+
 def _transformer_settings(folder: Path) -> dict[str, Any]:
     """max_seq_length and do_lower_case, from the module config or (6.x) the tokenizer."""
     settings: dict[str, Any] = {}
@@ -126,9 +144,10 @@ def _pooling(config_file: Path) -> str:
         mode = active[0] if len(active) == 1 else active
     if isinstance(mode, list) or mode not in _SUPPORTED_POOLINGS:
         raise ValueError(
-            f"{config_file}: pooling {mode!r} is not supported (santa pools by cls or mean)"
+            f"{config_file}: pooling {mode!r} is not supported (santa pools by cls, mean or "
+            "the last token)"
         )
-    return mode
+    return _SANTA_POOLING.get(mode, mode)
 
 
 def _dense(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

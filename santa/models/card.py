@@ -264,9 +264,11 @@ def model_card(
     evaluation: Evaluation | None,
     name: str,
     location: str | None = None,
+    adapters: dict[str, Any] | None = None,
 ) -> str:
     """The card's text (YAML metadata + Markdown); ``location`` is what the usage snippets
-    load (default: ``name``)."""
+    load (default: ``name``); ``adapters``: the LoRA adapters merged into the weights
+    (``santa_lora.json``, :mod:`santa.models.lora`)."""
     location = location or name
     model = santa_config.get("model") or {}
     train = santa_config.get("train") or {}
@@ -343,9 +345,19 @@ def model_card(
     query_length = info.get("max_query_length") or train.get("max_query_length") or 50
     document_length = info.get("max_document_length") or train.get("max_document_length") or 240
     similarity = model.get("similarity", "dot")
+    lines += [f"This checkpoint's training settings: {settings or 'not recorded'}.", ""]
+    if adapters:
+        targets = adapters.get("target_modules")
+        targets = ", ".join(targets) if isinstance(targets, list) else str(targets)
+        unfrozen = ", ".join(adapters.get("trainable_modules") or []) or "none"
+        lines += [
+            f"Trained with LoRA (rank {adapters.get('rank')}, alpha {adapters.get('alpha')}, "
+            f"dropout {adapters.get('dropout')}, on {targets}; modules trained in full: "
+            f"{unfrozen}) on `{adapters.get('base_model', backbone)}`; the adapters are "
+            "merged into these weights, which load without peft.",
+            "",
+        ]
     lines += [
-        f"This checkpoint's training settings: {settings or 'not recorded'}.",
-        "",
         "## Evaluation",
         "",
         *_evaluation_section(evaluation, location),
@@ -362,8 +374,10 @@ def model_card(
         f'model = santa.load("{location}")',
         'queries = ["read a file line by line"]',
         'documents = ["def read_lines(path):\\n    return open(path).read().splitlines()"]',
-        f"q = encode_texts(model, queries, max_length={query_length}, progress=False)",
-        f"d = encode_texts(model, documents, max_length={document_length}, progress=False)",
+        f'q = encode_texts(model, queries, max_length={query_length}, role="query", '
+        "progress=False)",
+        f'd = encode_texts(model, documents, max_length={document_length}, role="document", '
+        "progress=False)",
         f'scores = prepare_embeddings(q, "{similarity}") @ prepare_embeddings(d, "{similarity}").T',
         "```",
         "",
@@ -407,6 +421,8 @@ def write_model_card(
     folder = Path(folder)
     saved = folder / "santa_config.json"
     santa_config = json.loads(saved.read_text()) if saved.is_file() else {}
+    merged = folder / "santa_lora.json"  # santa.models.lora.MERGED_ADAPTERS_FILE
+    adapters = json.loads(merged.read_text()) if merged.is_file() else None
     if evaluation is None:
         evaluation = find_evaluation(model_uri, checkpoint_uri)
     text = model_card(
@@ -418,6 +434,7 @@ def write_model_card(
         evaluation=evaluation,
         name=name or folder.name,
         location=location,
+        adapters=adapters,
     )
     target = folder / CARD_FILE
     target.write_text(text)

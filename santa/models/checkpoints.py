@@ -76,6 +76,10 @@ __all__ = [
 HF_CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# A LoRA folder's weights (santa.models.lora), and a sharded checkpoint's index
+# (santa.models.sharded): named here to keep this module free of torch.
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+SHARDED_METADATA = "sharded/.metadata"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -141,7 +145,10 @@ def _is_complete_model(folder: Location) -> bool:
 
     if not present(HF_CONFIG_FILE):
         return False
-    if any(present(name) for name in WEIGHT_FILES):
+    if any(present(name) for name in (*WEIGHT_FILES, ADAPTER_WEIGHTS_FILE)):
+        return True
+    # FSDP training's sharded weights (santa.models.sharded): DCP's index, written last.
+    if storage.file_info(folder.child(*SHARDED_METADATA.split("/"))).type == pafs.FileType.File:
         return True
     for index_name in WEIGHT_INDEX_FILES:
         if present(index_name):

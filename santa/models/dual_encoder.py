@@ -9,6 +9,14 @@ the same embedding :meth:`DualEncoder.encode` gives for that input.
 Encoder-only (BERT, RoBERTa, MiniLM): CLS or attention-mask-aware mean pooling; SDA/DR
 loss only.
 
+Decoder LLMs (Llama, Qwen2, Mistral; ``kind="decoder"``): the last real token's state with
+an EOS appended by the tokenizer (RepLLaMA), or the mean; positions count real tokens, so
+left and right padding embed alike (:mod:`santa.models.decoder`); SDA/DR loss only.
+
+Any of them may train LoRA adapters instead of its weights (``model.lora_rank``,
+:mod:`santa.models.lora`); a folder may keep its weights as a sharded checkpoint written by
+FSDP training (:mod:`santa.models.sharded`).
+
 Single-device code: parallelism (DDP, gathering) lives in the training loop and in
 :mod:`santa.method.distributed`; nothing here calls ``torch.distributed``.
 """
@@ -26,16 +34,16 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoModel,
     AutoModelForSeq2SeqLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    T5Config,
-    T5ForConditionalGeneration,
 )
 
 from santa.config import ModelConfig, SantaConfig
 from santa.method import losses
+from santa.models import decoder, lora, sharded
 from santa.models.backbones import read_sentence_transformers_layout
 from santa.models.folders import (
     PROJECTION_FILE,
@@ -46,6 +54,7 @@ from santa.models.folders import (
     with_folder_structure,
     without_pooler,
 )
+from santa.models.tiny import build_tiny_backbone
 from santa.runtime import storage
 from santa.runtime.layout import SANTA_CONFIG_FILE
 
@@ -117,15 +126,28 @@ class DualEncoder(nn.Module):
                     f"kind='t5' needs a T5-family encoder-decoder ({T5_MODEL_TYPES}), "
                     f"got model_type={model_type!r}"
                 )
+        elif is_seq2seq and model_config.kind == "decoder":
+            raise ValueError("kind='decoder' needs a decoder-only LM (Llama, Qwen2, Mistral, ...)")
         elif is_seq2seq:
             raise ValueError("kind='encoder' needs an encoder-only backbone (BERT, RoBERTa, ...)")
         elif getattr(backbone, "pooler", None) is not None:
             # BERT's pooler (a tanh layer over CLS) feeds neither CLS nor mean pooling; left
             # in, its parameters never get gradients and DDP waits for them forever.
             backbone.pooler = None
+        if model_config.uses_lora and not lora.is_lora_model(backbone):
+            backbone = lora.add_adapters(backbone, model_config)
         self.backbone = backbone
         self.model_config = model_config
+        if tokenizer is not None and model_config.is_decoder:
+            decoder.prepare_decoder_tokenizer(tokenizer, model_config)
+        elif tokenizer is not None and model_config.padding_side is not None:
+            tokenizer.padding_side = model_config.padding_side
         self.tokenizer = tokenizer
+        # Where the base weights were loaded from: a LoRA folder names it as the adapters'
+        # base (None: built here, e.g. a tiny model).
+        self.base_location: str | None = None
+        # The adapter settings once merged into the weights (merge_adapters), for the card.
+        self.merged_lora: dict[str, Any] | None = None
         # A linear layer after pooling (a sentence-transformers Dense); None: none.
         self.projection: nn.Linear | None = None
         self.projection_activation: nn.Module = nn.Identity()
@@ -145,6 +167,11 @@ class DualEncoder(nn.Module):
     def is_t5(self) -> bool:
         """Whether the backbone is a T5-family encoder-decoder (MEP is possible)."""
         return self.model_config.kind == "t5"
+
+    @property
+    def is_lora(self) -> bool:
+        """Whether LoRA adapters train instead of the backbone's weights."""
+        return lora.is_lora_model(self.backbone)
 
     @property
     def embedding_dim(self) -> int:
@@ -172,11 +199,14 @@ class DualEncoder(nn.Module):
 
     # ----------------------------------------------------------------- encoding
 
-    def prepare_texts(self, texts: list[str]) -> list[str]:
-        """Texts as the backbone expects them (lower-cased when its folder says so)."""
+    def prepare_texts(self, texts: list[str], role: str | None = None) -> list[str]:
+        """Texts as the backbone expects them: after the ``query`` or ``document`` prefix
+        of ``role`` (``None``: no prefix), lower-cased when its folder says so."""
+        prefix = self.model_config.prefix(role)
+        texts = [prefix + text for text in texts] if prefix else list(texts)
         if self.model_config.lowercase:
             return [text.lower() for text in texts]
-        return list(texts)
+        return texts
 
     def token_limit(self, max_length: int) -> int:
         """``max_length`` capped by the backbone's own limit (``max_seq_length``)."""
@@ -184,13 +214,18 @@ class DualEncoder(nn.Module):
         return max_length if limit is None else min(max_length, limit)
 
     def tokenize(
-        self, texts: list[str], max_length: int, padding: bool | str = True
+        self,
+        texts: list[str],
+        max_length: int,
+        padding: bool | str = True,
+        role: str | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Tokenize for :meth:`encode`: lower-casing and length limit of the backbone."""
+        """Tokenize for :meth:`encode`: the prefix of ``role`` (``query``/``document``;
+        ``None``: none), lower-casing and length limit of the backbone."""
         if self.tokenizer is None:
             raise ValueError("the model has no tokenizer: load it from a folder that has one")
         return self.tokenizer(
-            self.prepare_texts(texts),
+            self.prepare_texts(texts, role),
             max_length=self.token_limit(max_length),
             truncation=True,
             padding=padding,
@@ -206,6 +241,8 @@ class DualEncoder(nn.Module):
             )  # (batch, 1)
             hidden = self._t5_decoder_states(input_ids, attention_mask, start)  # (batch, 1, dim)
             return hidden[:, 0]
+        if self.model_config.is_decoder:
+            return self._pool_decoder(input_ids, attention_mask)
         return self._pool_encoder(input_ids, attention_mask)
 
     def encode_with_mep(
@@ -224,9 +261,10 @@ class DualEncoder(nn.Module):
         ``reduction``: see :func:`santa.method.losses.mep_loss` (``train.mep_reduction``).
         """
         if not self.is_t5:
+            kind = "decoder" if self.model_config.is_decoder else "encoder-only"
             raise ValueError(
-                "MEP needs a T5-family backbone: encoder-only backbones train with the "
-                "SDA/DR loss only (set train.mep_weight=0)"
+                f"MEP needs a T5-family backbone: {kind} backbones train with the SDA/DR "
+                "loss only (set train.mep_weight=0)"
             )
         loss_labels = self.mep_loss_labels(labels)  # (batch, target_length)
         decoder_input_ids = self._shift_right(loss_labels)  # (batch, target_length)
@@ -378,9 +416,23 @@ class DualEncoder(nn.Module):
         if self.model_config.pooling == "cls":
             pooled = states[:, 0]  # (batch, hidden)
         else:
-            mask = attention_mask.unsqueeze(-1).to(states.dtype)  # (batch, length, 1)
-            # Padding must not dilute the mean; clamp guards an all-padding row.
-            pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            pooled = decoder.mean_states(states, attention_mask)  # (batch, hidden)
+        return self._project(pooled)
+
+    def _pool_decoder(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=decoder.position_ids(attention_mask),  # left padding as right
+            use_cache=False,  # one-shot embedding: a KV cache only costs memory
+        ).last_hidden_state  # (batch, length, dim)
+        if self.model_config.pooling == "last":
+            pooled = decoder.last_token_states(states, attention_mask)  # (batch, hidden)
+        else:
+            pooled = decoder.mean_states(states, attention_mask)  # (batch, hidden)
+        return self._project(pooled)
+
+    def _project(self, pooled: torch.Tensor) -> torch.Tensor:
         if self.projection is None:
             return pooled
         return self.projection_activation(self.projection(pooled))  # (batch, projection_dim)
@@ -391,28 +443,19 @@ class DualEncoder(nn.Module):
     def build_tiny(
         cls, model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0
     ) -> DualEncoder:
-        """A random-init T5 sized by ``model_config.tiny_*`` for ``tokenizer`` (seeded)."""
-        if model_config.kind != "t5":
-            raise ValueError("build_tiny builds a T5; set kind='t5'")
-        t5_config = T5Config(
-            vocab_size=len(tokenizer),
-            d_model=model_config.tiny_d_model,
-            d_kv=model_config.tiny_d_model // model_config.tiny_num_heads,
-            d_ff=model_config.tiny_d_ff,
-            num_layers=model_config.tiny_num_layers,
-            num_decoder_layers=model_config.tiny_num_layers,
-            num_heads=model_config.tiny_num_heads,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-            dropout_rate=model_config.tiny_dropout,
-        )
-        # A private RNG stream: the same seed gives the same weights whatever ran before,
-        # and the caller's global RNG state is left alone.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            backbone = T5ForConditionalGeneration(t5_config)
-        return cls(backbone, model_config, tokenizer)
+        """A random-init model sized by ``model_config.tiny_*`` for ``tokenizer`` (seeded):
+        a T5, or with ``kind="decoder"`` a Qwen2-shaped decoder (:mod:`santa.models.tiny`)."""
+        return cls(build_tiny_backbone(model_config, tokenizer, seed), model_config, tokenizer)
+
+    def merge_adapters(self) -> DualEncoder:
+        """Add the LoRA adapters into the weights (in place; no peft left) and return the
+        model; its config no longer asks for adapters, the settings are kept for the card."""
+        if not self.is_lora:
+            return self
+        self.merged_lora = lora.adapter_settings(self.model_config, self.base_location)
+        self.backbone = lora.merge_adapters(self.backbone)
+        self.model_config = dataclasses.replace(self.model_config, lora_rank=0)
+        return self
 
     @classmethod
     def from_config(
@@ -447,11 +490,15 @@ class DualEncoder(nn.Module):
             if storage.is_s3(uri_or_name):
                 with tempfile.TemporaryDirectory(prefix="santa-model-") as local_dir:
                     storage.download_dir(uri_or_name, local_dir, what="model")
-                    return cls._load(local_dir, model_config)
-            return cls._load(uri_or_name, model_config)
+                    model = cls._load(local_dir, model_config)
+            else:
+                model = cls._load(uri_or_name, model_config)
         except Exception as error:  # safetensors' SafetensorError is none of OSError & co.
             explain_load_failure(uri_or_name, error)
             raise
+        # A LoRA folder's base is where its adapters say; any other folder is its own base.
+        model.base_location = model.base_location or uri_or_name
+        return model
 
     @classmethod
     def _load(cls, location: str, model_config: ModelConfig | None) -> DualEncoder:
@@ -459,6 +506,8 @@ class DualEncoder(nn.Module):
         saved_config_path = Path(location) / SANTA_CONFIG_FILE
         if model_config is None and is_local and saved_config_path.is_file():
             model_config = ModelConfig.from_dict(json.loads(saved_config_path.read_text())["model"])
+        if is_local and lora.is_adapter_folder(location):
+            return lora.load_lora_model(cls, location, model_config)
         layout = read_sentence_transformers_layout(location) if is_local else None
         if model_config is None:
             model_config = infer_model_config(location, layout)
@@ -468,8 +517,18 @@ class DualEncoder(nn.Module):
         # santa saves no pooler: build none for its own checkpoints (others carry theirs)
         saved_by_santa = is_local and saved_config_path.is_file()
         extra = without_pooler(location, model_config) if saved_by_santa else {}
+        if model_config.is_decoder:
+            # transformers 5 loads a checkpoint in its own dtype (bf16 for most LLMs):
+            # training keeps fp32 weights (autocast or FSDP's policy computes in bf16).
+            extra["dtype"] = torch.float32
+        tokenizer = load_tokenizer(location, model_config, is_local)
+        if is_local and sharded.is_sharded_folder(location):
+            # Written by FSDP training: the architecture from config.json, the weights
+            # from the sharded checkpoint.
+            backbone = auto_class.from_config(AutoConfig.from_pretrained(location), **extra)
+            return sharded.load_sharded_weights(cls(backbone, model_config, tokenizer), location)
         backbone = auto_class.from_pretrained(location, **extra)
-        model = cls(backbone, model_config, load_tokenizer(location, model_config, is_local))
+        model = cls(backbone, model_config, tokenizer)
         if model.projection is not None:
             state = saved_projection(location) or (layout and layout.projection_state)
             if not state:
@@ -493,7 +552,34 @@ class DualEncoder(nn.Module):
 
     def _save_local(self, directory: str, santa_config: SantaConfig | None) -> None:
         os.makedirs(directory, exist_ok=True)
-        self.backbone.save_pretrained(directory)
+        if self.is_lora:  # the adapters only; their base is named in adapter_config.json
+            lora.save_adapters(self.backbone, directory, self.base_location)
+        else:
+            self.backbone.save_pretrained(directory)
+        self.save_companions(directory, santa_config)
+
+    def save_structure(self, directory: str, santa_config: SantaConfig | None = None) -> None:
+        """A model folder without weights: the backbone's ``config.json`` (and a LoRA
+        model's ``adapter_config.json``) and :meth:`save_companions`; a sharded checkpoint
+        adds the weights (:func:`santa.models.sharded.save_sharded_weights`)."""
+        os.makedirs(directory, exist_ok=True)
+        if self.is_lora:
+            for config in self.backbone.peft_config.values():
+                config.base_model_name_or_path = self.base_location
+                config.save_pretrained(directory)
+            self.backbone.get_base_model().config.save_pretrained(directory)
+        else:
+            self.backbone.config.save_pretrained(directory)
+        self.save_companions(directory, santa_config)
+
+    def save_companions(self, directory: str, santa_config: SantaConfig | None) -> None:
+        """Everything of a model folder but the backbone's weights: the tokenizer,
+        ``santa_config.json``, the projection and the merged adapters' record (a sharded
+        checkpoint writes its weights apart, :mod:`santa.models.sharded`)."""
+        os.makedirs(directory, exist_ok=True)
+        if self.merged_lora is not None:
+            text = json.dumps(self.merged_lora, indent=2, sort_keys=True) + "\n"
+            (Path(directory) / lora.MERGED_ADAPTERS_FILE).write_text(text)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
         if santa_config is None:

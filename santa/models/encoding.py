@@ -122,8 +122,12 @@ class TextEncoder:
         self.model.load_state_dict(state)
         self.weights_step = step
 
-    def encode_batches(self, batches: Sequence[Sequence[str]], max_length: int) -> np.ndarray:
-        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated."""
+    def encode_batches(
+        self, batches: Sequence[Sequence[str]], max_length: int, role: str | None = None
+    ) -> np.ndarray:
+        """Embed each batch as given: ``(total texts, dim)`` float32, batches concatenated.
+        ``role``: ``query`` or ``document`` (the model's prefix for it; ``None``: texts as
+        given)."""
         import torch
 
         out = np.empty((sum(len(b) for b in batches), self.embedding_dim), dtype=np.float32)
@@ -138,7 +142,7 @@ class TextEncoder:
         try:
             with torch.inference_mode(), autocast:
                 for batch in batches:
-                    encoded = self.model.tokenize(list(batch), max_length)
+                    encoded = self.model.tokenize(list(batch), max_length, role=role)
                     embeddings = self.model.encode(
                         encoded["input_ids"].to(self.device),
                         encoded["attention_mask"].to(self.device),
@@ -155,6 +159,7 @@ class TextEncoder:
         max_length: int,
         batch_size: int = 64,
         *,
+        role: str | None = None,
         progress: bool = False,
         desc: str = "",
         tag: str = "encode",
@@ -163,6 +168,7 @@ class TextEncoder:
         """Embed ``texts`` in input order: ``(len(texts), dim)`` float32. Batched longest
         text first (less padding); the same embeddings whatever the batch size or order.
 
+        ``role``: ``query`` or ``document`` (the model's prefix; ``None``: texts as given).
         ``progress``: santa's progress lines (``[tag] desc: 2,048/5,427 texts ...``, see
         :mod:`santa.runtime.progress`) while it works, not a redrawn bar: a bar's text
         became empty lines on the pipeline's terminal. ``on_batch(count)`` is called after
@@ -173,13 +179,15 @@ class TextEncoder:
             return out
         if not progress and on_batch is None:
             rows = np.concatenate(batches)
-            out[rows] = self.encode_batches([[texts[i] for i in b] for b in batches], max_length)
+            out[rows] = self.encode_batches(
+                [[texts[i] for i in b] for b in batches], max_length, role
+            )
             return out
         from santa.runtime.progress import ProgressLines
 
         lines = ProgressLines(tag, desc or "encoding", total=len(texts)) if progress else None
         for rows in batches:
-            out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length)
+            out[rows] = self.encode_batches([[texts[i] for i in rows]], max_length, role)
             if lines is not None:
                 lines.advance(len(rows))
             if on_batch is not None:
@@ -195,14 +203,17 @@ def encode_texts(
     *,
     max_length: int,
     batch_size: int = 64,
+    role: str | None = None,
     desc: str = "",
     progress: bool = True,
     tag: str = "encode",
     on_batch: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` in-process, in float32 on the model's device: ``(len(texts), dim)``,
-    in input order (a :class:`TextEncoder` around ``model``); ``progress``: a ``[tag]``
-    line every 15 s of a long encoding; ``on_batch(count)`` after each batch.
+    in input order (a :class:`TextEncoder` around ``model``). ``role``: ``query`` or
+    ``document``, whose prefix the model puts first (``None``: texts as given);
+    ``progress``: a ``[tag]`` line every 15 s of a long encoding; ``on_batch(count)`` after
+    each batch.
 
     Texts are batched longest first (less padding); the model is put in eval mode and
     its previous mode restored afterwards.
@@ -216,6 +227,7 @@ def encode_texts(
         list(texts),
         max_length,
         batch_size,
+        role=role,
         progress=progress,
         desc=desc,
         tag=tag,
@@ -227,7 +239,13 @@ class _EncodeActor:
     """Ray Data actor UDF: a :class:`TextEncoder` loaded once, embedding ``text`` rows."""
 
     def __init__(
-        self, model: Any, max_length: int, batch_size: int, use_gpu: bool, threads: int
+        self,
+        model: Any,
+        max_length: int,
+        batch_size: int,
+        use_gpu: bool,
+        threads: int,
+        role: str | None = None,
     ) -> None:
         import ray
 
@@ -236,10 +254,11 @@ class _EncodeActor:
         self.encoder = TextEncoder(model, num_gpus=1 if use_gpu else 0, threads=threads, half=False)
         self.max_length = max_length
         self.batch_size = batch_size
+        self.role = role
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(text) for text in batch["text"]]
-        embeddings = self.encoder.encode(texts, self.max_length, self.batch_size)
+        embeddings = self.encoder.encode(texts, self.max_length, self.batch_size, role=self.role)
         return {"row": batch["row"], "embedding": embeddings}
 
 
@@ -255,9 +274,11 @@ def encode_corpus_ray(
     progress: bool = False,
     desc: str = "",
     tag: str = "encode",
+    role: str | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` with a Ray Data actor pool; same result as :func:`encode_texts`
-    (``progress``: the same ``[tag]`` lines, counted as the pool's batches arrive).
+    (``role`` as there; ``progress``: the same ``[tag]`` lines, counted as the pool's
+    batches arrive).
 
     ``model`` is a URI every node can read (local folder on one machine, ``s3://`` on a
     cluster; a Ray checkpoint folder works too) or a model object, shipped once through
@@ -314,6 +335,7 @@ def encode_corpus_ray(
             "batch_size": batch_size,
             "use_gpu": bool(use_gpu),
             "threads": 0 if use_gpu else max(1, int(num_cpus_per_actor)),
+            "role": role,
         },
         batch_size=batch_size * 8,
         batch_format="numpy",

@@ -35,6 +35,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "
 _STRUCTURE_FIELDS = (
     "max_seq_length",
     "lowercase",
+    "query_prefix",
+    "document_prefix",
     "projection_dim",
     "projection_bias",
     "projection_activation",
@@ -44,13 +46,21 @@ _STRUCTURE_FIELDS = (
 def infer_model_config(location: str, layout=None) -> ModelConfig:
     """A ModelConfig for a folder or hub name that has no santa_config.json.
 
-    Encoder-decoder → T5 with decoder-0 pooling; a sentence-transformers folder → its own
-    module list (pooling, projection, normalization → cosine, length, lower-casing); any
-    other encoder → CLS pooling and dot product.
+    Encoder-decoder → T5 with decoder-0 pooling; a decoder LLM → last-token pooling with an
+    EOS appended (RepLLaMA), unless it is a sentence-transformers folder, whose modules and
+    tokenizer say how it embeds; a sentence-transformers folder → its own module list
+    (pooling, projection, normalization → cosine, length, lower-casing, prompts); any other
+    encoder → CLS pooling and dot product.
     """
+    from santa.models.decoder import is_decoder_config
+
     hf_config = AutoConfig.from_pretrained(location)
     if getattr(hf_config, "is_encoder_decoder", False):
         return ModelConfig(backbone=location, kind="t5")
+    if is_decoder_config(hf_config):
+        fields = {"pooling": "last"} if layout is None else layout.model_fields
+        # A sentence-transformers folder's tokenizer adds (or not) the EOS its authors used.
+        return ModelConfig(backbone=location, kind="decoder", append_eos=layout is None, **fields)
     fields = {"pooling": "cls"} if layout is None else layout.model_fields
     return ModelConfig(backbone=location, kind="encoder", **fields)
 

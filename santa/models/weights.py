@@ -22,6 +22,8 @@ __all__ = ["WEIGHT_FILES", "check_model_folder", "model_folder_problem"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SHARD_INDEX = "model.safetensors.index.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+SHARDED_METADATA = "sharded/.metadata"
 CONFIG_FILE = "config.json"
 # safetensors refuses headers above 100 MB (its own limit).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -93,6 +95,10 @@ def model_folder_problem(uri: str) -> tuple[str, str] | None:
             return storage.join(uri, SHARD_INDEX), f"unreadable shard index ({error})"
     elif "model.safetensors" in names:
         shards = ["model.safetensors"]
+    elif ADAPTER_WEIGHTS_FILE in names:  # a LoRA folder (santa.models.lora)
+        shards = [ADAPTER_WEIGHTS_FILE]
+    elif storage.file_info(location.child(*SHARDED_METADATA.split("/"))).type == pafs.FileType.File:
+        return None  # FSDP's sharded weights (santa.models.sharded): DCP checks them on load
     elif not any(name in names for name in WEIGHT_FILES):
         return uri, "no weights (model.safetensors or pytorch_model.bin)"
     for shard in shards:

@@ -127,8 +127,15 @@ def refresh_table(
         encoder = LocalEncoder(TextEncoder(model, num_gpus=None, threads=0), settings.batch_size)
     similarity = model.model_config.similarity if model is not None else config.model.similarity
     cosine = similarity == "cosine"
+    # The model's query/document prefixes (decoders' "query: "/"passage: "), put here:
+    # the encoders take texts as given.
+    doc_prefix, query_prefix = config.model.prefix("document"), config.model.prefix("query")
+
+    def doc_texts(numbers: np.ndarray) -> list[str]:
+        return [doc_prefix + text for text in corpus.doc_texts(numbers)]
+
     doc_vectors = _encode_blocks(
-        encoder, corpus.num_docs, corpus.doc_texts, train.max_document_length, cosine
+        encoder, corpus.num_docs, doc_texts, train.max_document_length, cosine
     )
     encoded_s = time.perf_counter() - started
     kind = index_kind(settings.index, corpus.num_docs)
@@ -143,7 +150,8 @@ def refresh_table(
     for start in range(0, corpus.num_queries, QUERY_BLOCK):
         block = np.arange(start, min(corpus.num_queries, start + QUERY_BLOCK))
         encoding = time.perf_counter()
-        (query_vectors,) = encoder.encode([(corpus.query_texts(block), train.max_query_length)])
+        texts = [query_prefix + text for text in corpus.query_texts(block)]
+        (query_vectors,) = encoder.encode([(texts, train.max_query_length)])
         query_vectors = _unit(query_vectors) if cosine else np.asarray(query_vectors, np.float32)
         encoded_s += time.perf_counter() - encoding
         rows, scores = index.search_rows(query_vectors, depth)  # (block, depth) each

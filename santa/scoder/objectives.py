@@ -15,6 +15,7 @@ checkpoints) is :mod:`santa.train.loop`, shared with SANTA's objective.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import pyarrow as pa
 import torch
@@ -24,6 +25,7 @@ from santa.method.losses import (
     adversarial_loss,
     discriminator_loss,
     distillation_loss,
+    matryoshka_loss,
     soft_labeled_loss,
 )
 from santa.models.dual_encoder import DualEncoder
@@ -174,11 +176,14 @@ class SoftLabelObjective(DualEncoderObjective):
         """The model inputs of a batch: its queries and, query-major, every candidate."""
         train = self.config.train
         model: DualEncoder = trainer.model
-        encoded_queries = model.tokenize(rows["query"], train.max_query_length, "max_length")
+        encoded_queries = model.tokenize(
+            rows["query"], train.max_query_length, "max_length", role="query"
+        )
         encoded_documents = model.tokenize(
             [text for row in rows["candidates"] for text in row],
             train.max_document_length,
             "max_length",
+            role="document",
         )
         device = trainer.device
         return {
@@ -198,6 +203,8 @@ class SoftLabelObjective(DualEncoderObjective):
             output.doc_embeddings,
             teacher,
             self.config.scoder.adversarial_weight,
+            matryoshka_dims=self.config.train.matryoshka_dims,
+            matryoshka_weights=self.config.train.matryoshka_weights,
         )
 
     def forward_backward(self, trainer, batch) -> dict[str, torch.Tensor | float]:
@@ -215,6 +222,8 @@ class SoftLabelObjective(DualEncoderObjective):
             chunk_size=chunk_size,
             autocast=trainer.autocast,
             no_sync=ddp_no_sync(trainer.ddp_model),
+            matryoshka_dims=self.config.train.matryoshka_dims,
+            matryoshka_weights=self.config.train.matryoshka_weights,
         )
 
 
@@ -224,14 +233,30 @@ def soft_label_losses(
     candidate_embeddings: torch.Tensor,
     teacher: torch.Tensor,
     adversarial_weight: float,
+    *,
+    matryoshka_dims: Sequence[int] = (),
+    matryoshka_weights: Sequence[float] = (),
 ) -> dict[str, torch.Tensor | float]:
     """Eq. 10 from the embeddings of the queries ``(batch, dim)`` and of their candidates
-    ``(batch * (1 + n), dim)``, query-major; ``loss`` and the logged figures (detached
+    ``(batch * (1 + n), dim)``, query-major (summed over nested prefixes with
+    ``matryoshka_dims``, :func:`santa.method.losses.matryoshka_loss`); ``loss`` and the logged figures (detached
     tensors: the loop reads them once per logged window, not at every step)."""
     width = teacher.shape[1]
     every = model.similarity(query_embeddings, candidate_embeddings)
     scores = own_candidate_scores(every, width)  # (batch, 1 + n)
     loss = soft_labeled_loss(scores, teacher, adversarial_weight=adversarial_weight)
+    if matryoshka_dims:
+        # Eq. 10 on nested prefixes of the embeddings (the logged figures: full width).
+        loss = matryoshka_loss(
+            lambda queries, candidates: soft_labeled_loss(
+                own_candidate_scores(model.similarity(queries, candidates), width),
+                teacher,
+                adversarial_weight=adversarial_weight,
+            ),
+            (query_embeddings, candidate_embeddings),
+            matryoshka_dims,
+            matryoshka_weights or None,
+        )
     with torch.no_grad():
         return {
             "loss": loss,
@@ -252,6 +277,8 @@ def soft_label_grad_cache_step(
     chunk_size: int,
     autocast=None,
     no_sync=None,
+    matryoshka_dims: Sequence[int] = (),
+    matryoshka_weights: Sequence[float] = (),
 ) -> dict[str, torch.Tensor | float]:
     """:func:`soft_label_losses` and its backward by GradCache (:mod:`santa.train.grad_cache`):
     chunks of ``chunk_size`` examples (a query and its ``1 + n`` candidates)."""
@@ -267,7 +294,13 @@ def soft_label_grad_cache_step(
     def loss_from_embeddings(embeddings: dict[str, torch.Tensor]) -> torch.Tensor:
         figures.update(
             soft_label_losses(
-                model, embeddings["query"], embeddings["doc"], teacher, adversarial_weight
+                model,
+                embeddings["query"],
+                embeddings["doc"],
+                teacher,
+                adversarial_weight,
+                matryoshka_dims=matryoshka_dims,
+                matryoshka_weights=matryoshka_weights,
             )
         )
         return figures["loss"]

@@ -95,6 +95,9 @@ class IndexConfig:
     """Query tokens (recorded for search); None: as the evaluator chooses."""
     max_document_length: int | None = None
     """Document tokens; None: as the evaluator chooses."""
+    dim: int | None = None
+    """Keep the first ``dim`` dimensions of every embedding (a Matryoshka model's truncated
+    vectors: shards and index shrink by ``dim / full``); None: whole vectors."""
     force: bool = False
     """Take over a stale S3 lease of the output."""
     progress: bool = True
@@ -116,7 +119,7 @@ class IndexConfig:
                 raise ValueError(f"{name} must be positive")
         if self.cpus_per_actor <= 0:
             raise ValueError("cpus_per_actor must be positive")
-        for name in ("max_query_length", "max_document_length"):
+        for name in ("max_query_length", "max_document_length", "dim"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive")
@@ -177,6 +180,7 @@ class ShardEncoder:
         bf16: bool,
         threads: int,
         counter: Any = None,
+        dim: int | None = None,
     ) -> None:
         import torch
 
@@ -195,6 +199,7 @@ class ShardEncoder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.bf16 = bf16
+        self.dim = dim
 
     def encode_shard(self, shard: int) -> tuple[int, float]:
         """Encode and write one shard; returns its rows and seconds."""
@@ -202,6 +207,7 @@ class ShardEncoder:
 
         import torch
 
+        from santa.eval.evaluation import truncate_embeddings
         from santa.models.encoding import encode_texts
 
         started = time.perf_counter()
@@ -217,9 +223,11 @@ class ShardEncoder:
                 documents.column("text").to_pylist(),
                 max_length=self.max_length,
                 batch_size=self.batch_size,
+                role="document",
                 progress=False,
                 on_batch=None if self.counter is None else self.counter.add.remote,
-            )  # (shard rows, dim)
+            )  # (shard rows, full dim)
+        embeddings = truncate_embeddings(embeddings, self.dim)  # (shard rows, dim)
         write_shard(self.work, shard, documents.column("id"), embeddings)
         return documents.num_rows, time.perf_counter() - started
 
@@ -321,6 +329,7 @@ def _encode_missing(
             "bf16": bf16,
             "threads": 0 if use_gpu else max(1, int(config.cpus_per_actor)),
             "counter": counter,
+            "dim": config.dim,
         },
         batch_size=1,
         batch_format="numpy",
@@ -414,7 +423,12 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         ),
     )
     model_config = model.model_config
-    dimension = model.embedding_dim
+    model_dimension = model.embedding_dim
+    if config.dim is not None and config.dim > model_dimension:
+        raise ValueError(
+            f"--dim {config.dim} is wider than the model's {model_dimension} dimensions"
+        )
+    dimension = config.dim or model_dimension
     del model  # the actors load their own copy
     corpus = read_corpora([config.corpus, *config.more_corpora], config.corpus_format)
     count = len(corpus)
@@ -426,6 +440,7 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         "shard_size": shard_size,
         "precision": config.precision,
         "batch_size": config.batch_size,
+        **({"dim": config.dim} if config.dim else {}),  # older indexes' keys stay valid
     }
     key = index_fingerprint(_model_identity(resolved), corpus, settings)
     options = {
@@ -435,6 +450,7 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         "nprobe": config.nprobe,
         "hnsw_m": config.hnsw_m,
         "max_query_length": query_length,
+        **({"dim": config.dim} if config.dim else {}),
     }
     print(
         f"[index] {count:,} documents from {corpus.uri} ({corpus.format}"
@@ -481,6 +497,9 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
         "pooling": "decoder-0" if model_config.kind == "t5" else model_config.pooling,
         "similarity": model_config.similarity,
         "dimension": dimension,
+        # The model's own width: the index keeps the first `dimension` of each vector
+        # (Matryoshka), and search cuts its queries the same way.
+        "model_dimension": model_dimension,
         "count": count,
         "max_query_length": query_length,
         "max_document_length": document_length,

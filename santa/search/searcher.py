@@ -13,6 +13,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from santa.data.outputs import published_root, read_manifest
 from santa.runtime import storage
 from santa.search.faiss_index import EmbeddingIndex
@@ -84,8 +86,14 @@ class Searcher:
         model: str | None = None,
         device: str = "auto",
         use_gpu: str | bool = "auto",
+        dim: int | None = None,
     ) -> Searcher:
-        """Load the index at ``uri`` and its model (``model`` overrides the manifest's)."""
+        """Load the index at ``uri`` and its model (``model`` overrides the manifest's).
+
+        ``dim``: search the first ``dim`` dimensions only (a Matryoshka model): an index
+        built at that dimension is used as it is, a wider one is rebuilt in memory from its
+        embedding shards, cut to ``dim``. Queries are cut to the index's dimension.
+        """
         import torch
 
         from santa.models.checkpoints import load
@@ -96,16 +104,31 @@ class Searcher:
         root = published_root(uri)
         documents = read_documents(root)
         ids = documents.column("id").to_pylist()
-        index = EmbeddingIndex.from_bytes(
-            storage.read_bytes(storage.join(root, INDEX_FILE)),
-            ids,
-            use_gpu=use_gpu,
-            nprobe=int((manifest.get("index") or {}).get("nprobe") or 32),
-        )
-        if index.dim != manifest["dimension"]:
-            raise ValueError(f"{uri}: {INDEX_FILE} has dimension {index.dim}, not the manifest's")
+        stored_dim = int(manifest["dimension"])
+        if dim is not None and not 1 <= dim <= stored_dim:
+            raise ValueError(f"--dim {dim}: the index at {uri} holds {stored_dim} dimensions")
+        nprobe = int((manifest.get("index") or {}).get("nprobe") or 32)
+        if dim is not None and dim < stored_dim:
+            index = _truncated_index(root, manifest, ids, dim, use_gpu, nprobe)
+            manifest = {**manifest, "dimension": dim}
+        else:
+            index = EmbeddingIndex.from_bytes(
+                storage.read_bytes(storage.join(root, INDEX_FILE)),
+                ids,
+                use_gpu=use_gpu,
+                nprobe=nprobe,
+            )
+            if index.dim != stored_dim:
+                raise ValueError(
+                    f"{uri}: {INDEX_FILE} has dimension {index.dim}, not the manifest's"
+                )
         encoder = load(model or manifest["model"])
-        if encoder.embedding_dim != index.dim:
+        # An index of truncated vectors (model_dimension recorded) takes the first
+        # dimensions of a wider model's; any other index, exactly the model's.
+        truncated = "model_dimension" in manifest or dim is not None
+        if encoder.embedding_dim < index.dim or (
+            not truncated and encoder.embedding_dim != index.dim
+        ):
             raise ValueError(
                 f"the model gives {encoder.embedding_dim}-dimensional vectors, the index at "
                 f"{uri} holds {index.dim}"
@@ -124,16 +147,20 @@ class Searcher:
         return len(self.index)
 
     def encode_queries(self, queries: list[str]):
-        """Query embeddings ``(n, dim)`` as the evaluator computes them."""
+        """Query embeddings ``(n, dim)`` as the evaluator computes them, cut to the
+        index's dimension."""
+        from santa.eval.evaluation import truncate_embeddings
         from santa.models.encoding import encode_texts
 
-        return encode_texts(
+        embeddings = encode_texts(
             self.model,
             list(queries),
             max_length=self.query_length,
             batch_size=self.batch_size,
+            role="query",
             progress=False,
-        )
+        )  # (n, model dim)
+        return truncate_embeddings(embeddings, self.index.dim)
 
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top ``k`` documents of each query, best first."""
@@ -173,6 +200,29 @@ def short_id(doc_id: str, width: int) -> str:
     apart (``…/configdialog.py#L120-L135`` beside ``…/configdialog.py#L140-L152``; cut at the
     end, both read ``…/configdialog.py#L1…``)."""
     return doc_id if len(doc_id) <= width else "…" + doc_id[len(doc_id) - width + 1 :]
+
+
+def _truncated_index(
+    root: str, manifest: dict[str, Any], ids: list[str], dim: int, use_gpu, nprobe: int
+) -> EmbeddingIndex:
+    """The index folder's vectors cut to ``dim`` dimensions, indexed in memory as the index
+    job indexes them (unit vectors for cosine; the manifest's kind)."""
+    from santa.eval.retrieval import prepare_embeddings
+    from santa.search.shards import read_embeddings
+
+    shard_ids, vectors = read_embeddings(root, int(manifest["shards"]["count"]))  # (n, full)
+    if shard_ids != ids:
+        raise ValueError(f"{root}: the embedding shards and documents.parquet disagree")
+    vectors = prepare_embeddings(np.ascontiguousarray(vectors[:, :dim]), manifest["similarity"])
+    settings = manifest.get("index") or {}
+    options = {"nprobe": nprobe}
+    if settings.get("nlist"):
+        options["nlist"] = int(settings["nlist"])
+    if settings.get("hnsw_m"):
+        options["hnsw_m"] = int(settings["hnsw_m"])
+    return EmbeddingIndex.build(
+        vectors, ids, kind=settings.get("kind", "flat"), use_gpu=use_gpu, **options
+    )
 
 
 def format_hits(query: str, hits: list[Hit], width: int = 100) -> str:

@@ -221,9 +221,12 @@ class SearchDeployment:
         max_body_bytes: int = MAX_BODY_BYTES,
         max_batch_size: int = 16,
         batch_wait_ms: float = 5.0,
+        dim: int | None = None,
     ) -> None:
         self.service = SearchService(
-            Searcher.open(index, model=model), default_k=default_k, max_body_bytes=max_body_bytes
+            Searcher.open(index, model=model, dim=dim),
+            default_k=default_k,
+            max_body_bytes=max_body_bytes,
         )
         self._search.set_max_batch_size(max_batch_size)
         self._search.set_batch_wait_timeout_s(batch_wait_ms / 1000)
@@ -269,6 +272,9 @@ class ServeOptions:
 
     index: str
     model: str | None = None
+    dim: int | None = None
+    """Serve the first ``dim`` dimensions of the index's vectors (a Matryoshka model);
+    None: the index's own."""
     replicas: int = 1
     max_replicas: int | None = None
     """With more than ``replicas``: Serve autoscales between the two (``replicas`` the
@@ -341,6 +347,7 @@ def build_app(options: ServeOptions):
         options.max_body_bytes,
         options.max_batch_size,
         options.batch_wait_ms,
+        options.dim,
     )
 
 

@@ -5,7 +5,8 @@ in the format every release since 2.x reads (``modules.json`` with ``Transformer
 ``Pooling``, an optional ``Dense`` and ``Normalize``, ``sentence_bert_config.json``,
 ``config_sentence_transformers.json``):
 
-- pooling: santa's ``cls`` or ``mean``; a projection becomes a ``Dense`` module;
+- pooling: santa's ``cls``, ``mean`` or a decoder's ``last`` (``lasttoken``: the EOS the
+  folder's tokenizer appends); a projection becomes a ``Dense`` module;
 - ``Normalize`` (and ``similarity_fn_name: cosine``) where santa scores by cosine, none and
   ``dot`` where it scores by raw dot product;
 - ``max_seq_length``: the document length the evaluator uses for the model (santa encodes
@@ -14,6 +15,11 @@ in the format every release since 2.x reads (``modules.json`` with ``Transformer
 - ``model_args: {"add_pooling_layer": false}`` where the backbone's class would build a
   pooler the weights do not have (santa never trains one): the folder loads without
   transformers' report of ``pooler.dense.*`` as MISSING and newly initialised.
+- the query/document prefixes as the prompts ``query`` and ``document`` (``encode_query``,
+  ``encode_document``);
+- ``truncate_dim`` when the export asks for one (a Matryoshka model's cut vectors);
+- a decoder's tokenizer pads right: sentence-transformers numbers positions from the first
+  column, so a left-padded text would get other positions than santa gives it.
 
 T5 models are refused with one line: santa embeds with the decoder's state at position 0,
 and sentence-transformers' ``Transformer`` module runs a T5's encoder only.
@@ -65,9 +71,12 @@ def _builds_a_pooler_it_lacks(folder: Path, config) -> bool:
     return True
 
 
-def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
+def write_sentence_transformers_files(
+    folder: str | Path, truncate_dim: int | None = None
+) -> dict[str, Any]:
     """Add the sentence-transformers module files to a santa model folder; returns what
-    was written (pooling, similarity, max_seq_length, modules)."""
+    was written (pooling, similarity, max_seq_length, modules, prompts, truncate_dim).
+    ``truncate_dim``: the folder encodes to that many dimensions (``None``: all)."""
     import torch
 
     from santa.eval.evaluation import EvalConfig, evaluation_lengths
@@ -86,6 +95,17 @@ def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
     train = json.loads(saved.read_text()).get("train", {}) if saved.is_file() else {}
     document_length = evaluation_lengths(model, train, EvalConfig()).document
     hidden = model.backbone.config.hidden_size
+    if truncate_dim is not None and not 0 < truncate_dim <= model.embedding_dim:
+        raise STExportError(
+            f"--dim {truncate_dim}: the model gives {model.embedding_dim}-dimensional vectors"
+        )
+    if (
+        config.is_decoder
+        and model.tokenizer is not None
+        and model.tokenizer.padding_side != "right"
+    ):
+        model.tokenizer.padding_side = "right"
+        model.tokenizer.save_pretrained(str(folder))
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {
@@ -112,6 +132,7 @@ def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
             "pooling_mode_mean_tokens": config.pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_lasttoken": config.pooling == "last",
         },
     )
     if model.projection is not None:
@@ -146,17 +167,24 @@ def write_sentence_transformers_files(folder: str | Path) -> dict[str, Any]:
             }
         )
     _write_json(folder / "modules.json", modules)
-    _write_json(
-        folder / "config_sentence_transformers.json",
-        {
-            "similarity_fn_name": "cosine" if config.similarity == "cosine" else "dot",
-            "prompts": {},
-            "default_prompt_name": None,
-        },
-    )
+    prompts = {
+        name: prefix
+        for name, prefix in (("query", config.query_prefix), ("document", config.document_prefix))
+        if prefix
+    }
+    settings: dict[str, Any] = {
+        "similarity_fn_name": "cosine" if config.similarity == "cosine" else "dot",
+        "prompts": prompts,
+        "default_prompt_name": None,
+    }
+    if truncate_dim is not None:
+        settings["truncate_dim"] = truncate_dim
+    _write_json(folder / "config_sentence_transformers.json", settings)
     return {
         "pooling": config.pooling,
         "similarity": config.similarity,
         "max_seq_length": document_length,
         "modules": [module["type"].rsplit(".", 1)[-1] for module in modules],
+        "prompts": prompts,
+        "truncate_dim": truncate_dim,
     }

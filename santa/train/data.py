@@ -80,7 +80,7 @@ class JsonTokenizer:
         return ids, mask.reshape(-1, max_length)
 
 
-def _json_tokenizer(folder: str) -> JsonTokenizer | None:
+def _json_tokenizer(folder: str, append_eos: bool = False) -> JsonTokenizer | None:
     """The folder's tokenizer without transformers, when its class allows; else None."""
     import json
     import os
@@ -94,19 +94,30 @@ def _json_tokenizer(folder: str) -> JsonTokenizer | None:
     pad = pad.get("content") if isinstance(pad, dict) else pad
     if settings.get("tokenizer_class") not in TOKENIZER_JSON_CLASSES or not pad:
         return None
-    return JsonTokenizer(
+    tokenizer = JsonTokenizer(
         files[0],
         pad_token=pad,
         padding_side=settings.get("padding_side", "right"),
         truncation_side=settings.get("truncation_side", "right"),
     )
+    if append_eos:
+        from santa.models.decoder import append_eos_to_backend
+
+        eos = settings.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        eos_id = tokenizer._tokenizer.token_to_id(eos) if eos else None
+        if eos_id is None:
+            raise ValueError(f"{folder}: the tokenizer has no EOS token to append")
+        append_eos_to_backend(tokenizer._tokenizer, eos, eos_id)
+    return tokenizer
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(location: str):
+def load_tokenizer(location: str, append_eos: bool = False):
     """A tokenizer from a local folder, an ``s3://`` model folder or a hub name (cached):
     the folder's ``tokenizer.json`` alone where that is the whole tokenizer
-    (:class:`JsonTokenizer`), else transformers' ``AutoTokenizer``."""
+    (:class:`JsonTokenizer`), else transformers' ``AutoTokenizer``. ``append_eos``: every
+    sequence ends with the EOS token (a decoder's, :mod:`santa.models.decoder`)."""
     import os
 
     if storage.is_s3(location):
@@ -114,12 +125,19 @@ def load_tokenizer(location: str):
         storage.download_dir(location, local_dir, what="tokenizer")
         location = local_dir
     if os.path.isdir(location):
-        light = _json_tokenizer(location)
+        light = _json_tokenizer(location, append_eos)
         if light is not None:
             return light
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(location)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    if tokenizer.pad_token is None:  # Llama's: decoders pad with their EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    if append_eos:
+        from santa.models.decoder import append_eos as add_eos
+
+        add_eos(tokenizer)
+    return tokenizer
 
 
 def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +164,9 @@ def tokenization_settings(config) -> dict[str, Any]:
         "with_mep": with_mep,
         "with_document": (not with_mep) or config.model.embed_unmasked_document,
         "lowercase": config.model.lowercase,
+        "query_prefix": config.model.query_prefix,
+        "document_prefix": config.model.document_prefix,
+        "append_eos": config.model.is_decoder and config.model.append_eos,
     }
 
 
@@ -159,13 +180,17 @@ def tokenize_pairs(
     with_mep: bool,
     with_document: bool,
     lowercase: bool = False,
+    query_prefix: str = "",
+    document_prefix: str = "",
+    append_eos: bool = False,
 ) -> dict[str, np.ndarray]:
     """Ray Data function: a batch of pair rows → id/mask arrays for the model.
 
     Outputs ``query_*`` always, ``document_*`` when the unmasked document is embedded, and
-    ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction.
+    ``masked_*`` plus ``labels`` (pad → -100) for Masked Entity Prediction. Queries and
+    documents get the model's prefixes (``DualEncoder.prepare_texts``).
     """
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, append_eos)
     kinds: list[str] = []
     if "dataset" in batch.column_names:
         kinds = pair_kinds(batch)
@@ -177,6 +202,10 @@ def tokenize_pairs(
             batch = batch.filter(pa.array(keep))
             kinds = [kind for kind, kept in zip(kinds, keep, strict=True) if kept]
     columns = batch.to_pydict()
+    if query_prefix:
+        columns["query"] = [query_prefix + text for text in columns["query"]]
+    if document_prefix and "masked_document" in columns:
+        columns["masked_document"] = [document_prefix + t for t in columns["masked_document"]]
     if lowercase:
         for key in ("query", "document", "masked_document"):
             if key in columns:
@@ -195,6 +224,9 @@ def tokenize_pairs(
                 embedded_document(kind, title, document)
                 for kind, title, document in zip(kinds, columns["title"], documents, strict=True)
             ]
+        if document_prefix:
+            prefix = document_prefix.lower() if lowercase else document_prefix
+            documents = [prefix + text for text in documents]
         out["document_input_ids"], out["document_attention_mask"] = _encode(
             tokenizer, documents, max_document_length
         )  # (batch, max_document_length)

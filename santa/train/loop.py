@@ -52,6 +52,7 @@ from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fus
 from santa.train.records import DevEvaluation, MetricsRecord
 from santa.train.resume import load_newest_loadable
 from santa.train.session import Session
+from santa.train.sharding import load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from santa.train.state import (
     linear_warmup_schedule,
     load_loop_state,
@@ -147,9 +148,14 @@ class WorkerTrainer:
             model.to(session.device())
             self.master = MasterWeights(model)
             compute_model = self.master.compute
+        # FSDP shards the model before the optimizer sees its parameters (santa.train.sharding).
+        self.sharded = config.train.strategy == "fsdp"
+        if self.sharded:
+            device = session.device() if self.use_gpu else torch.device("cpu")
+            shard_model(model, device, bf16=self.bf16)
         self.startup["startup_model_s"] = time.time() - imported_at
         self.optimizer = build_optimizer(
-            model.parameters(),
+            [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters
             config.train,
             fused=self.use_gpu,  # one kernel for all parameters on CUDA
             learning_rate=self.objective.learning_rate(),
@@ -169,10 +175,14 @@ class WorkerTrainer:
         self.stop_at = min(self.steps, loop.stop_at_step or self.steps)
 
         wrapped_at = time.time()
-        self.ddp_model = session.prepare_model(
-            compute_model,
-            use_gpu=self.use_gpu,
-            find_unused_parameters=self.objective.find_unused_parameters(model),
+        self.ddp_model = (
+            model  # sharded already, and on its device
+            if self.sharded
+            else session.prepare_model(
+                compute_model,
+                use_gpu=self.use_gpu,
+                find_unused_parameters=self.objective.find_unused_parameters(model),
+            )
         )
         self.device = next(self.ddp_model.parameters()).device
         self.startup["startup_ddp_s"] = time.time() - wrapped_at
@@ -219,7 +229,12 @@ class WorkerTrainer:
         # The parts the loop composes (santa.train.records): the metrics' record and the
         # dev evaluation.
         self.record = MetricsRecord(loop, self.rank)
-        self.dev = DevEvaluation(loop, self.rank, self.objective.evaluates(), self.steps)
+        # Under FSDP no rank holds the whole model to evaluate: the stage's checkpoints are
+        # evaluated after training (ray_jobs.evaluate, the pipeline).
+        evaluates = self.objective.evaluates() and not self.sharded
+        if self.sharded and loop.eval_data and self.rank == 0:
+            logger.warning("train.strategy=fsdp: no dev metrics during training")
+        self.dev = DevEvaluation(loop, self.rank, evaluates, self.steps)
         # What the objective's step reads of the loop (santa.train.objective.StepContext).
         self.context = StepContext(
             model=self.model,
@@ -263,6 +278,8 @@ class WorkerTrainer:
 
             def load(candidate) -> dict[str, Any]:
                 with local_checkpoint(candidate) as directory:
+                    if self.sharded:
+                        return load_sharded_checkpoint(directory, self)
                     self.objective.load_model(directory, self.model)
                     return load_loop_state(directory, self.optimizer, self.scheduler)
 
@@ -440,7 +457,10 @@ class WorkerTrainer:
             return
         with tempfile.TemporaryDirectory(prefix="santa-ckpt-") as directory:
             checkpoint_dir = None
-            if self.rank == 0:
+            if self.sharded:  # every rank writes its shards; the folders merged are the checkpoint
+                save_sharded_checkpoint(directory, self)
+                checkpoint_dir = directory
+            elif self.rank == 0:
                 self.objective.save_model(directory, self.model)
                 save_loop_state(directory, self.optimizer, self.scheduler, self.state)
                 checkpoint_dir = directory

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from santa.method.duplicates import document_keys
-from santa.method.losses import contrastive_loss, total_loss
+from santa.method.losses import contrastive_loss, matryoshka_contrastive_loss, total_loss
 from santa.models.dual_encoder import DualEncoder
 from santa.runtime.layout import checkpoint_model
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
@@ -71,7 +71,7 @@ def to_tensors(arrays: dict[str, Any], device) -> dict[str, torch.Tensor]:
 def hard_negative_batch(model: DualEncoder, texts: list[str], max_length: int, device):
     """Tokenize hard-negative documents (``batch * n`` texts, query-major) for the model,
     as the training input tokenizes documents (fixed length, the backbone's own rules)."""
-    encoded = model.tokenize(texts, max_length, padding="max_length")
+    encoded = model.tokenize(texts, max_length, padding="max_length", role="document")
     return {
         "hard_negative_input_ids": to_device(encoded["input_ids"], device),
         "hard_negative_attention_mask": to_device(encoded["attention_mask"], device),
@@ -109,17 +109,24 @@ def sda_loss(
 ) -> torch.Tensor:
     """L_SDA (pretraining) or the DR loss (fine-tuning) of the global batch from its
     embeddings (:func:`embeddings_of`): the one definition the plain step and GradCache's
-    share; duplicates masked by the batch's ``doc_keys`` / ``hard_negative_keys``."""
-    return contrastive_loss(
-        embeddings["query"],
-        embeddings["doc"],
-        embeddings.get("hard"),
-        gather=gather,
-        similarity=config.model.similarity,
-        temperature=config.model.temperature,
-        doc_keys=batch.get("doc_keys"),
-        hard_negative_keys=batch.get("hard_negative_keys"),
-    )
+    share; duplicates masked by the batch's ``doc_keys`` / ``hard_negative_keys``; over
+    nested prefixes of the embeddings with ``train.matryoshka_dims``."""
+    options = {
+        "gather": gather,
+        "similarity": config.model.similarity,
+        "temperature": config.model.temperature,
+        "doc_keys": batch.get("doc_keys"),
+        "hard_negative_keys": batch.get("hard_negative_keys"),
+    }
+    embedded = (embeddings["query"], embeddings["doc"], embeddings.get("hard"))
+    if config.train.matryoshka_dims:
+        return matryoshka_contrastive_loss(
+            *embedded,
+            dims=config.train.matryoshka_dims,
+            weights=config.train.matryoshka_weights or None,
+            **options,
+        )
+    return contrastive_loss(*embedded, **options)
 
 
 def global_mep(

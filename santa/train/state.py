@@ -44,10 +44,12 @@ def linear_warmup_schedule(optimizer, warmup_steps: int, total_steps: int):
 
 
 def save_loop_state(
-    directory: str, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]
+    directory: str, optimizer: torch.optim.Optimizer | None, scheduler, state: dict[str, Any]
 ) -> None:
-    """Write optimizer, scheduler, RNG and loop state into a checkpoint ``directory``."""
-    torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
+    """Write optimizer, scheduler, RNG and loop state into a checkpoint ``directory``
+    (``optimizer=None``: the optimizer is saved apart, sharded: santa.train.sharding)."""
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
     torch.save(scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
     # Dropout draws from these: a resumed run repeats the uninterrupted one only with them.
     rng = {
@@ -62,11 +64,14 @@ def save_loop_state(
         json.dump(state, handle)
 
 
-def load_loop_state(directory: str, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
+def load_loop_state(
+    directory: str, optimizer: torch.optim.Optimizer | None, scheduler
+) -> dict[str, Any]:
     """Restore what :func:`save_loop_state` wrote; returns the loop state."""
-    optimizer.load_state_dict(
-        torch.load(os.path.join(directory, OPTIMIZER_FILE), weights_only=False)
-    )
+    if optimizer is not None:
+        optimizer.load_state_dict(
+            torch.load(os.path.join(directory, OPTIMIZER_FILE), weights_only=False)
+        )
     scheduler.load_state_dict(
         torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=False)
     )

@@ -7,6 +7,7 @@ start, and a restarted worker group plans nothing again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -147,7 +148,7 @@ def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
 
 
 def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
-    """The model every worker starts from: a warm start, the backbone, or a new tiny T5.
+    """The model every worker starts from: a warm start, the backbone, or a new tiny model.
 
     The tiny recipe's tokenizer is trained on the run's own data and the random model is
     saved once under the run folder, so every worker (and every resume) starts from the
@@ -167,10 +168,12 @@ def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
     from santa.models.dual_encoder import DualEncoder
 
     tokenizer = corpus_tokenizer(spec.data, config.model.tiny_vocab_size, spec.cache_layout)
-    model = DualEncoder.build_tiny(config.model, tokenizer, seed=config.train.seed)
+    # The base weights: LoRA adapters (model.lora_rank) are added on them by every worker.
+    base = dataclasses.replace(config.model, lora_rank=0)
+    model = DualEncoder.build_tiny(base, tokenizer, seed=config.train.seed)
     model.save_pretrained(init_uri, santa_config=config)
     parameters = sum(p.numel() for p in model.parameters())
-    logger.info("built a tiny T5 with %d parameters at %s", parameters, init_uri)
+    logger.info("built a tiny %s with %d parameters at %s", base.kind, parameters, init_uri)
     return init_uri
 
 
