@@ -318,7 +318,7 @@ def _ablation_seed(result: dict[str, Any]) -> int:
     for override in result["settings"]["overrides"]:
         if override.startswith("train.seed="):
             return int(override.split("=", 1)[1])
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
 
     return get_recipe("tiny").train.seed
 

@@ -37,9 +37,9 @@ from santa.data.schema import CODE_LANGUAGES
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
 from santa.eval.evaluation import CODE_TEXTS
 from santa.eval.protocols import PROTOCOLS, run_and_publish
-from santa.runtime.errors import exit_with, with_exit_codes
-from santa.runtime.job import Job
-from santa.runtime.preflight import check_input
+from santa.jobs.errors import exit_with, with_exit_codes
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_input
 
 # Spellings of --protocol from before the papers' protocols: variants of `retrieval`.
 LEGACY_PROTOCOLS = {"full": "full", "rerank": "rerank", "both": "both"}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 
-from santa.runtime.errors import exit_with, with_exit_codes
+from santa.jobs.errors import exit_with, with_exit_codes
 
 PROG = "python -m ray_jobs.export"
 
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → lock --to → resolve → download → report."""
-    from santa.runtime.job import Job
+    from santa.jobs.lifecycle import Job
 
     args = build_parser().parse_args(argv)
     job = Job(

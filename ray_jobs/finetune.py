@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from ray_jobs.train_cli import build_parser, run
-from santa.runtime.errors import exit_with, run_job
+from santa.jobs.errors import exit_with, run_job
 
 
 def main(argv: list[str] | None = None) -> int:

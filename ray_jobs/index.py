@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from santa.runtime.errors import exit_with, run_job
-from santa.runtime.quiet import PROGRESS_HELP
+from santa.index.faiss_index import INDEX_KINDS
+from santa.jobs.errors import exit_with, run_job
+from santa.jobs.quiet import PROGRESS_HELP
 from santa.search.corpus import CORPUS_FORMATS
-from santa.search.faiss_index import INDEX_KINDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,9 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Check inputs, start or join Ray, build and publish the index."""
-    from santa.runtime import storage
-    from santa.runtime.job import Job
-    from santa.runtime.preflight import check_input
+    from santa.files import storage
+    from santa.jobs.lifecycle import Job
+    from santa.jobs.preflight import check_input
     from santa.search.indexing import IndexConfig, build_index
 
     config = IndexConfig(

@@ -19,13 +19,14 @@ import json
 import logging
 
 from santa.config import NegativesConfig, SantaConfig
+from santa.jobs.errors import exit_with, with_exit_codes
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_pairs
 from santa.models.checkpoints import load_model
 from santa.models.encoding import DEFAULT_MAX_DOCUMENT_LENGTH, DEFAULT_MAX_QUERY_LENGTH
+from santa.negatives.corpus import load_mining_corpus
 from santa.negatives.miner import refresh_table
-from santa.negatives.mining import NO_NEGATIVE, load_mining_corpus, publish_table
-from santa.runtime.errors import exit_with, with_exit_codes
-from santa.runtime.job import Job
-from santa.runtime.preflight import check_pairs
+from santa.negatives.table import NO_NEGATIVE, publish_table
 
 
 def main(argv: list[str] | None = None) -> int:

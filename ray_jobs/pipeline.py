@@ -33,11 +33,11 @@ import argparse
 import logging
 from typing import Any
 
+from santa.config.recipes import PIPELINE_STAGES
+from santa.jobs.errors import exit_with, run_job, with_exit_codes
+from santa.jobs.flags import cluster_overrides, run_parser
 from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
-from santa.recipes import PIPELINE_STAGES
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.flags import cluster_overrides, run_parser
-from santa.runtime.tracking import Tracking
+from santa.train.tracking import Tracking
 
 logger = logging.getLogger("santa.pipeline")
 

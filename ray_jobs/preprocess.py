@@ -13,17 +13,17 @@ import dataclasses
 import logging
 import sys
 
+from santa.config.preprocess import SPLITS, STAGES, PreprocessConfig
+from santa.config.table_recipes import TABLE_RECIPES
 from santa.data import esci
 from santa.data.datasets import DATASETS, check_inputs, dataset, run_preprocess
-from santa.data.preprocess_config import SPLITS, STAGES, PreprocessConfig
 from santa.data.records import CODE_TEXTS, MEP_TARGETS
 from santa.data.schema import CODE_LANGUAGES
+from santa.jobs.errors import exit_with, with_exit_codes
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_input
+from santa.jobs.quiet import PROGRESS_HELP
 from santa.method.entities import PRODUCT_ENTITY_RULES
-from santa.runtime.errors import exit_with, with_exit_codes
-from santa.runtime.job import Job
-from santa.runtime.preflight import check_input
-from santa.runtime.quiet import PROGRESS_HELP
-from santa.table_recipes import TABLE_RECIPES
 
 DATASET_HELP = "; ".join(f"{entry.name}: {entry.about}" for entry in DATASETS.values())
 DEV_FRACTION_HELP = "ESCI: share of train queries carved out as --split valid (SANTA: 0.125)"

@@ -28,14 +28,14 @@ import logging
 from typing import Any
 
 from santa.config import SantaConfig
-from santa.recipes import check_scoder_recipe
-from santa.runtime import storage
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.flags import recipe_config, run_parser
-from santa.runtime.job import Job
-from santa.runtime.layout import RunLayout
-from santa.runtime.preflight import check_beir, check_pairs
-from santa.runtime.tracking import Tracking
+from santa.config.recipes import check_scoder_recipe
+from santa.files import storage
+from santa.files.layout import RunLayout
+from santa.jobs.errors import exit_with, run_job, with_exit_codes
+from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_beir, check_pairs
+from santa.train.tracking import Tracking
 
 logger = logging.getLogger("santa.scoder")
 

@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from santa.runtime.errors import exit_with
-from santa.runtime.job import Job
+from santa.jobs.errors import exit_with
+from santa.jobs.lifecycle import Job
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +69,7 @@ def _prompted() -> Iterator[str]:
 
 def _given(args: argparse.Namespace) -> list[str]:
     """The queries of the command line: arguments, then --queries FILE (- : stdin)."""
-    from santa.runtime import storage
+    from santa.files import storage
 
     queries = list(args.queries)
     if args.queries_file == "-":
@@ -88,7 +88,7 @@ def _say(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the index and its model once, then answer every query: those given, or those
     typed at a prompt (standard input a terminal), or standard input's lines."""
-    from santa.runtime import storage
+    from santa.files import storage
     from santa.search.searcher import Searcher, format_hits
 
     queries = _given(args)

@@ -19,8 +19,8 @@ import argparse
 import signal
 import threading
 
-from santa.runtime.errors import exit_with
-from santa.runtime.job import Job
+from santa.jobs.errors import exit_with
+from santa.jobs.lifecycle import Job
 
 
 def _replicas(text: str) -> tuple[int, int | None]:
@@ -76,7 +76,7 @@ def run(
     job = job or Job("serve")
     from ray import serve
 
-    from santa.runtime import storage
+    from santa.files import storage
     from santa.search.serve import ServeOptions, deploy
 
     job.start_ray(args.address)

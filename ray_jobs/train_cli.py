@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from santa.runtime import storage
-from santa.runtime.errors import with_exit_codes
-from santa.runtime.flags import recipe_config, run_parser
-from santa.runtime.job import Job
-from santa.runtime.layout import RunLayout
-from santa.runtime.preflight import check_beir, check_model, check_negatives_table, check_pairs
-from santa.runtime.tracking import Tracking
+from santa.files import storage
+from santa.files.layout import RunLayout
+from santa.jobs.errors import with_exit_codes
+from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_beir, check_model, check_negatives_table, check_pairs
 from santa.train.kept import RESUME_HINT, final_metrics_lines, kept_checkpoint
+from santa.train.tracking import Tracking
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:

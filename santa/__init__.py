@@ -23,7 +23,7 @@ def load(source: Any, model_config: ModelConfig | None = None) -> DualEncoder:
     checkpoint), or a ``ray.train.Checkpoint``; or a Hugging Face hub name. S3 credentials
     come from the standard AWS chain, the endpoint from ``AWS_ENDPOINT_URL``.
 
-    Raises :class:`santa.models.checkpoints.CheckpointError` (a ``santa.runtime.storage.StorageError``)
+    Raises :class:`santa.models.checkpoints.CheckpointError` (a ``santa.files.storage.StorageError``)
     when nothing complete is found or storage cannot be reached.
     """
     from santa.models.checkpoints import load as load_model

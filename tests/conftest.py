@@ -232,7 +232,7 @@ def ray_cluster(moto_s3):
     )
     cluster.add_node(num_cpus=1, resources={"worker_node": 1})
     cluster.wait_for_nodes()
-    from santa.runtime.ray_utils import init_ray
+    from santa.cluster.ray_utils import init_ray
 
     init_ray(cluster.address, log_to_driver=False)
     yield cluster

@@ -99,7 +99,7 @@ def kill_cluster(markers: list[bytes]) -> None:
 def autoscaling_cluster(tmp_path):
     import ray
 
-    from santa.runtime.ray_utils import init_ray
+    from santa.cluster.ray_utils import init_ray
 
     previous = None
     if ray.is_initialized():  # the session's test cluster: reconnected afterwards
@@ -177,9 +177,9 @@ def actors(class_name: str) -> dict[str, str]:
 
 def test_jobs_start_on_the_head_alone_and_run_on_added_workers(autoscaling_cluster, tmp_path):
     ray = autoscaling_cluster
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.cluster.ray_utils import cluster_capacity
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
-    from santa.runtime.ray_utils import cluster_capacity
     from santa.train.trainer import RunSpec, fit
 
     assert worker_nodes(ray) == set()  # min_workers 0: only the head

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from santa.config import ModelConfig
+from santa.config.recipes import minilm_path
 from santa.models.backbones import read_sentence_transformers_layout
 from santa.models.dual_encoder import DualEncoder
-from santa.recipes import minilm_path
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.data.pipeline import PreprocessConfig, check_inputs
+from santa.data.plan import PreprocessConfig, check_inputs
 from tests.datagen import other_language_records, write_csn_layout
 
 REPO = Path(__file__).resolve().parents[1]

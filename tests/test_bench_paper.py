@@ -157,9 +157,9 @@ def test_codesearch_on_a_beir_folder_is_retrieval_per_language(bench, tiny_check
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> str:
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from tests.datagen import other_language_records, stdlib_python_records
 
     records = stdlib_python_records() + other_language_records("ruby", 20)

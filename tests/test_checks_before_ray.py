@@ -31,9 +31,9 @@ def _job(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """A tiny santa model folder (config.json, model.safetensors, tokenizer)."""
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
 
     texts = [row["query"] for row in stdlib_pair_rows()] + [
         r["document"] for r in stdlib_pair_rows()
@@ -220,7 +220,7 @@ def test_a_corrupt_esci_file_is_named(tmp_path: Path) -> None:
 
 def _no_ray(monkeypatch) -> list:
     """Record any start of Ray (none is expected)."""
-    from santa.runtime import ray_utils
+    from santa.cluster import ray_utils
 
     started: list = []
     monkeypatch.setattr(ray_utils, "init_ray", lambda *a, **k: started.append(a) or "")

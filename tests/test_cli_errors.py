@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from santa.runtime.runlock import RunLock
+from santa.files.runlock import RunLock
 from tests.training import stdlib_pair_rows, write_pairs
 
 

@@ -21,7 +21,7 @@ from tests.training import stdlib_pair_rows, write_pairs
 
 ACTORS = """
 import json, sys
-from santa.runtime.ray_utils import init_ray
+from santa.cluster.ray_utils import init_ray
 init_ray(sys.argv[1], log_to_driver=False)
 from ray._private import state
 print(json.dumps([

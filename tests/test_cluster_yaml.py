@@ -162,7 +162,7 @@ def test_bad_node_config_fails_the_ec2_model() -> None:
 def test_declared_resources_let_santa_size_pools_by_what_the_cluster_can_grow_to(config) -> None:
     """Worker types state their CPUs and GPUs, so that ``cluster_capacity`` (which reads
     the autoscaler's config on the head) sees the GPU workers before any is up."""
-    from santa.runtime.ray_utils import declared_max_resources
+    from santa.cluster.ray_utils import declared_max_resources
 
     declared = declared_max_resources(config)
     types = config["available_node_types"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from santa.config import ModelConfig, NegativesConfig, SantaConfig, TrainConfig
-from santa.recipes import PIPELINE_STAGES, RECIPES, get_recipe, minilm_path, stage_recipe
+from santa.config.recipes import PIPELINE_STAGES, RECIPES, get_recipe, minilm_path, stage_recipe
 
 
 def test_defaults_are_the_paper() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from santa.runtime import console
+from santa.jobs import console
 
 
 def test_santa_lines_are_told_from_ray_lines() -> None:
@@ -62,7 +62,7 @@ def test_forwarded_worker_lines_other_than_santas_go_to_the_log_file(tmp_path: P
 
 _NATIVE = """
 import os, sys
-from santa.runtime import console
+from santa.jobs import console
 console.divert_native_stderr(sys.argv[1])  # a library call: nothing diverted
 os.write(2, b"native before\\n")
 console.mark_command_line()

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from santa.config.recipes import minilm_path
 from santa.data.beir import load_beir
 from santa.data.cosqa import cosqa_beir, write_cosqa_beir
-from santa.recipes import minilm_path
 from tests.conftest import SHARED_FIXTURES
 
 

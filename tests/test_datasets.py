@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from santa.config.preprocess import STAGES, PreprocessConfig
 from santa.data.beir import load_beir
 from santa.data.cleaning import split_for_key
 from santa.data.datasets import DATASETS, check_inputs, dataset, run_preprocess
-from santa.data.outputs import read_manifest
-from santa.data.preprocess_config import STAGES, PreprocessConfig
 from santa.data.published import read_pairs
+from santa.files.outputs import read_manifest
 from tests.datagen import write_advtest, write_csn_layout, write_esci_splits
 
 
 def test_every_entry_names_functions_that_exist_and_stages_the_config_takes():
     from ray_jobs import preprocess
-    from santa.data.pipeline import run_plan
+    from santa.data.plan import run_plan
 
     for entry in DATASETS.values():
         assert entry.about and set(entry.stages) <= set(STAGES), entry

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from santa.config import SantaConfig
+from santa.config.recipes import get_recipe
 from santa.models import checkpoints
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
 from santa.train.data import tokenization_settings, tokenize_pairs
 from santa.train.loop_config import LoopConfig
 from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from santa.runtime.errors import BAD_INPUT, RUNTIME_FAULT, describe, run_job
-from santa.runtime.storage import StorageError
+from santa.files.storage import StorageError
+from santa.jobs.errors import BAD_INPUT, RUNTIME_FAULT, describe, run_job
 
 
 def _raise(error: BaseException):
@@ -131,7 +131,7 @@ def test_a_placement_timeout_states_the_whole_wait_as_a_user_reads_it(monkeypatc
     (one wait per try), in minutes once it is long: the default is 5 min."""
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
-    from santa.runtime.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV
+    from santa.cluster.placement import PLACEMENT_RETRIES_ENV, WAIT_ENV
 
     monkeypatch.delenv(WAIT_ENV, raising=False)
     monkeypatch.delenv(PLACEMENT_RETRIES_ENV, raising=False)

@@ -8,7 +8,7 @@ from sklearn.model_selection import train_test_split
 
 from santa.data import esci
 from santa.data.beir import load_beir
-from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.plan import PreprocessConfig, run_preprocess
 from tests.conftest import needs_tagger
 from tests.datagen import write_esci_splits
 
@@ -136,7 +136,7 @@ def test_pretraining_pairs_by_the_papers_rule_and_santas(tmp_path, ray_cluster) 
 
 
 def test_the_job_summary_prints_the_counts_beside_the_papers(tmp_path) -> None:
-    from santa.data.report import format_text as format_report
+    from santa.data.accounting import format_text as format_report
 
     examples = pd.DataFrame(write_esci_splits(tmp_path)["examples"])
     config = {"esci_version": "small", "locale": "us"}

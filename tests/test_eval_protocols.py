@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from santa.data.outputs import read_manifest
+from santa.config.recipes import get_recipe
 from santa.eval import EvalConfig
 from santa.eval.advtest import read_advtest
 from santa.eval.codesearch import find_languages, read_language, write_codesearch_layout
 from santa.eval.esci import esci_metrics
 from santa.eval.protocols import evaluate_protocol, run_protocol
+from santa.files import storage
+from santa.files.outputs import read_manifest
 from santa.models.dual_encoder import DualEncoder
 from santa.models.encoding import encode_texts
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
-from santa.runtime import storage
 from tests.datagen import other_language_records, stdlib_python_records
 from tests.test_evaluate import write_beir
 

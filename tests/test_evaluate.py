@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from santa import eval as ev
+from santa.config.recipes import get_recipe
 from santa.data.beir import document_text, load_beir
 from santa.eval import EvalConfig, evaluation
+from santa.files import storage
 from santa.models.checkpoints import resolve_model
 from santa.models.dual_encoder import DualEncoder
 from santa.models.encoding import encode_corpus_ray, encode_texts
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
-from santa.runtime import storage
 from tests.conftest import REPO
 from tests.datagen import stdlib_python_records, write_csn_layout
 
@@ -56,7 +56,7 @@ def tiny_checkpoint(tiny_model, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def csn_beir(tmp_path_factory, ray_cluster) -> str:
     """CodeSearchNet test split (three languages) → BEIR, through the preprocessing job."""
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     root = tmp_path_factory.mktemp("csn")
     write_csn_layout(root / "raw", languages=CSN_LANGUAGES)
@@ -344,7 +344,7 @@ def test_forcing_ray_routes_encoding_through_the_actor_pool(monkeypatch, tiny_mo
         return encode_texts(tiny_model, texts, max_length=kwargs["max_length"], progress=False)
 
     monkeypatch.setattr(evaluation, "encode_corpus_ray", fake_ray_encode)
-    monkeypatch.setattr("santa.runtime.ray_utils.init_ray", lambda address=None, **kw: None)
+    monkeypatch.setattr("santa.cluster.ray_utils.init_ray", lambda address=None, **kw: None)
     ev.evaluate(tiny_model, product_beir, EvalConfig(baseline=None, use_ray=True, progress=False))
     assert calls == [12, 2]  # documents, then the judged queries
     calls.clear()
@@ -418,7 +418,7 @@ def test_s3_data_model_and_output_on_moto(csn_beir, tiny_checkpoint, moto_s3):
     )
     assert set(results) == {"model"}
     # Published whole: on S3 the files sit under the run prefix the manifest names.
-    from santa.data.outputs import published_root, read_manifest
+    from santa.files.outputs import published_root, read_manifest
 
     assert read_manifest(f"{bucket}/eval")["manifest"]["complete"]
     published = published_root(f"{bucket}/eval")
@@ -473,7 +473,7 @@ def test_ray_encode_path_matches_the_plain_path(tiny_model, tiny_checkpoint, ray
 
 
 def test_shared_codesearchnet_ruby_valid(shared_fixtures, tiny_checkpoint, ray_cluster, tmp_path):
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     beir = str(tmp_path / "ruby")
     run_preprocess(
@@ -497,7 +497,7 @@ def test_shared_codesearchnet_ruby_valid(shared_fixtures, tiny_checkpoint, ray_c
 
 
 def test_shared_esci_graded_both_protocols(shared_fixtures, tiny_checkpoint, ray_cluster, tmp_path):
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     beir = str(tmp_path / "esci")
     run_preprocess(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime.errors import EXIT_CODES
+from santa.jobs.errors import EXIT_CODES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 JOBS = [

@@ -25,12 +25,12 @@ from transformers import AutoModelForSeq2SeqLM
 
 import santa
 from santa.config import ModelConfig
+from santa.files import storage
+from santa.files.storage import StorageError
 from santa.models import checkpoints
 from santa.models.checkpoints import CheckpointError
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.runtime import storage
-from santa.runtime.storage import StorageError
 from tests.conftest import REPO, free_port
 
 CORPUS = [

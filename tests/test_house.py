@@ -48,7 +48,7 @@ def test_ci_runs_exactly_the_readmes_test_command() -> None:
 
 def test_the_library_imports_no_job_script() -> None:
     """ray_jobs/ is the top: santa/ and tuning/ import nothing from it (the flags the
-    command lines share live in santa/runtime/flags.py)."""
+    command lines share live in santa/jobs/flags.py)."""
     found = subprocess.run(
         ["git", "grep", "-n", "-E", r"^\s*(from|import) ray_jobs\b", "--", "santa", "tuning"],
         cwd=REPO,

@@ -220,7 +220,7 @@ HOUSE = ("santa", "ray_jobs", "tuning", "bench")
 def test_the_house_imports_no_circle() -> None:
     graph = import_graph(REPO, HOUSE)
     assert "santa.train.loop" in graph["santa.train.entry"]  # the walk sees function imports
-    assert "santa.runtime.storage" in graph["santa.runtime.layout"]
+    assert "santa.files.storage" in graph["santa.files.layout"]
     assert import_cycles(graph) == []
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from santa.search import faiss_index as index_module
-from santa.search.faiss_index import EmbeddingIndex, faiss_has_gpu
+from santa.index import faiss_index as index_module
+from santa.index.faiss_index import EmbeddingIndex, faiss_has_gpu
 
 
 def random_data(n: int = 300, nq: int = 40, dim: int = 16, seed: int = 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from santa.data.outputs import claim_output
+from santa.files.outputs import claim_output
 from tests.training import stdlib_pair_rows, write_beir
 
 
@@ -30,7 +30,7 @@ def test_a_second_index_job_into_an_output_in_use_is_refused_naming_the_output(t
 def test_the_index_output_is_taken_again_by_the_index_job_only(tmp_path):
     """A published index folder is the index job's: it may write there again, another job
     (an evaluation) is refused in one line."""
-    from santa.data.outputs import output_kind
+    from santa.files.outputs import output_kind
 
     output = tmp_path / "index"
     output.mkdir()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime import interrupts
+from santa.jobs import interrupts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 SLOW_JOB = textwrap.dedent(
     """
     import sys, time
-    from santa.runtime import interrupts
-    from santa.runtime.errors import exit_with, run_job
+    from santa.jobs import interrupts
+    from santa.jobs.errors import exit_with, run_job
 
     if sys.argv[1].startswith("diverted"):  # a command-line job: fd 2 to its log file
-        from santa.runtime import console
+        from santa.jobs import console
 
         console.mark_command_line()
         console.divert_native_stderr(sys.argv[2])

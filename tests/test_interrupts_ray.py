@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime.runlock import RunLock
+from santa.files.runlock import RunLock
 from tests.conftest import CHECKPOINT_NEAR_STEP_5, TINY_PRETRAIN, start_job
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 

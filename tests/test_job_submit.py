@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from santa.data.source import default_source_root
-from santa.runtime import storage
+from santa.files import storage
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from santa.runtime.layout import RunLayout, checkpoint_model, checkpoint_uri
+from santa.files.layout import RunLayout, checkpoint_model, checkpoint_uri
 
 
 def test_a_local_run_names_its_files_under_its_folder(tmp_path, monkeypatch) -> None:

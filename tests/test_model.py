@@ -18,11 +18,11 @@ from transformers import (
 )
 
 from santa.config import ModelConfig, SantaConfig, TrainConfig
+from santa.config.recipes import get_recipe, minilm_path
+from santa.files import storage
 from santa.method.losses import contrastive_loss
 from santa.models.dual_encoder import SANTA_CONFIG_FILE, DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe, minilm_path
-from santa.runtime import storage
 
 CORPUS = [
     'def add_one(value):\n    """Add one to a value."""\n    return value + 1\n',

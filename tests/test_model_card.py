@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ray_jobs import export
+from santa.config.recipes import get_recipe
 from santa.eval import EvalConfig, evaluate
 from santa.models.dual_encoder import DualEncoder
-from santa.recipes import get_recipe
 from tests.training import stdlib_pair_rows, write_beir
 
 CHECKPOINT = "checkpoint_2026-01-01_00-00-10.000001"
@@ -137,8 +137,8 @@ def test_base_model_is_a_hub_id_read_from_the_base_folder(tmp_path):
     last part is the card's title) or, without a card, in its config's ``_name_or_path``;
     a card that names only other models gives none (its ``base_model`` is the base's
     base)."""
+    from santa.config.recipes import minilm_path
     from santa.models.card import base_model_id
-    from santa.recipes import minilm_path
 
     assert base_model_id(str(minilm_path())) == "sentence-transformers/all-MiniLM-L6-v2"
     assert base_model_id("Salesforce/codet5-base") == "Salesforce/codet5-base"

@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from santa.negatives.mining import (
-    FalseNegativeFilter,
-    NegativesTable,
-    load_mining_corpus,
-    mine_hard_negatives,
-    positive_scores,
-    read_negatives_table,
-)
+from santa.negatives.corpus import load_mining_corpus
+from santa.negatives.rules import FalseNegativeFilter, mine_hard_negatives, positive_scores
+from santa.negatives.table import NegativesTable, read_negatives_table
 from tests.training import mining_corpus, negatives_by_id, write_pairs
 
 
@@ -58,7 +53,7 @@ def test_bad_arguments_are_clear_errors() -> None:
 
 
 def test_mining_from_an_exact_search_matches_brute_force_torch() -> None:
-    from santa.search.faiss_index import EmbeddingIndex
+    from santa.index.faiss_index import EmbeddingIndex
 
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((300, 16)).astype(np.float32)
@@ -96,7 +91,7 @@ def test_table_round_trips_through_parquet(where, tmp_path, moto_s3) -> None:
 
 
 def test_reading_a_missing_or_foreign_table_fails_clearly(tmp_path) -> None:
-    from santa.negatives.mining import write_id_table
+    from santa.negatives.table import write_id_table
 
     corpus = mining_corpus(tmp_path, {"p": "x", "a": "a"}, {"q": "q"}, {"q": {"p"}})
     with pytest.raises(FileNotFoundError, match="no hard-negatives table"):
@@ -284,7 +279,8 @@ def test_positive_scores_take_the_best_positive() -> None:
 def test_the_mined_table_counts_what_was_filtered(tmp_path, caplog) -> None:
     """refresh_table with the ratio filter on: counts in the table, its Parquet metadata
     and the trainers' metrics; with a trained-looking model a near copy is filtered."""
-    from santa.negatives.miner import NegativesClient, refresh_table
+    from santa.negatives.client import NegativesClient
+    from santa.negatives.miner import refresh_table
 
     corpus = mining_corpus(
         tmp_path,
@@ -364,8 +360,8 @@ def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it(tmp_path)
     """negatives.pool (SCodeR's mined pool) is what a table keeps per query; per_query is
     what a training step takes; SCodeR's old scoder.negatives_* keys move here."""
     from santa.config import SantaConfig
+    from santa.config.recipes import get_recipe
     from santa.negatives.miner import refresh_table
-    from santa.recipes import get_recipe
 
     documents = {f"d{i}": f"d{i}" for i in range(8)}
     corpus = mining_corpus(tmp_path, documents, {"q": "q"}, {"q": {"d0"}})

@@ -41,7 +41,7 @@ def _agreeing_rank(rank: int, world: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from santa.negatives import miner
+    from santa.negatives import client as miner
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -75,7 +75,7 @@ def test_ranks_agree_on_the_miners_table_every_few_steps_not_every_step(tmp_path
 
     import torch.multiprocessing as mp
 
-    from santa.negatives.miner import AGREE_EVERY
+    from santa.negatives.client import AGREE_EVERY
     from tests.conftest import free_port
 
     mp.start_processes(

@@ -10,7 +10,8 @@ import pytest
 
 from ray_jobs import finetune, mine_negatives
 from santa.models.dual_encoder import DualEncoder
-from santa.negatives.mining import load_mining_corpus, read_negatives_table
+from santa.negatives.corpus import load_mining_corpus
+from santa.negatives.table import read_negatives_table
 from santa.train.trainer import RunSpec, fit
 from tests.training import stdlib_pair_rows, tiny_config, write_beir, write_pairs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from santa.runtime.layout import RunLayout
+from santa.files.layout import RunLayout
 from santa.train.loop_config import (
     OBJECTIVES,
     LoopConfig,

@@ -22,12 +22,12 @@ PARQUET_READ = re.compile(
 ALLOWED = {
     # ESCI's raw input (shopping_queries_dataset_{examples,products}.parquet): the dataset
     # santa preprocesses, not its output.
-    "santa/data/pipeline.py": 2,
+    "santa/data/plan.py": 2,
     # The index job's own files: its documents and embedding shards (resume checks, the
     # final merge, the searcher's documents).
     "santa/search/shards.py": 3,
     # The hard-negatives table (negatives.parquet) mining writes and training reads.
-    "santa/negatives/mining.py": 1,
+    "santa/negatives/table.py": 1,
     # The faults bench compares two index jobs' embedding shards.
     "bench/robustness/fault.py": 2,
 }

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from santa.data.outputs import check_output_owner, claim_output, output_kind, staged_output
-from santa.runtime.runlock import RunLockedError
+from santa.files.outputs import check_output_owner, claim_output, output_kind, staged_output
+from santa.files.runlock import RunLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,10 +102,10 @@ def test_evaluate_refuses_another_tools_output(tmp_path: Path) -> None:
 
 
 def test_evaluate_rerun_replaces_its_output_whole(tmp_path: Path) -> None:
+    from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from tests.training import stdlib_pair_rows, write_beir
 
     rows = stdlib_pair_rows()[:24]

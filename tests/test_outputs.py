@@ -13,9 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from santa.data import outputs
-from santa.data.outputs import matching_manifest, published_root, read_manifest, staged_output
-from santa.runtime import storage
+from santa.files import outputs, storage
+from santa.files.outputs import matching_manifest, published_root, read_manifest, staged_output
 from tests.datagen import stdlib_python_records, write_csn_layout, write_jsonl_gz
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +89,7 @@ def test_matching_manifest_needs_complete_and_same_options(tmp_path):
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_rerun_with_another_stage_leaves_no_stale_files(tmp_path):
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     root = tmp_path / "csn"
     write_csn_layout(root)
@@ -166,7 +165,7 @@ def test_stage_ids_are_unique_and_sortable():
 def test_staging_left_by_a_killed_run_is_deleted_by_the_next_run(tmp_path):
     import socket
 
-    from santa.data.outputs import OWNER_FILE
+    from santa.files.outputs import OWNER_FILE
 
     out = str(tmp_path / "out")
     _publish(out, {"data/a.parquet": b"a"})

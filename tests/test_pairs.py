@@ -42,8 +42,9 @@ def test_one_record_gives_one_pair_per_positive():
 
 def test_pairs_job_keeps_every_pair_and_counts_bad_rows(tmp_path, ray_cluster, capsys):
     from ray_jobs import preprocess
-    from santa.negatives.mining import load_mining_corpus, read_negatives_table
-    from santa.runtime.preflight import check_pairs
+    from santa.jobs.preflight import check_pairs
+    from santa.negatives.corpus import load_mining_corpus
+    from santa.negatives.table import read_negatives_table
 
     shared = "def add(a, b):\n    return a + b"
     lines = [
@@ -96,7 +97,7 @@ def test_pairs_job_keeps_every_pair_and_counts_bad_rows(tmp_path, ray_cluster, c
     ]
 
     # The trainer's input pipeline takes the rows (kind text_pair embeds the positive).
-    from santa.recipes import minilm_path
+    from santa.config.recipes import minilm_path
     from santa.train.data import tokenize_pairs
 
     tokenized = tokenize_pairs(

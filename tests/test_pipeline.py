@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.model_selection import train_test_split
 
-from santa.data.outputs import published_root
-from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.plan import PreprocessConfig, run_preprocess
 from santa.data.schema import PAIR_SCHEMA
+from santa.files import storage
+from santa.files.outputs import published_root
 from santa.method.masking import fill_sentinels
-from santa.runtime import storage
 from tests.conftest import needs_tagger
 from tests.datagen import (
     stdlib_python_records,
@@ -136,7 +136,7 @@ def test_a_cut_short_file_is_named_in_the_report(tmp_path):
     assert failed["rows_kept"] == failed["rows_read"]  # every line before the fault is good
     assert report["rows_written"] == 20 + failed["rows_kept"]
     assert report["dropped"] == {"corrupt_file": 1}
-    from santa.data.report import format_text as format_report
+    from santa.data.accounting import format_text as format_report
 
     assert f"failed file   {cut}: corrupt_file" in format_report(report)
 
@@ -180,7 +180,7 @@ def test_source_tree_records(tmp_path, monkeypatch, capsys):
     in one summary line, and santa's progress lines while the files are parsed."""
     import re
 
-    from santa.data.report import format_text
+    from santa.data.accounting import format_text
 
     monkeypatch.setenv("SANTA_PROGRESS_EVERY_S", "0")  # a line each time the count moves
     tree = tmp_path / "tree"
@@ -460,7 +460,7 @@ def test_parsers_read_their_own_input(csn_root, tmp_path):
     """The JSON lines read fuses into the parser actor pool: no reader tasks of their own
     (their worker processes cost CPU on every node), and no deadlock: unfused, the read
     tasks would wait for a CPU that the whole-cluster pool holds."""
-    from santa.data.pipeline import _code_work_dataset
+    from santa.data.plan import _code_work_dataset
 
     root, _ = csn_root
     config = PreprocessConfig(dataset="codesearchnet", input=str(root), output=str(tmp_path))

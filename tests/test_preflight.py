@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime import storage
-from santa.runtime.errors import describe
-from santa.runtime.preflight import check_beir, check_input, check_pairs, check_writable
-from santa.runtime.storage import StorageError
+from santa.files import storage
+from santa.files.storage import StorageError
+from santa.jobs.errors import describe
+from santa.jobs.preflight import check_beir, check_input, check_pairs, check_writable
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]

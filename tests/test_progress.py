@@ -1,4 +1,4 @@
-"""santa's progress lines for long phases (santa/runtime/progress.py): one line per interval
+"""santa's progress lines for long phases (santa/jobs/progress.py): one line per interval
 with the count, share and rate, a closing line where any was printed, silence for a short
 phase."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from santa.runtime.progress import ProgressLines
+from santa.jobs.progress import ProgressLines
 
 
 class Clock:

@@ -11,7 +11,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from santa.data.outputs import staged_output
 from santa.data.published import (
     MissingPairs,
     iter_pairs,
@@ -22,8 +21,9 @@ from santa.data.published import (
     read_parquet,
 )
 from santa.data.schema import PAIR_SCHEMA
-from santa.runtime import storage
-from santa.runtime.storage import StorageError
+from santa.files import storage
+from santa.files.outputs import staged_output
+from santa.files.storage import StorageError
 from tests.training import stdlib_pair_rows, write_pairs
 
 

@@ -13,7 +13,7 @@ CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
 WORKER_PROBE = f"""
 import logging, warnings
-from santa.runtime import quiet
+from santa.jobs import quiet
 quiet.quiet_worker()
 for _ in range(3):
     logging.getLogger("{CLEANER}").warning("Failed to query Ray Train Controller actor state.")
@@ -25,7 +25,7 @@ print(quiet._installed["path"])
 
 DRIVER_PROBE = f"""
 import logging, ray
-from santa.runtime.ray_utils import init_ray
+from santa.cluster.ray_utils import init_ray
 print(init_ray())
 hooked = ray.get(ray.remote(num_cpus=0)(
     lambda: logging.getLogger("{CLEANER}").propagate is False).remote())
@@ -103,9 +103,9 @@ def _not_santas(*outputs: str) -> list[str]:
 
 def test_a_successful_evaluate_prints_santas_lines_only(tmp_path) -> None:
     """Through the real command line: no bm25s DEBUG, no INFO line, no progress bar."""
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from tests.datagen import stdlib_python_records
     from tests.test_evaluate import write_beir
 
@@ -138,13 +138,13 @@ def test_a_quiet_jobs_logging_goes_to_its_file_and_santas_warnings_stay_lines(tm
     probe = """
 import logging, sys
 logging.basicConfig(level=logging.INFO)  # what the jobs do first
-from santa.runtime import quiet
+from santa.jobs import quiet
 quiet.quiet_job_logging(sys.argv[1])
 logging.basicConfig(level=logging.INFO)  # a second call: no terminal handler again
 import bm25s
 logging.getLogger("bm25s").debug("Building index from tokens")
 logging.getLogger("santa.eval").info("evaluation info: {}")
-logging.getLogger("santa.data.outputs").warning("deleted x, left by a run that died")
+logging.getLogger("santa.files.outputs").warning("deleted x, left by a run that died")
 logging.getLogger("transformers").warning("a library's warning")
 """
     log = tmp_path / "job.log"
@@ -167,7 +167,7 @@ logging.getLogger("transformers").warning("a library's warning")
 def test_progress_bars_are_off_unless_asked(monkeypatch) -> None:
     """--progress on every job that starts Ray Data; transformers told even after import."""
     from ray_jobs import index, preprocess
-    from santa.runtime import quiet
+    from santa.jobs import quiet
 
     assert (
         index.parse_args(["--checkpoint", "c", "--corpus", "c", "--output", "o"]).progress is False
@@ -175,7 +175,7 @@ def test_progress_bars_are_off_unless_asked(monkeypatch) -> None:
     assert preprocess.parse_args(
         ["--dataset", "codesearchnet", "--input", "i", "--output", "o", "--progress"]
     )[2]
-    from santa.runtime.flags import run_parser
+    from santa.jobs.flags import run_parser
 
     assert run_parser().parse_args(["--progress"]).progress is True
 
@@ -210,7 +210,7 @@ def test_serves_driver_lines_go_to_the_log_file() -> None:
     script = (
         "import logging\n"
         "import ray.serve\n"
-        "from santa.runtime import console\n"
+        "from santa.jobs import console\n"
         "console.quiet_driver_loggers()\n"
         'logging.getLogger("ray.serve").info("Started Serve in namespace serve")\n'
         'print("done")\n'

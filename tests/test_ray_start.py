@@ -24,8 +24,8 @@ HOLD_REGISTRATION = "NodeInfoGcsService.grpc_server.RegisterNode=600000000:60000
 
 PROBE = """
 import os, subprocess, sys
-from santa.runtime import ray_utils
-from santa.runtime.errors import exit_with, run_job
+from santa.cluster import ray_utils
+from santa.jobs.errors import exit_with, run_job
 
 TEMP = sys.argv[1]
 if sys.argv[2] == "let-the-retry-start":
@@ -135,7 +135,7 @@ def test_a_retried_start_that_comes_up_runs_the_job(temp) -> None:
 def test_joining_a_cluster_is_not_retried(monkeypatch) -> None:
     import ray
 
-    from santa.runtime import ray_utils
+    from santa.cluster import ray_utils
 
     calls = []
 
@@ -155,7 +155,7 @@ def test_the_wait_santa_stretches_is_still_rays_30_s_constant() -> None:
 
     import ray._private.node as node
 
-    from santa.runtime import ray_utils
+    from santa.cluster import ray_utils
 
     source = inspect.getsource(node.Node.__init__)
     assert "raylet_start_wait_time_s = 30\n" in source
@@ -171,7 +171,7 @@ def test_the_wait_santa_stretches_is_still_rays_30_s_constant() -> None:
 
 
 def test_a_ray_start_error_is_one_line_at_exit_code_1() -> None:
-    from santa.runtime.errors import RUNTIME_FAULT, RayStartError, describe
+    from santa.jobs.errors import RUNTIME_FAULT, RayStartError, describe
 
     line, code = describe(RayStartError("local Ray did not start, twice (...): set RAY_ADDRESS"))
     assert (line, code) == (

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import os, ray
-from santa.runtime.ray_utils import init_ray
+from santa.cluster.ray_utils import init_ray
 print(init_ray())
 print("nice", ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()), os.nice(0))
 """
@@ -39,7 +39,7 @@ def test_local_ray_workers_run_at_the_drivers_priority(env, expected) -> None:
 
 
 def test_capacity_is_what_the_autoscaler_declares_or_what_is_here() -> None:
-    from santa.runtime.ray_utils import POOL_LIMIT, capacity_of, merge_capacity
+    from santa.cluster.ray_utils import POOL_LIMIT, capacity_of, merge_capacity
 
     here = {"CPU": 4.0, "memory": 1e9, "head": 1.0}
     assert merge_capacity(here, None) == here
@@ -60,7 +60,7 @@ def test_long_lived_drivers_go_to_the_head_resource(ray_cluster) -> None:
     head node has it, the other node does not)."""
     import ray
 
-    from santa.runtime.ray_utils import head_placement
+    from santa.cluster.ray_utils import head_placement
 
     assert head_placement() == {"head": 0.001}
 
@@ -77,7 +77,7 @@ def test_long_lived_drivers_go_to_the_head_resource(ray_cluster) -> None:
 
 
 def test_declared_max_from_an_autoscaler_config() -> None:
-    from santa.runtime.ray_utils import declared_max_resources
+    from santa.cluster.ray_utils import declared_max_resources
 
     config = {
         "max_workers": 3,
@@ -97,7 +97,7 @@ def test_declared_max_from_an_autoscaler_config() -> None:
 
 ENV_PROBE = """
 import os, ray
-from santa.runtime.ray_utils import init_ray
+from santa.cluster.ray_utils import init_ray
 init_ray()
 print("job runtime_env", sorted(ray.get_runtime_context().runtime_env))
 task = ray.remote(num_cpus=0)(lambda: (os.environ.get("SANTA_QUIET"), os.environ.get("NLTK_DATA")))
@@ -123,7 +123,7 @@ def test_local_ray_workers_inherit_settings_without_a_job_runtime_env(tmp_path) 
 
 
 def test_import_in_background_imports_and_leaves_failures_to_the_job(tmp_path, monkeypatch):
-    from santa.runtime.ray_utils import import_in_background
+    from santa.cluster.ray_utils import import_in_background
 
     (tmp_path / "santa_probe_ok.py").write_text("VALUE = 7\n")
     (tmp_path / "santa_probe_broken.py").write_text("raise ImportError('no such backend')\n")

@@ -71,7 +71,7 @@ def test_the_readme_queries_are_parsed_from_every_example():
 def heldout(tmp_path_factory, ray_cluster) -> str:
     """The held-out (test) BEIR set that ``ray_jobs.pipeline`` builds by default from this
     Python's standard library (the options of ``santa.pipeline.stages.build_corpus``)."""
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
 
     output = str(tmp_path_factory.mktemp("default_corpus") / "test")
@@ -126,8 +126,8 @@ def test_the_readme_queries_find_their_function_first_in_the_default_index(
     The standard library, hence the held-out corpus, differs between Python versions: the
     queries were chosen on CPython 3.11, the Python CI runs (531 held-out functions).
     """
+    from santa.config.recipes import minilm_path
     from santa.pipeline.stages import PipelineSpec, stage_config
-    from santa.recipes import minilm_path
     from santa.search.indexing import IndexConfig, build_index
     from santa.search.searcher import Searcher
 

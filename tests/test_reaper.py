@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime.reaper import process_start_time, session_processes
+from santa.cluster.reaper import process_start_time, session_processes
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPER = "import time; time.sleep(300)"
@@ -31,7 +31,7 @@ def test_the_watcher_kills_the_sessions_processes_once_the_job_is_gone(tmp_path:
     try:
         assert sorted(session_processes(str(session))) == sorted(p.pid for p in ours)
         reaper = subprocess.Popen(
-            [sys.executable, "-m", "santa.runtime.reaper", str(job.pid)]
+            [sys.executable, "-m", "santa.cluster.reaper", str(job.pid)]
             + [process_start_time(job.pid), str(session)],
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )

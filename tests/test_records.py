@@ -194,7 +194,7 @@ def test_product_pretrain_pair_without_entities_trains_sda_only(tmp_path):
     from santa.data.kinds import PRODUCT_PRETRAIN
     from santa.data.schema import PAIR_SCHEMA
     from santa.models.tokenizer import train_tokenizer
-    from santa.negatives.mining import load_mining_corpus
+    from santa.negatives.corpus import load_mining_corpus
     from santa.train.data import IGNORE_INDEX, tokenize_pairs
     from tests.training import write_pairs
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from santa.runtime.errors import BAD_INPUT, describe
+from santa.jobs.errors import BAD_INPUT, describe
 from santa.train.recovery import BadInputInWorker, RecoveryReporter
 
 
@@ -47,8 +47,8 @@ def test_an_unreachable_endpoint_ends_the_run_with_the_first_fault(tmp_path, cap
     """A worker's S3 endpoint that did not answer past santa's timeouts and attempts (issue
     40): not retried (a new worker group would wait the same timeouts, and its error would
     replace the first); the run ends with the first fault's line, exit 1."""
-    from santa.runtime.errors import RUNTIME_FAULT
-    from santa.runtime.storage import StorageError
+    from santa.files.storage import StorageError
+    from santa.jobs.errors import RUNTIME_FAULT
     from santa.train.recovery import StorageUnreachableInWorker
 
     reporter = RecoveryReporter(str(tmp_path / "run"), max_failures=2)
@@ -69,7 +69,7 @@ def test_an_unreachable_endpoint_ends_the_run_with_the_first_fault(tmp_path, cap
 
 
 def test_pyarrows_network_error_counts_as_unreachable_and_a_missing_object_does_not() -> None:
-    from santa.runtime.storage import StorageError, unreachable
+    from santa.files.storage import StorageError, unreachable
 
     aws = OSError(
         "When uploading part for key 'runs/r/checkpoint_x/model.safetensors' in bucket 'b': "
@@ -169,7 +169,7 @@ def test_a_peer_lost_without_a_known_node_is_not_quoted(tmp_path, capfd) -> None
 
 
 def test_the_default_wait_is_minutes_and_said_so(monkeypatch) -> None:
-    from santa.runtime.placement import describe_wait, placement_wait_s
+    from santa.cluster.placement import describe_wait, placement_wait_s
 
     monkeypatch.delenv("SANTA_PLACEMENT_RETRIES", raising=False)
     monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)
@@ -197,7 +197,7 @@ def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
     from ray.train import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 
-    from santa.runtime.ray_utils import _node_start_wait
+    from santa.cluster.ray_utils import _node_start_wait
 
     cluster, worker = two_nodes
     ids = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}

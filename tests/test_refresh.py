@@ -18,9 +18,11 @@ from santa.models.encoding import (
     select_device,
 )
 from santa.models.tokenizer import train_tokenizer
+from santa.negatives.client import NegativesClient
+from santa.negatives.corpus import load_mining_corpus
 from santa.negatives.encoders import encoder_actor_options
-from santa.negatives.miner import NegativesClient, refresh_table
-from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
+from santa.negatives.miner import refresh_table
+from santa.negatives.table import NegativesTable, read_negatives_table
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 SETTINGS = tiny_config(
@@ -117,7 +119,7 @@ def test_a_refresh_gives_numbers_of_the_corpus_and_parquet_keeps_them_by_id(
 def test_trainers_read_the_negatives_texts_from_their_row_file(pairs, tmp_path) -> None:
     """A worker's negatives for its batch rows: the table's, then random documents of the
     corpus other than the row's own, drawn by (seed, step, row): the same on any rank."""
-    from santa.negatives.mining import write_id_table
+    from santa.negatives.table import write_id_table
 
     corpus = load_mining_corpus(pairs)
     queries = corpus.query_ids([0, 1, 2])
@@ -274,7 +276,7 @@ def test_training_steps_go_on_during_a_refresh(model_dir, pairs, tmp_path) -> No
 
 
 def test_auto_index_is_exact_for_small_corpora_and_ivf_for_large() -> None:
-    from santa.negatives.miner import AUTO_IVF_MIN_DOCUMENTS, index_kind
+    from santa.index.faiss_index import AUTO_IVF_MIN_DOCUMENTS, index_kind
 
     assert index_kind("auto", 2000) == "flat"
     assert index_kind("auto", AUTO_IVF_MIN_DOCUMENTS - 1) == "flat"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime.resources import (
+from santa.cluster.resources import (
     Bundle,
     ClusterShape,
     ResourceError,

@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from santa.runtime import storage
-from santa.runtime.layout import S3_LEASE_FILE
-from santa.runtime.runlock import RunLock, RunLockedError
+from santa.files import storage
+from santa.files.layout import S3_LEASE_FILE
+from santa.files.runlock import RunLock, RunLockedError
 
 
 def _holder(run: Path) -> subprocess.Popen:
@@ -24,7 +24,7 @@ def _holder(run: Path) -> subprocess.Popen:
     code = textwrap.dedent(
         f"""
         import sys, time
-        from santa.runtime.runlock import RunLock
+        from santa.files.runlock import RunLock
         lock = RunLock({str(run)!r}, description="pretrain").acquire()
         print("locked", flush=True)
         time.sleep(120)
@@ -113,7 +113,7 @@ def test_a_lease_left_by_a_dead_job_of_this_machine_is_taken_over(moto_s3) -> No
 def test_no_release_is_tried_after_an_unreachable_endpoint(tmp_path: Path, monkeypatch) -> None:
     """Issue 40: leaving with "cannot reach the S3 endpoint", the lock is not released (on S3
     that would wait the whole timeouts again before the job's line); the lease goes stale."""
-    from santa.runtime.storage import StorageError
+    from santa.files.storage import StorageError
 
     released = []
     monkeypatch.setattr(RunLock, "release", lambda self: released.append(self))
@@ -147,8 +147,8 @@ def test_a_heartbeat_to_a_silent_endpoint_holds_up_neither_a_new_s3_client_nor_t
         code = textwrap.dedent(
             """
             import pickle, sys, time
-            from santa.runtime import storage
-            from santa.runtime.runlock import RunLock
+            from santa.files import storage
+            from santa.files.runlock import RunLock
             lock = RunLock("s3://silent-lease/runs/r", settle_s=0.1, heartbeat_s=0.3).acquire()
             filesystem, _ = storage.resolve("s3://silent-lease/runs/r")
             print("locked", flush=True)
@@ -198,7 +198,7 @@ def test_the_heartbeat_ends_with_a_killed_holder_and_a_stopped_one_is_told(moto_
     code = textwrap.dedent(
         f"""
         import time
-        from santa.runtime.runlock import RunLock
+        from santa.files.runlock import RunLock
         RunLock({run!r}, settle_s=0.1, heartbeat_s=0.2).acquire()
         print("locked", flush=True)
         time.sleep(120)
@@ -229,7 +229,7 @@ def test_the_heartbeat_ends_with_a_killed_holder_and_a_stopped_one_is_told(moto_
     lock.acquire()
     lock._beater.kill()
     lock._beater.wait()
-    with caplog.at_level("WARNING", logger="santa.runtime.runlock"):
+    with caplog.at_level("WARNING", logger="santa.files.runlock"):
         lock.release()
     assert "heartbeat" in caplog.text and "had stopped" in caplog.text
     assert not storage.exists(storage.join(run, S3_LEASE_FILE))

@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from santa.runtime import storage
-from santa.runtime.errors import describe
+from santa.files import storage
+from santa.jobs.errors import describe
 from tests.conftest import MotoServer
 from tests.training import stdlib_pair_rows, write_pairs
 
@@ -123,7 +123,7 @@ def test_a_silent_endpoint_while_reading_json_lines_is_a_fault_not_a_corrupt_fil
     stopped answering as a corrupt file (0 rows kept) and preprocess published what the
     other files held, exit 0. It raises the one-line storage fault instead."""
     from santa.data.readers import read_lines_part
-    from santa.runtime.storage import StorageError
+    from santa.files.storage import StorageError
 
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(name, value)
@@ -152,8 +152,8 @@ def test_a_silent_endpoint_while_publishing_leaves_the_staging_folder_alone(
     """Issue 40: an output staged on S3 whose endpoint stops answering ended after the
     write's timeouts and then those of deleting the staging folder (65 s for preprocess,
     a warning before its line); the delete is not tried (the next run clears what is left)."""
-    from santa.data.outputs import staged_output
-    from santa.runtime.storage import StorageError
+    from santa.files.outputs import staged_output
+    from santa.files.storage import StorageError
 
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(name, value)
@@ -360,7 +360,7 @@ def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_faul
     # the local Ray): up to 16 s of it on a busy 2-core CI machine, so 25 s for the way out.
     # It once took 79.7 s: the run lock's heartbeat, a thread of the driver then, was on its
     # way to the silent endpoint, and pyarrow made Ray Train's result (a new S3 client) and
-    # the exit wait for it; the heartbeat is a child process now (santa.runtime.runlock).
+    # the exit wait for it; the heartbeat is a child process now (santa.files.runlock).
     # Another took 105.8 s: Ray Train 2.60 tries a checkpoint upload that meets "AWS Error
     # NETWORK_CONNECTION" three times (santa.train.session.persist_checkpoint now uploads).
     # With the TensorBoard copy the first fault and two busy loops beside: 32.9 s in all,

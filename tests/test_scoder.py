@@ -12,8 +12,9 @@ import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 from santa.data.asst_pairs import asst_row
-from santa.negatives.mining import NegativesTable, load_mining_corpus, read_negatives_table
-from santa.runtime import storage
+from santa.files import storage
+from santa.negatives.corpus import load_mining_corpus
+from santa.negatives.table import NegativesTable, read_negatives_table
 from santa.scoder.examples import (
     LISTWISE_SCHEMA,
     build_listwise_rows,
@@ -127,9 +128,9 @@ def test_offline_soft_labels_are_the_discriminators_scores(ray_cluster, tmp_path
     """The Ray Data actor pool writes, per example, what D_φ / D_ψ score in-process."""
     import torch
 
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from santa.scoder.discriminator import Discriminator, DiscriminatorPair
     from santa.scoder.soft_labels import write_soft_labels
 
@@ -281,9 +282,9 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
     """SCodeR's stages are objectives of santa's one worker loop (here without Ray: a local
     session): they run under ``train.compile=always`` and resume, like SANTA's, from the
     newest checkpoint that loads."""
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from santa.scoder.discriminator import Discriminator, DiscriminatorPair
     from santa.train.loop import WorkerTrainer, run_worker
     from santa.train.loop_config import LoopConfig

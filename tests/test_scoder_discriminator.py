@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from santa.config.recipes import get_recipe, minilm_path
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe, minilm_path
 from santa.scoder.discriminator import (
     CODE_CODE,
     TEXT_CODE,
@@ -86,7 +86,7 @@ def test_pair_input_is_x_then_y_truncated(tiny_folder, backbone):
 
 def test_listwise_loss_overfits_a_tiny_set(tiny_folder):
     """The discriminator learns to put each query's own code first (Eq. 6-7)."""
-    from santa.method.losses import discriminator_loss
+    from santa.method.scoder_losses import discriminator_loss
 
     torch.manual_seed(0)
     model = Discriminator.from_backbone(tiny_folder, seed=0)
@@ -142,7 +142,7 @@ def test_pair_saves_and_loads_back(tiny_folder, tmp_path):
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_folder, backbone):
     """Recomputing activations in backward (the minilm-scoder recipe's default) changes
     memory, not the gradients; it is on in the encoder's layers after enabling."""
-    from santa.method.losses import discriminator_loss
+    from santa.method.scoder_losses import discriminator_loss
 
     location = tiny_folder if backbone == "tiny" else minilm_path()
     queries, codes = TEXTS[0::2], TEXTS[1::2]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from santa.method.losses import (
+from santa.method.scoder_losses import (
     adversarial_loss,
     adversarial_weights,
     discriminator_loss,

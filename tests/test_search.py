@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from santa.config.recipes import get_recipe
 from santa.data.beir import load_beir
 from santa.eval import EvalConfig, evaluate
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
 from santa.search.corpus import detect_format, read_corpus
 from santa.search.indexing import IndexConfig, build_index
 from santa.search.searcher import Searcher, first_line, format_hits
@@ -354,7 +354,7 @@ def test_index_and_search_on_s3(built, moto_s3, tmp_path):
     lines = "".join(
         json.dumps({"id": f"fn-{i}", "text": row["document"]}) + "\n" for i, row in enumerate(rows)
     )
-    from santa.runtime import storage
+    from santa.files import storage
 
     storage.write_bytes(f"{bucket}/corpus/docs.jsonl", lines.encode())
     config = IndexConfig(

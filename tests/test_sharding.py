@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from santa.config.recipes import get_recipe
 from santa.models.dual_encoder import DualEncoder
 from santa.models.sharded import SHARDED_DIR
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
 from santa.train.loop_config import LoopConfig
 from santa.train.sharding import OPTIMIZER_DIR, transformer_blocks
 from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs

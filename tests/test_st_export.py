@@ -12,9 +12,9 @@ import torch
 
 from ray_jobs import export
 from santa.config import ModelConfig
+from santa.config.recipes import get_recipe, minilm_path
 from santa.models.dual_encoder import DualEncoder
 from santa.models.encoding import encode_texts
-from santa.recipes import get_recipe, minilm_path
 
 TEXTS = [
     "def read_lines(path):\n    with open(path) as handle:\n        return handle.readlines()",

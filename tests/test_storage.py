@@ -1,6 +1,6 @@
 import pytest
 
-from santa.runtime import storage
+from santa.files import storage
 
 
 def test_local_roundtrip_and_listing(tmp_path):

@@ -16,9 +16,9 @@ from pathlib import Path
 import matplotlib.image as plt_image
 import pytest
 
+from santa.config.recipes import get_recipe
+from santa.files import storage
 from santa.models.checkpoints import best_checkpoint, latest_checkpoint, load
-from santa.recipes import get_recipe
-from santa.runtime import storage
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 from tuning import sweep
 

@@ -2,7 +2,7 @@
 
 The expected numbers below are transcribed from ../shared/papers/santa.md (section 4 and
 Appendix A.4) and SANTA's released code (github.com/OpenMatch/SANTA at c52f1e0),
-independently of santa.table_recipes, so a recipe that drifts from them fails here.
+independently of santa.config.table_recipes, so a recipe that drifts from them fails here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from santa.config import SantaConfig, TrainConfig
+from santa.config.recipes import RECIPES, get_recipe, stage_recipe
+from santa.config.table_recipes import CODE, NOT_COMPUTATIONAL, PAPER, SANTA, TABLE_RECIPES, UNREAD
 from santa.method.losses import mep_loss
-from santa.recipes import RECIPES, get_recipe, stage_recipe
-from santa.table_recipes import CODE, NOT_COMPUTATIONAL, PAPER, SANTA, TABLE_RECIPES, UNREAD
 from santa.train.optim import build_optimizer
 from tests.training import stdlib_pair_rows, tiny_config
 

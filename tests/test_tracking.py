@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from santa.runtime.tracking import Tracking, TrackingError
+from santa.train.tracking import Tracking, TrackingError
 from tests.training import stdlib_pair_rows, write_pairs
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow)")
@@ -151,7 +151,7 @@ def test_a_resumed_run_logs_each_step_once_and_an_interrupt_marks_it_killed(tmp_
     the resume reopens it."""
     from mlflow.tracking import MlflowClient
 
-    from santa.runtime.tracking import WorkerTracker
+    from santa.train.tracking import WorkerTracker
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     store = f"file://{tmp_path / 'mlruns'}"
@@ -179,8 +179,8 @@ def test_a_resumed_run_logs_each_step_once_and_an_interrupt_marks_it_killed(tmp_
 
 SQLITE_JOB = """
 import argparse, os, sys
-from santa.runtime.errors import run_job
-from santa.runtime.tracking import Tracking, WorkerTracker
+from santa.jobs.errors import run_job
+from santa.train.tracking import Tracking, WorkerTracker
 
 
 def main():
@@ -272,7 +272,7 @@ def test_a_database_store_without_its_packages_is_one_line_before_ray(
     import importlib.util
 
     from ray_jobs import pretrain
-    from santa.runtime import ray_utils
+    from santa.cluster import ray_utils
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

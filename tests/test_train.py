@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from santa.config.recipes import get_recipe
+from santa.files import storage
 from santa.models.dual_encoder import DualEncoder
-from santa.recipes import get_recipe
-from santa.runtime import storage
 from santa.train.trainer import RunSpec, fit
 from tests.conftest import job_env
 from tests.training import stdlib_pair_rows, write_pairs
@@ -44,7 +44,7 @@ def stdlib_splits(tmp_path_factory):
     Pretraining pairs of the train split and a BEIR folder of the dev (``valid``) split:
     the pipeline splits by file, so no dev function's module is trained on.
     """
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
 
     root = tmp_path_factory.mktemp("stdlib")

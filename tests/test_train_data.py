@@ -25,7 +25,7 @@ TEXTS = [
 
 
 def minilm_folder() -> str:
-    from santa.recipes import minilm_path
+    from santa.config.recipes import minilm_path
 
     return minilm_path()  # a core dependency: its absence is a failure, not a skip
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from santa.config.recipes import get_recipe
 from santa.data.records import DropRow, PairOptions, build_code_pair
 from santa.data.source import SourceRecords, default_source_root
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
 from santa.train.loop import WorkerTrainer, run_worker
 from santa.train.loop_config import LoopConfig
 from santa.train.session import LocalSession

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from santa.config.recipes import get_recipe
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
-from santa.recipes import get_recipe
 from santa.train.loop_config import LoopConfig
 from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs
 

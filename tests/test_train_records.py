@@ -1,4 +1,4 @@
-"""The run's record of its logged windows (santa.train.records.MetricsRecord)."""
+"""The run's record of its logged windows (santa.train.metrics.MetricsRecord)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from santa.recipes import get_recipe
+from santa.config.recipes import get_recipe
 from santa.train.loop_config import LoopConfig
-from santa.train.records import MetricsRecord
+from santa.train.metrics import MetricsRecord
 
 
 def test_a_progress_line_is_shown_only_once_its_step_is_in_the_history(tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import santa.models.tokenizer as tokenizer_module
+from santa.files import storage
+from santa.files.layout import RunLayout
 from santa.pipeline.report import startup_table
-from santa.runtime import storage
-from santa.runtime.layout import RunLayout
 from santa.train.trainer import RunSpec, prepare_initial_model, tokenizer_key
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 

@@ -38,7 +38,7 @@ def test_a_job_whose_directory_vanished_still_runs(tmp_path: Path) -> None:
     code = f"""
     import shutil
     shutil.rmtree({str(gone)!r})
-    from santa.runtime.errors import run_job
+    from santa.jobs.errors import run_job
 
     def main():
         import torch
@@ -53,7 +53,7 @@ def test_a_job_whose_directory_vanished_still_runs(tmp_path: Path) -> None:
 
 
 def test_a_submitted_job_loads_torch_while_its_folder_is_there(tmp_path, monkeypatch) -> None:
-    from santa.runtime.workdir import steady_working_directory
+    from santa.jobs.workdir import steady_working_directory
 
     package = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
     package.mkdir(parents=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.corpora import stdlib_pair_rows, write_beir, write_pairs  # noqa: F401 - re-exported
 from santa.config import SantaConfig
-from santa.recipes import get_recipe
+from santa.config.recipes import get_recipe
 
 
 def tiny_config(negatives: dict[str, Any] | None = None, **train: Any) -> SantaConfig:
@@ -29,7 +29,7 @@ def own_cluster(head: dict[str, Any], *node_cpus: int) -> Iterator[tuple[Any, li
     import ray
     from ray.cluster_utils import Cluster
 
-    from santa.runtime.ray_utils import _node_start_wait, init_ray
+    from santa.cluster.ray_utils import _node_start_wait, init_ray
 
     session = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if session:
@@ -110,12 +110,12 @@ def mining_corpus(
     queries: dict[str, str],
     positives: dict[str, set[str]],
 ):
-    """A :class:`~santa.negatives.mining.MiningCorpus` of these documents (numbered in this
+    """A :class:`~santa.negatives.corpus.MiningCorpus` of these documents (numbered in this
     order), queries and positives, as pair rows on disk: each document a pair of the query
     it is a positive of, or a judged-only row that does not train."""
     from pathlib import Path
 
-    from santa.negatives.mining import load_mining_corpus
+    from santa.negatives.corpus import load_mining_corpus
 
     positive_of = {doc: query for query, docs in positives.items() for doc in sorted(docs)}
     rows = []

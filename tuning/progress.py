@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from santa.runtime.errors import describe
+from santa.jobs.errors import describe
 
 # Tune's trial statuses, as the sweep's table says them.
 STATUS_WORDS = {

@@ -33,18 +33,19 @@ import os
 import sys
 from typing import Any
 
+from santa.cluster.ray_utils import capacity_of, cluster_capacity, head_placement
 from santa.config import SantaConfig
+from santa.config.recipes import check_scoder_recipe
+from santa.files import storage
+from santa.files.layout import RunLayout
+from santa.files.layout import checkpoint_uri as layout_checkpoint_uri
+from santa.jobs import interrupts
+from santa.jobs.errors import exit_with, run_job, with_exit_codes
+from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.lifecycle import Job
+from santa.jobs.preflight import check_beir, check_pairs
 from santa.pipeline.report import write_sweep_report
-from santa.recipes import check_scoder_recipe
-from santa.runtime import interrupts, storage
-from santa.runtime.errors import exit_with, run_job, with_exit_codes
-from santa.runtime.flags import recipe_config, run_parser
-from santa.runtime.job import Job
-from santa.runtime.layout import RunLayout
-from santa.runtime.layout import checkpoint_uri as layout_checkpoint_uri
-from santa.runtime.preflight import check_beir, check_pairs
-from santa.runtime.ray_utils import capacity_of, cluster_capacity, head_placement
-from santa.runtime.tracking import Tracking, tune_callbacks
+from santa.train.tracking import Tracking, tune_callbacks
 from santa.train.warden import group_warden
 from tuning.progress import SweepProgress, status_word
 from tuning.trials import (
@@ -358,7 +359,7 @@ def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse → check → sweep; errors as one line (``santa.runtime.errors.run_job``)."""
+    """Parse → check → sweep; errors as one line (``santa.jobs.errors.run_job``)."""
     args = build_parser().parse_args(argv)
     return run_job(lambda: run_sweep(args), argv)
 
@@ -386,7 +387,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
 
     sweep_root = layout.root
     # A trial the cluster can never hold fails here in one line, not in every trial.
-    from santa.runtime.resources import check_plan
+    from santa.cluster.resources import check_plan
     from santa.train.trainer import run_plan
 
     check_plan(run_plan(config, args.cpus_per_worker), job="each trial")

@@ -13,7 +13,7 @@ from typing import Any
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from santa.config import SantaConfig
-from santa.runtime.layout import RunLayout
+from santa.files.layout import RunLayout
 
 METRIC = "dev_mrr"
 MODE = "max"

@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import dataclasses
 
     from bench.corpora import stdlib_pair_rows, write_pairs
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
 
     config = get_recipe("tiny-decoder").with_overrides(
         [

@@ -32,13 +32,13 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+from santa.config.recipes import get_recipe
 from santa.data.beir import BeirData
 from santa.data.records import DropRow, PairOptions, build_code_pair
 from santa.data.source import SourceRecords, default_source_root
 from santa.eval import compute_metrics, dense_retrieve
 from santa.models.dual_encoder import DualEncoder
 from santa.models.encoding import encode_texts
-from santa.recipes import get_recipe
 
 TOP_K = 100
 REPEATS = 10

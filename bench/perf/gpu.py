@@ -53,7 +53,7 @@ Encoding: ``DualEncoder.encode`` at length ``s`` under ``inference_mode`` (bf16 
 CUDA): FLOPs per document = encoder(s) + decoder(t=1 over s) (≈ 49.9 GFLOP for T5-base at
 240).
 
-faiss: inner-product search (santa.search.faiss_index.EmbeddingIndex, what the hard-negative miner builds)
+faiss: inner-product search (santa.index.faiss_index.EmbeddingIndex, what the hard-negative miner builds)
 of ``--queries`` random queries, top ``--k``, over ``--index-size`` random ``--dim``-d (768)
 documents (on a GPU 1,000,000 x 768 by default), exact (``flat``) and ``ivf`` (its recall of
 the exact top k), on CPU and, when faiss has GPU support and torch sees CUDA, on GPU.
@@ -86,8 +86,8 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 from bench import common  # noqa: E402
 from santa.config import ModelConfig, SantaConfig, TrainConfig  # noqa: E402
 from santa.method.distributed import identity_gather  # noqa: E402
+from santa.method.objective import compute_losses  # noqa: E402
 from santa.models.dual_encoder import DualEncoder  # noqa: E402
-from santa.train.objectives import compute_losses  # noqa: E402
 from santa.train.optim import build_optimizer  # noqa: E402
 from santa.train.precision import (  # noqa: E402
     MasterWeights,
@@ -373,7 +373,7 @@ def time_index(
     kind: str, where: str, documents: np.ndarray, queries: np.ndarray, k: int
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Build ``kind`` on ``where`` and search every query; the timings and the hit rows."""
-    from santa.search.faiss_index import EmbeddingIndex
+    from santa.index.faiss_index import EmbeddingIndex
 
     ids = [str(i) for i in range(len(documents))]
     started = time.perf_counter()
@@ -408,7 +408,7 @@ def bench_faiss(args, dim: int) -> dict[str, Any]:
     the exact top k."""
     import faiss
 
-    from santa.search.faiss_index import faiss_has_gpu
+    from santa.index.faiss_index import faiss_has_gpu
 
     rng = np.random.default_rng(0)
     documents = rng.standard_normal((args.index_size, dim), dtype=np.float32)  # (n, dim)

@@ -199,7 +199,7 @@ def finish_ray(args: argparse.Namespace, started: dict[str, Any]) -> dict[str, A
         raise RuntimeError(f"ray_jobs.pretrain failed ({returncode}):\n{output[-3000:]}")
     storage, name, load = started["storage"], started["name"], started["load"]
     metrics = read_metrics(storage / name / "metrics.jsonl")
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
 
     batch = get_recipe("tiny").with_overrides(overrides(args)).train.global_batch_size
     rates = [m["pairs_per_s"] for m in metrics]
@@ -238,7 +238,7 @@ def run_plain(
     import numpy as np
     import torch
 
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
     from santa.train.data import tokenization_settings
 
     config = get_recipe("tiny").with_overrides(
@@ -345,7 +345,7 @@ def run_local(args: argparse.Namespace, init_model: str, data: str) -> dict[str,
     Ray's reports."""
     import torch
 
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
     from santa.train.loop import run_worker
 
     on_gpu = args.device == "cuda"
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = build_pairs(args.workdir, args.pairs)
     import torch
 
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
 
     config = get_recipe("tiny").with_overrides(overrides(args))
     result: dict[str, Any] = {

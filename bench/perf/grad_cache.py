@@ -6,7 +6,7 @@ global batch and each of
 
 - ``plain``: one forward over the batch, backward (what santa does with
   ``train.grad_cache_chunk_size=0``);
-- ``grad-cache``: ``santa.train.objectives.santa_grad_cache_step`` in chunks of ``--chunk``
+- ``grad-cache``: ``santa.method.objective.santa_grad_cache_step`` in chunks of ``--chunk``
   pairs (``train.grad_cache_chunk_size``).
 
 Each (batch, mode) runs in a fresh subprocess, so its peak memory is its own: the peak RSS
@@ -58,8 +58,8 @@ def build_model(args: argparse.Namespace):
     from transformers import T5Config, T5ForConditionalGeneration
 
     from santa.config import ModelConfig
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
-    from santa.recipes import get_recipe
 
     tiny = get_recipe("tiny").model
     shape = (
@@ -122,7 +122,7 @@ def run_child(args: argparse.Namespace) -> dict:
 
     from santa.config import SantaConfig, TrainConfig
     from santa.method.distributed import identity_gather
-    from santa.train.objectives import compute_losses, santa_grad_cache_step
+    from santa.method.objective import compute_losses, santa_grad_cache_step
 
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.gpu else "cpu")

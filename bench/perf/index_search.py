@@ -71,12 +71,12 @@ def write_corpus(path: Path, documents: int) -> None:
 def model_folder(kind: str, root: Path) -> str:
     """A model folder for ``kind``: the tiny T5 (saved here) or MiniLM."""
     if kind == "minilm":
-        from santa.recipes import minilm_path
+        from santa.config.recipes import minilm_path
 
         return minilm_path()
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
 
     texts = (root / "corpus.jsonl").read_text().splitlines()[:3000]
     tokenizer = train_tokenizer(texts, vocab_size=1000)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     from ray import serve
 
-    from santa.runtime.ray_utils import init_ray
+    from santa.cluster.ray_utils import init_ray
     from santa.search.indexing import IndexConfig, build_index
     from santa.search.serve import ServeOptions, deploy
 

@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from bench.corpora import write_stdlib_pairs
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
 
     torch.set_num_threads(args.threads)
     phase("imports (torch, transformers, santa's loop)")

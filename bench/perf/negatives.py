@@ -1,7 +1,7 @@
 """Benchmark of hard-negative mining (issue 4).
 
 1. Index build and search throughput for 100,000 x 768 float32 documents and 10,000
-   queries: faiss exact inner product (santa.search.faiss_index.EmbeddingIndex) vs torch brute force.
+   queries: faiss exact inner product (santa.index.faiss_index.EmbeddingIndex) vs torch brute force.
 2. Trainer step time with and without a concurrent refresh: the same tiny fine-tuning run
    on 2 workers with a static table (``table:``, no miner) and with ``async`` negatives (the
    miner re-encodes the corpus every few steps on the same 2 cores), and trainer wait time.
@@ -33,7 +33,7 @@ RESULTS = common.RESULTS_DIR / "negatives.json"
 
 def bench_search(docs: int, queries: int, dim: int, k: int) -> dict:
     """faiss exact vs torch brute force: build (vectors/s) and search (queries/s)."""
-    from santa.search.faiss_index import EmbeddingIndex
+    from santa.index.faiss_index import EmbeddingIndex
 
     rng = np.random.default_rng(0)
     doc_vectors = rng.standard_normal((docs, dim), dtype=np.float32)
@@ -89,7 +89,7 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
     from bench.corpora import write_stdlib_pairs
     from ray_jobs import mine_negatives
     from santa.config import SantaConfig
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
     from santa.train.trainer import RunSpec, fit
 
     def tiny_config(negatives: dict | None = None, **train: object) -> SantaConfig:

@@ -117,7 +117,7 @@ t0 = time.perf_counter()
 ray.init(address="local", num_cpus={cpus}, include_dashboard=False, log_to_driver=False)
 startup = time.perf_counter() - t0
 import ray.data
-from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.plan import PreprocessConfig, run_preprocess
 t1 = time.perf_counter()
 if not {cold!r}:
     ray.data.range(1000).map_batches(lambda batch: batch).materialize()

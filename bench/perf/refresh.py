@@ -40,12 +40,12 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 from bench import common
 from bench.corpora import write_stdlib_pairs
 from santa.config import SantaConfig
+from santa.config.recipes import get_recipe
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
+from santa.negatives.corpus import MiningCorpus, load_mining_corpus
 from santa.negatives.encoders import EncoderPool
 from santa.negatives.miner import refresh_table
-from santa.negatives.mining import MiningCorpus, load_mining_corpus
-from santa.recipes import get_recipe
 
 RESULTS = common.RESULTS_DIR / "refresh.json"
 WORDS = [

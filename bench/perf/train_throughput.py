@@ -23,7 +23,7 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 
 from bench import common
 from bench.corpora import write_stdlib_pairs
-from santa.recipes import get_recipe
+from santa.config.recipes import get_recipe
 from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
 

@@ -104,7 +104,7 @@ def child_santa_local(args: argparse.Namespace, cached: bool = False) -> dict:
     import torch
 
     from bench.perf.gpu_ray import local_trainer
-    from santa.recipes import get_recipe
+    from santa.config.recipes import get_recipe
     from santa.train.loop import run_worker
 
     torch.set_num_threads(args.threads)
@@ -151,8 +151,8 @@ def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
     from sentence_transformers.sentence_transformer import losses
     from transformers import TrainerCallback
 
+    from santa.config.recipes import get_recipe
     from santa.data.published import read_pairs
-    from santa.recipes import get_recipe
 
     torch.set_num_threads(args.threads)
     config = get_recipe(RECIPE).with_overrides(recipe_overrides(args))

@@ -62,7 +62,7 @@ def build_corpus(work: Path, max_files: int) -> tuple[dict[str, str], str, dict[
     """Pretraining pairs with entity and with span masks, and the held-out test BEIR."""
     import shutil
 
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
 
     source = default_source_root()
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from santa.cluster.ray_utils import init_ray
+    from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
-    from santa.recipes import get_recipe
-    from santa.runtime import storage
-    from santa.runtime.ray_utils import init_ray
+    from santa.files import storage
     from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
     bench = common.BenchRun(__file__, argv)

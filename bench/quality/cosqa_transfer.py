@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.corpora import stdlib_pair_rows, write_pairs
     from bench.perf.versus_st import RECIPE, pq_rows
     from bench.quality.versus_st_quality import train
+    from santa.cluster.ray_utils import init_ray
+    from santa.config.recipes import get_recipe, minilm_path
     from santa.data.cosqa import cosqa_beir, read_cosqa
-    from santa.recipes import get_recipe, minilm_path
-    from santa.runtime.ray_utils import init_ray
 
     bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-cosqa-transfer-"))

@@ -78,9 +78,9 @@ def index_bytes(model: str, test: str, dims: list[int]) -> dict[int, int]:
     """Serialised bytes of a flat index of the held-out documents, cut to each ``d``."""
     from santa.data.beir import load_beir
     from santa.eval.retrieval import prepare_embeddings
+    from santa.index.faiss_index import EmbeddingIndex
     from santa.models.checkpoints import load
     from santa.models.encoding import encode_texts
-    from santa.search.faiss_index import EmbeddingIndex
 
     beir = load_beir(test, "test")
     vectors = encode_texts(
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dims = [int(d) for d in args.dims.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
 
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
     from santa.train.trainer import read_texts
 
     recipe = get_recipe("tiny-decoder-finetune").with_overrides(
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         work = Path(scratch)
         import ray
 
-        from santa.runtime.ray_utils import init_ray
+        from santa.cluster.ray_utils import init_ray
 
         print(init_ray(), flush=True)  # the preprocess pipeline is Ray Data's
         pairs, test, sizes = build_data(work / "data", Path(args.data), args.test_every)

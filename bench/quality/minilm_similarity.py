@@ -25,11 +25,11 @@ if not __package__:  # run as a file (python bench/quality/x.py): the repo root 
 
 from bench import common
 from bench.corpora import stdlib_pair_rows, write_pairs
+from santa.cluster.ray_utils import init_ray
+from santa.config.recipes import get_recipe, minilm_path
 from santa.data.cosqa import write_cosqa_beir
 from santa.eval import EvalConfig, evaluate
-from santa.recipes import get_recipe, minilm_path
-from santa.runtime import storage
-from santa.runtime.ray_utils import init_ray
+from santa.files import storage
 from santa.train.trainer import RunSpec, fit
 
 RESULTS = common.RESULTS_DIR / "minilm_similarity.json"

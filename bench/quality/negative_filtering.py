@@ -50,7 +50,7 @@ def build_corpus(work: Path, max_files: int) -> tuple[str, str, dict[str, int]]:
     """Pretraining pairs of the train split and the held-out test BEIR folder."""
     import shutil
 
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
 
     source = default_source_root()
@@ -89,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     bench = BenchRun(__file__, argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from santa.cluster.ray_utils import init_ray
+    from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
-    from santa.negatives.mining import NO_NEGATIVE, load_mining_corpus, read_negatives_table
+    from santa.files import storage
+    from santa.negatives.corpus import load_mining_corpus
     from santa.negatives.offline import mine_negatives
-    from santa.recipes import get_recipe
-    from santa.runtime import storage
-    from santa.runtime.ray_utils import init_ray
+    from santa.negatives.table import NO_NEGATIVE, read_negatives_table
     from santa.train.trainer import RunSpec, fit
 
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -68,7 +68,7 @@ from santa.eval.paper_numbers import (  # noqa: E402
     numbers_for,
 )
 from santa.eval.protocols import ProtocolResult, run_protocol  # noqa: E402
-from santa.runtime import storage  # noqa: E402
+from santa.files import storage
 
 PROTOCOL = {"codesearch": "codesearch", "adv": "advtest", "esci-2": "esci", "esci-4": "esci"}
 METRIC = {"esci-2": "ndcg@100", "esci-4": "ndcg@100_4class"}
@@ -124,7 +124,7 @@ def checkpoints_by_language(values: list[str], setting: str) -> dict[str, str]:
 def checkpoint_of(name: str) -> str:
     """``minilm`` → the shipped all-MiniLM-L6-v2 folder; anything else as it is."""
     if name == "minilm":
-        from santa.recipes import minilm_path
+        from santa.config.recipes import minilm_path
 
         return minilm_path()
     return name
@@ -165,8 +165,8 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> tuple[str, str, dic
     if args.setting.startswith("esci") and storage.exists(
         storage.join(args.data, "shopping_queries_dataset_examples.parquet")
     ):
-        from santa.data.pipeline import PreprocessConfig, run_preprocess
-        from santa.runtime.ray_utils import init_ray
+        from santa.cluster.ray_utils import init_ray
+        from santa.data.plan import PreprocessConfig, run_preprocess
 
         print(init_ray(args.address), flush=True)
         output = str(workdir / "esci")
@@ -374,6 +374,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from santa.runtime.errors import exit_with, run_job
+    from santa.jobs.errors import exit_with, run_job
 
     exit_with(run_job(lambda: main() and 0))

@@ -34,14 +34,14 @@ if not __package__:  # run as a file (python bench/quality/x.py): the repo root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+from santa.cluster.ray_utils import init_ray
+from santa.config.recipes import get_recipe
 from santa.data.cosqa import write_cosqa_beir
-from santa.data.pipeline import PreprocessConfig, run_preprocess
+from santa.data.plan import PreprocessConfig, run_preprocess
 from santa.data.source import default_source_root
 from santa.eval import EvalConfig, evaluate
-from santa.recipes import get_recipe
-from santa.runtime import storage
-from santa.runtime.layout import RunLayout
-from santa.runtime.ray_utils import init_ray
+from santa.files import storage
+from santa.files.layout import RunLayout
 from santa.scoder.algorithm import format_table, run_algorithm
 from santa.train.trainer import RunSpec, fit
 

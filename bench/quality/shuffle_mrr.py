@@ -156,7 +156,7 @@ def split_by_repository(source: Path, folder: Path, every: int) -> dict[str, int
 
 def build_data(work: Path, source: Path, every: int) -> tuple[str, str, dict[str, int]]:
     """Training pairs and the held-out test BEIR folder, through the preprocess pipeline."""
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     raw = work / "raw"
     sizes = split_by_repository(source, raw, every)
@@ -264,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from santa.cluster.ray_utils import init_ray
+    from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
-    from santa.recipes import get_recipe
-    from santa.runtime import storage
-    from santa.runtime.ray_utils import init_ray
+    from santa.files import storage
     from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
     bench = common.BenchRun(__file__, argv)

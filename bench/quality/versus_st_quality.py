@@ -75,7 +75,7 @@ def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple
 def build_eval_sets(args: argparse.Namespace, work: Path) -> dict[str, tuple[str, str]]:
     """name → (BEIR folder, qrels split) for CoSQA and, if given, CodeSearchNet Ruby."""
     from santa.data.cosqa import write_cosqa_beir
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
 
     sets = {}
     write_cosqa_beir(args.cosqa, str(work / "cosqa"))
@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from bench.corpora import stdlib_pair_rows, write_pairs
+    from santa.cluster.ray_utils import init_ray
+    from santa.config.recipes import minilm_path
     from santa.eval import EvalConfig, evaluate
-    from santa.recipes import minilm_path
-    from santa.runtime.ray_utils import init_ray
 
     bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-versus-quality-"))

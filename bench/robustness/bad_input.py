@@ -23,7 +23,7 @@ def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fau
         write_csn_layout,
         write_pairs,
     )
-    from santa.runtime import storage
+    from santa.files import storage
 
     s3 = {
         "AWS_ENDPOINT_URL": moto,
@@ -68,7 +68,7 @@ def build_faults(work: Path, moto: str, auth_moto: str, silent: str) -> list[Fau
     )
     # A previous complete output, to be kept whole by the interrupted run.
     previous = work / "previous"
-    from santa.data.outputs import staged_output
+    from santa.files.outputs import staged_output
 
     with staged_output(str(previous)) as staged:
         storage.write_bytes(storage.join(staged.staging, "data", "part-0.parquet"), b"kept")

@@ -138,7 +138,7 @@ def _registered(run: Path) -> set[str]:
 
 
 def _lock_free(run: Path) -> bool:
-    from santa.runtime.runlock import RunLock, RunLockedError
+    from santa.files.runlock import RunLock, RunLockedError
 
     try:
         with RunLock(str(run)):
@@ -199,9 +199,9 @@ def corrupt_model(folder: Path) -> None:
 def tiny_model(folder: Path) -> None:
     """A tiny model folder (its tokenizer trained on the stdlib pairs)."""
     from bench.corpora import stdlib_pair_rows
+    from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.recipes import get_recipe
 
     rows = stdlib_pair_rows()
     tokenizer = train_tokenizer([r["query"] for r in rows] + [r["document"] for r in rows], 500)

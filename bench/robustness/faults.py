@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON to write")
     args = parser.parse_args(argv)
     common.use_shared_nltk_data()
-    from santa.runtime.runlock import RunLock
+    from santa.files.runlock import RunLock
 
     bench = common.BenchRun(__file__, argv)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from santa.runtime.ray_utils import _node_start_wait
+from santa.cluster.ray_utils import _node_start_wait
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_START_WAIT_S = 180.0

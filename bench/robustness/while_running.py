@@ -46,10 +46,10 @@ class RunningCase:
 
     def __init__(self, work: Path, moto: str, pausable, pausable_url: str) -> None:
         from bench.corpora import other_language_records, stdlib_pair_rows, write_esci, write_pairs
-        from santa.data.outputs import staged_output
-        from santa.negatives.mining import write_id_table
-        from santa.runtime import storage
-        from santa.runtime.reaper import session_processes
+        from santa.cluster.reaper import session_processes
+        from santa.files import storage
+        from santa.files.outputs import staged_output
+        from santa.negatives.table import write_id_table
 
         pairs, beir = str(work / "pairs"), str(work / "beir")
         runs = work / "running"
@@ -101,7 +101,7 @@ class RunningCase:
         holders = contextlib.ExitStack()
 
         def hold_busy() -> None:  # another preprocess writing into the output
-            from santa.data.outputs import claim_output
+            from santa.files.outputs import claim_output
 
             holders.enter_context(claim_output(str(work / "busy-out"), "preprocess"))
 
@@ -601,7 +601,7 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
     """Issue 40's faults (after :func:`build_running_faults`, whose inputs they reuse)."""
     import boto3
 
-    from santa.runtime.layout import output_lock
+    from santa.files.layout import output_lock
 
     pairs, big_pairs, model = str(work / "pairs"), str(work / "big-pairs"), work / "tiny-model"
     tiny_model(model)

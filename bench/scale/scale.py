@@ -238,10 +238,11 @@ def refresh_once(args: argparse.Namespace) -> None:
     import resource
 
     from santa.config import SantaConfig
+    from santa.index.faiss_index import index_kind
     from santa.models.checkpoints import resolve_model
     from santa.models.dual_encoder import DualEncoder
-    from santa.negatives.miner import index_kind, refresh_table
-    from santa.negatives.mining import load_mining_corpus
+    from santa.negatives.corpus import load_mining_corpus
+    from santa.negatives.miner import refresh_table
 
     started = time.perf_counter()
     corpus = load_mining_corpus(args.data)

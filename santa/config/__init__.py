@@ -1,4 +1,4 @@
-"""Config as code: frozen dataclasses, validated on construction (recipes: santa.recipes).
+"""Config as code: frozen dataclasses, validated on construction (recipes: santa.config.recipes).
 
 Configs travel through Ray as plain dicts (:meth:`SantaConfig.to_dict` /
 :meth:`SantaConfig.from_dict`); the command line picks a recipe and changes a few fields

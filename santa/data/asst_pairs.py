@@ -17,9 +17,9 @@ import pyarrow as pa
 from santa.data.kinds import ASST, CODE_PAIR
 from santa.data.records import empty_pair_row, stable_hash
 from santa.data.schema import CODE_LANGUAGES, PAIR_SCHEMA
+from santa.files import storage
 from santa.method.asst import DEFAULT_MIN_TOKENS, extract_subtree
 from santa.method.entities import UnparsableCodeError
-from santa.runtime import storage
 
 __all__ = ["ASST_FILE_PREFIX", "asst_row", "build_asst_rows", "write_asst_pairs"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from santa.data.kinds import document_text, row_kind
-from santa.data.outputs import published_root
-from santa.runtime import storage
+from santa.files import storage
+from santa.files.outputs import published_root
 
 if TYPE_CHECKING:
     import ray.data

@@ -16,7 +16,7 @@ from typing import Any
 
 from santa.data.beir import write_beir_files
 from santa.data.kinds import CODE_PAIR
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "CosqaBeir",
@@ -111,7 +111,7 @@ def write_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict[s
 def publish_cosqa_beir(input_uri: str, output: str, split: str = "test") -> dict[str, Any]:
     """:func:`write_cosqa_beir` into ``output`` published whole (staged, then renamed in or
     named by a manifest on S3); returns the report."""
-    from santa.data.outputs import staged_output
+    from santa.files.outputs import staged_output
 
     with staged_output(output, tool="preprocess") as staged:
         report = write_cosqa_beir(input_uri, staged.staging, split=split)

@@ -3,12 +3,12 @@
 Each :class:`Dataset` says what the data is, which stages it has (``pretrain`` /
 ``finetune`` pairs, ``eval`` BEIR folders), the library function that preprocesses it and
 what the job checks before Ray starts. ``ray_jobs.preprocess --dataset NAME`` (its choices
-are this registry's names), :class:`~santa.data.preprocess_config.PreprocessConfig` and
+are this registry's names), :class:`~santa.config.preprocess.PreprocessConfig` and
 :func:`run_preprocess` (Python callers) all dispatch through it.
 
 Adding a dataset: write a module in ``santa/data/`` with ``preprocess(config) -> report``
 (read ``config.input``, write ``config.output`` published whole with
-:func:`santa.data.outputs.staged_output`, return the report), then add one line to
+:func:`santa.files.outputs.staged_output`, return the report), then add one line to
 :data:`DATASETS`. Functions are named ``"module:function"`` and imported when used, so this
 registry imports none of them (the command line's ``--help`` starts no Ray, no torch).
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 __all__ = ["DATASETS", "Dataset", "check_inputs", "dataset", "run_preprocess"]
 
-# The Ray Data plan of santa's raw datasets (santa.data.pipeline) and its checks.
-PLAN = "santa.data.pipeline:run_plan"
-PLAN_CHECK = "santa.data.pipeline:check_inputs"
+# The Ray Data plan of santa's raw datasets (santa.data.plan) and its checks.
+PLAN = "santa.data.plan:run_plan"
+PLAN_CHECK = "santa.data.plan:check_inputs"
 ALL_STAGES = ("pretrain", "finetune", "eval")
 
 
@@ -48,7 +48,7 @@ class Dataset:
     """Code pairs: ``--asst`` may add SCodeR's ASST code–code pairs beside them."""
     default_input: str = ""
     """``module:function``: ``() -> URI`` when ``--input`` may be left out."""
-    summary: str = "santa.data.report:format_text"
+    summary: str = "santa.data.accounting:format_text"
     """``module:function``: ``(report) -> str``, what the job prints."""
 
     def function(self, field: str) -> Callable[..., Any]:
@@ -93,7 +93,7 @@ def check_inputs(config) -> None:
 
 
 def run_preprocess(config) -> dict[str, Any]:
-    """Preprocess ``config`` (a :class:`~santa.data.preprocess_config.PreprocessConfig` of
+    """Preprocess ``config`` (a :class:`~santa.config.preprocess.PreprocessConfig` of
     any dataset of the registry) on the current Ray cluster where it needs one; the output
     is published whole (an interrupted or failed run leaves the previous output as it was).
     Returns the report."""

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = ["MALFORMED", "TRUNCATED", "chunks", "gunzipped_chunks", "json_lines"]
 

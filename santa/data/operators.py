@@ -1,7 +1,7 @@
 """Ray Data operators of the preprocessing pipeline: raw rows in, work rows out.
 
 Plain classes and functions (``santa.data.records`` does the per-record work); the driver
-(``santa.data.pipeline``) maps them over its datasets and does the accounting.
+(``santa.data.plan``) maps them over its datasets and does the accounting.
 """
 
 from __future__ import annotations

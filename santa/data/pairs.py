@@ -4,7 +4,7 @@ Input: JSON lines ``{"query": str, "positive": str | [str, ...], "negatives"?: [
 "id"?: str}`` (the Tevatron / sentence-transformers shape), in one file or a folder of
 ``*.jsonl[.gz]`` files, local or ``s3://``.
 
-Output (published whole, :mod:`santa.data.outputs`): the pair schema the finetune and ANCE
+Output (published whole, :mod:`santa.files.outputs`): the pair schema the finetune and ANCE
 stages read (``data/*.parquet``, kind ``text_pair``), one row per (query, positive):
 
 - a query with several positives (a list, or several rows) gives one pair per positive;
@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 
 from santa.data.kinds import TEXT_PAIR
-from santa.data.outputs import staged_output
 from santa.data.records import DropRow, Reason, parse_json_line, stable_hash
 from santa.data.schema import PAIR_SCHEMA
-from santa.runtime import storage
+from santa.files import storage
+from santa.files.outputs import staged_output
 
 __all__ = [
     "DATASET",
@@ -171,9 +171,9 @@ def run_pairs_preprocess(
     the report (rows read, written, dropped by reason; queries, positives, negatives)."""
     import ray.data
 
+    from santa.cluster.ray_utils import cluster_cpus
     from santa.data.readers import JsonLinesDatasource, reject_json_arrays
-    from santa.negatives.mining import write_id_table
-    from santa.runtime.ray_utils import cluster_cpus
+    from santa.negatives.table import write_id_table
 
     started = time.time()
     # Ray workers run in other folders: local paths must be absolute.
@@ -288,7 +288,7 @@ def format_pairs_report(report: dict[str, Any]) -> str:
     """What the job prints: the preprocess report's text, then the counts as JSON."""
     import json
 
-    from santa.data.report import format_text
+    from santa.data.accounting import format_text
 
     counts = {key: report[key] for key in ("queries", "documents", "negatives")}
     return f"{format_text({**report, 'entity_ratio': {}})}\n{json.dumps(counts)}"

@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa.data.outputs import published_root
-from santa.runtime import storage
-from santa.runtime.storage import StorageError
+from santa.files import storage
+from santa.files.outputs import published_root
+from santa.files.storage import StorageError
 
 __all__ = [
     "DATA_FOLDER",

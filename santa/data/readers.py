@@ -22,7 +22,7 @@ from ray.data.datasource import Datasource, ReadTask
 from santa.data.jsonl import chunks, gunzipped_chunks
 from santa.data.records import Reason
 from santa.data.schema import CODE_LANGUAGES, RAW_SCHEMA
-from santa.runtime import storage
+from santa.files import storage
 
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "dev": "valid", "test": "test"}
 _SPLIT_IN_NAME = re.compile(r"(?:^|[/_.-])(train|valid|dev|test)(?:[/_.-]|$)")

@@ -2,7 +2,7 @@
 
 :mod:`~santa.eval.evaluation` runs it (:func:`evaluate`, :class:`EvalConfig`);
 :mod:`~santa.eval.retrieval`, :mod:`~santa.eval.bm25`, :mod:`~santa.eval.metrics` and
-:mod:`~santa.eval.report` are its parts. Reading BEIR folders is :mod:`santa.data.beir`,
+:mod:`~santa.eval.runfiles` are its parts. Reading BEIR folders is :mod:`santa.data.beir`,
 encoding is :mod:`santa.models.encoding`.
 """
 
@@ -16,8 +16,8 @@ from santa.eval.evaluation import (
     system_name,
 )
 from santa.eval.metrics import ESCI_GAINS, METRICS, NDCG_4CLASS, compute_metrics
-from santa.eval.report import format_markdown, read_trec, write_trec
 from santa.eval.retrieval import DEFAULT_TOP_K, RankedLists, Ranking, dense_rerank, dense_retrieve
+from santa.eval.runfiles import format_markdown, read_trec, write_trec
 
 __all__ = [
     "DEFAULT_RAY_THRESHOLD",

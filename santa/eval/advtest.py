@@ -33,7 +33,7 @@ from santa.eval.codesearch import SUFFIXES, _rows, candidate_text, query_text, s
 from santa.eval.evaluation import EvalConfig
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import RankedLists, _prepare
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = ["ADVTEST_METRICS", "AdvTestSet", "codexglue_scores", "read_advtest", "run_advtest"]
 

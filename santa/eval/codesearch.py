@@ -46,7 +46,7 @@ from santa.eval.evaluation import CODE_TEXTS, EvalConfig
 from santa.eval.metrics import compute_metrics
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import dense_retrieve
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "CODESEARCH_METRICS",

@@ -22,13 +22,13 @@ import time
 from typing import Any
 
 from santa.data.beir import load_beir
-from santa.data.outputs import read_manifest
 from santa.data.schema import ESCI_LABEL_GRADES
 from santa.eval.bm25 import bm25_rerank
 from santa.eval.evaluation import EvalConfig
 from santa.eval.metrics import NDCG_4CLASS, compute_metrics, gains_text
 from santa.eval.protocol_parts import Encoder, ProtocolResult, markdown_table
 from santa.eval.retrieval import dense_rerank
+from santa.files.outputs import read_manifest
 
 __all__ = ["ESCI_METRICS", "esci_metrics", "run_esci"]
 

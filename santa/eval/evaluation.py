@@ -18,8 +18,10 @@ import numpy as np
 from santa.data.beir import BeirData, load_beir
 from santa.eval.bm25 import bm25_rerank, bm25_retrieve
 from santa.eval.metrics import compute_metrics, esci_gain_map
-from santa.eval.report import check_trec_ids, format_markdown, write_trec
 from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
+from santa.eval.runfiles import check_trec_ids, format_markdown, write_trec
+from santa.files import storage
+from santa.index.faiss_index import INDEX_KINDS
 from santa.models.checkpoints import load_model, resolve_model
 from santa.models.encoding import (
     DEFAULT_MAX_DOCUMENT_LENGTH,
@@ -27,8 +29,6 @@ from santa.models.encoding import (
     encode_corpus_ray,
     encode_texts,
 )
-from santa.runtime import storage
-from santa.search.faiss_index import INDEX_KINDS
 
 if TYPE_CHECKING:
     from santa.models.dual_encoder import DualEncoder
@@ -93,7 +93,7 @@ class EvalConfig:
     ray_options: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of :func:`~santa.models.encoding.encode_corpus_ray`."""
     index_kind: str = "flat"
-    """The :class:`~santa.search.faiss_index.EmbeddingIndex` kind for full retrieval."""
+    """The :class:`~santa.index.faiss_index.EmbeddingIndex` kind for full retrieval."""
     device: str = "auto"
     """Where a model loaded from a URI runs: ``auto`` (CUDA when available), ``cpu``, ..."""
     dim: int | None = None
@@ -429,7 +429,7 @@ def evaluate(
     docs_on_ray = use_ray is True or (use_ray is None and len(doc_ids) > threshold)
     queries_on_ray = use_ray is True or (use_ray is None and len(query_ids) > threshold)
     if docs_on_ray or queries_on_ray:
-        from santa.runtime.ray_utils import init_ray
+        from santa.cluster.ray_utils import init_ray
 
         init_ray(config.ray_address)
     timings: dict[str, float] = {"load_s": time.perf_counter() - started}
@@ -529,7 +529,7 @@ def evaluate(
     elif config.output is not None:
         # Published whole: a re-run replaces the folder (no TREC run of an earlier
         # baseline left beside new metrics), an interrupted one leaves it as it was.
-        from santa.data.outputs import staged_output
+        from santa.files.outputs import staged_output
 
         with staged_output(config.output, tool="evaluate") as staged:
             _write_outputs(staged.staging, rankings, results, info)

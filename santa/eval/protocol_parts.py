@@ -60,7 +60,7 @@ class Encoder:
             config.use_ray is None and len(texts) > config.ray_threshold
         )
         if on_ray and not self.ray_started:
-            from santa.runtime.ray_utils import init_ray
+            from santa.cluster.ray_utils import init_ray
 
             init_ray(config.ray_address)
             self.ray_started = True

@@ -21,7 +21,7 @@ protocol       data and what is ranked                     metrics
 Every protocol returns ``{system: metrics}`` and, given ``EvalConfig.output``, writes what
 :func:`santa.eval.evaluate` writes: ``metrics.json``, ``metrics.md``, ``run.<system>.trec``
 (the top ``top_k`` of each query) and ``info.json``. The evaluation job publishes the folder
-whole (:mod:`santa.data.outputs`).
+whole (:mod:`santa.files.outputs`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from santa.eval.evaluation import EvalConfig, Lengths, evaluate, lengths_line, record_lengths
 from santa.eval.protocol_parts import Encoder, ProtocolResult
-from santa.eval.report import check_trec_ids, format_markdown, write_trec
-from santa.runtime import storage
+from santa.eval.runfiles import check_trec_ids, format_markdown, write_trec
+from santa.files import storage
 
 if TYPE_CHECKING:
     from santa.models.dual_encoder import DualEncoder
@@ -137,11 +137,11 @@ def run_and_publish(
 
     The files are written into a staging folder and renamed in (S3: named by the manifest
     ``report.json`` written last), so an interrupted run leaves ``output`` as it was. The
-    caller holds the output (the evaluate job's lock, :class:`santa.runtime.job.Job`).
+    caller holds the output (the evaluate job's lock, :class:`santa.jobs.lifecycle.Job`).
     """
     if not output:
         return run_protocol(protocol, model, data, config, languages=languages)
-    from santa.data.outputs import staged_output
+    from santa.files.outputs import staged_output
 
     with staged_output(output, tool="evaluate") as staged:
         staging = dataclasses.replace(config, output=staged.staging, publish_whole=False)

@@ -1,6 +1,6 @@
 """Dense retrieval and re-ranking: rankings ordered by score, ties by corpus order.
 
-Full retrieval goes through :class:`~santa.search.faiss_index.EmbeddingIndex` and keeps its result as
+Full retrieval goes through :class:`~santa.index.faiss_index.EmbeddingIndex` and keeps its result as
 arrays (:class:`RankedLists`); re-ranking scores each query's judged candidates only
 (ESCI's re-ranking task).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from santa.search.faiss_index import EmbeddingIndex
+from santa.index.faiss_index import EmbeddingIndex
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -129,7 +129,7 @@ def dense_retrieve(
     index_kind: str = "flat",
     **index_options: Any,
 ) -> RankedLists:
-    """Top-``k`` documents per query through :class:`~santa.search.faiss_index.EmbeddingIndex`.
+    """Top-``k`` documents per query through :class:`~santa.index.faiss_index.EmbeddingIndex`.
 
     The result stays in array form (:class:`RankedLists`): no Python object per hit.
     """

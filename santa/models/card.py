@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = ["Evaluation", "find_evaluation", "model_card", "read_evaluation", "write_model_card"]
 
@@ -70,7 +70,7 @@ class Evaluation:
 def read_evaluation(uri: str) -> Evaluation | None:
     """The output folder of ``ray_jobs.evaluate`` (or one stage's ``RUN/eval/<stage>``), or
     None where nothing complete is there."""
-    from santa.data.outputs import published_root
+    from santa.files.outputs import published_root
 
     root = published_root(uri)
     metrics_uri, info_uri = storage.join(root, "metrics.json"), storage.join(root, "info.json")
@@ -115,7 +115,7 @@ def _pipeline_report(checkpoint_uri: str | None) -> dict[str, Any] | None:
 
 def _dataset_of(data_uri: str) -> str | None:
     """The dataset a preprocessed corpus was built from (its manifest's config), if known."""
-    from santa.data.outputs import read_manifest
+    from santa.files.outputs import read_manifest
 
     try:
         manifest = read_manifest(data_uri) or {}

@@ -14,7 +14,7 @@ What is found where:
 
 A folder without weights (an upload cut short, a deleted model) is never taken for a
 checkpoint. Locations are local paths or ``s3://bucket/key`` URIs, read through
-:mod:`santa.runtime.storage` (credentials from the standard AWS chain only, fast-failing S3 calls);
+:mod:`santa.files.storage` (credentials from the standard AWS chain only, fast-failing S3 calls);
 its errors surface here as :class:`CheckpointError`.
 
 :func:`resolve_model` is the one way santa turns a user's model argument (folder,
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import pyarrow.fs as pafs
 
-from santa.runtime import storage
-from santa.runtime.layout import (
+from santa.files import storage
+from santa.files.layout import (
     BEST_FILE,
     CHECKPOINT_PREFIX,
     MODEL_DIR,
@@ -47,7 +47,7 @@ from santa.runtime.layout import (
     SANTA_CONFIG_FILE,
     STATE_FILE,
 )
-from santa.runtime.storage import Location, StorageError
+from santa.files.storage import Location, StorageError
 
 if TYPE_CHECKING:
     from santa.config import ModelConfig
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 # A santa checkpoint (written by santa.train.loop): the HF model folder, santa's config
-# beside it, and the loop state; a run's and a sweep's files (santa.runtime.layout).
+# beside it, and the loop state; a run's and a sweep's files (santa.files.layout).
 HF_CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -42,6 +42,8 @@ from transformers import (
 )
 
 from santa.config import ModelConfig, SantaConfig
+from santa.files import storage
+from santa.files.layout import SANTA_CONFIG_FILE
 from santa.method import losses
 from santa.models import decoder, lora, sharded
 from santa.models.backbones import read_sentence_transformers_layout
@@ -55,8 +57,6 @@ from santa.models.folders import (
     without_pooler,
 )
 from santa.models.tiny import build_tiny_backbone
-from santa.runtime import storage
-from santa.runtime.layout import SANTA_CONFIG_FILE
 
 __all__ = ["SANTA_CONFIG_FILE", "T5_MODEL_TYPES", "DualEncoder", "DualEncoderOutput"]
 

@@ -170,7 +170,7 @@ class TextEncoder:
 
         ``role``: ``query`` or ``document`` (the model's prefix; ``None``: texts as given).
         ``progress``: santa's progress lines (``[tag] desc: 2,048/5,427 texts ...``, see
-        :mod:`santa.runtime.progress`) while it works, not a redrawn bar: a bar's text
+        :mod:`santa.jobs.progress`) while it works, not a redrawn bar: a bar's text
         became empty lines on the pipeline's terminal. ``on_batch(count)`` is called after
         each batch (an index actor tells the driver's count)."""
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
@@ -183,7 +183,7 @@ class TextEncoder:
                 [[texts[i] for i in b] for b in batches], max_length, role
             )
             return out
-        from santa.runtime.progress import ProgressLines
+        from santa.jobs.progress import ProgressLines
 
         lines = ProgressLines(tag, desc or "encoding", total=len(texts)) if progress else None
         for rows in batches:
@@ -286,13 +286,13 @@ def encode_corpus_ray(
     cluster has some) every actor takes one; otherwise CPU actors of
     ``num_cpus_per_actor``. ``num_actors=0``: one per GPU, or enough CPU actors to leave
     one cluster CPU free (at least one), so a 2-CPU machine never deadlocks.
-    Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`).
+    Needs Ray initialised (:func:`santa.cluster.ray_utils.init_ray`).
     """
     import pyarrow as pa
     import ray
     import ray.data
 
-    from santa.runtime.ray_utils import capacity_of, cluster_capacity
+    from santa.cluster.ray_utils import capacity_of, cluster_capacity
 
     texts = [str(text) for text in texts]
     if not texts:
@@ -345,7 +345,7 @@ def encode_corpus_ray(
     )
     out: np.ndarray | None = None
     seen = 0
-    from santa.runtime.progress import ProgressLines
+    from santa.jobs.progress import ProgressLines
 
     lines = ProgressLines(tag, desc or "encoding", total=len(texts), every_s=None)
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):

@@ -25,8 +25,8 @@ def plain_weights(folder: Path) -> bool:
     if not (lora.is_adapter_folder(folder) or sharded.is_sharded_folder(folder)):
         return False
     from santa.config import SantaConfig
+    from santa.files.layout import SANTA_CONFIG_FILE
     from santa.models.dual_encoder import DualEncoder
-    from santa.runtime.layout import SANTA_CONFIG_FILE
 
     model = DualEncoder.from_pretrained(str(folder)).merge_adapters()
     saved = folder / SANTA_CONFIG_FILE
@@ -52,7 +52,7 @@ def export_model(
     into plain weights, add the sentence-transformers files (with ``sentence_transformers``;
     ``dim``: its ``truncate_dim``) and the model card, rename into place. Returns the folder
     and what sentence-transformers files were written (None without)."""
-    from santa.search.st_export import write_sentence_transformers_files
+    from santa.models.st_export import write_sentence_transformers_files
 
     if dim is not None and not sentence_transformers:
         raise checkpoints.CheckpointError(

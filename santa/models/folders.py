@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from santa.config import ModelConfig
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "PROJECTION_FILE",

@@ -124,9 +124,9 @@ def load_lora_model(model_class: type, location: str, model_config: ModelConfig 
     its base model (loaded as any folder), then its adapters (from
     :data:`ADAPTER_WEIGHTS_FILE`, or a sharded checkpoint: :mod:`santa.models.sharded`)."""
     from santa.config import ModelConfig
+    from santa.files.layout import SANTA_CONFIG_FILE
     from santa.models import sharded
     from santa.models.folders import PROJECTION_FILE, load_tokenizer, saved_projection
-    from santa.runtime.layout import SANTA_CONFIG_FILE
 
     if model_config is None:
         saved = Path(location) / SANTA_CONFIG_FILE

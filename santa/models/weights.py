@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = ["WEIGHT_FILES", "check_model_folder", "model_folder_problem"]
 

@@ -16,8 +16,8 @@ def mine_negatives(
     line. A pool of encoder actors shards the encoding when the config asks for more than
     one or for GPUs (``negatives.encoder_actors``, ``negatives.encoder_gpus``)."""
     from santa.models.checkpoints import load_model
+    from santa.negatives.corpus import load_mining_corpus
     from santa.negatives.miner import refresh_table
-    from santa.negatives.mining import load_mining_corpus
 
     if not model_uri:
         raise ValueError("the ance stage mines with the previous stage's model: run finetune first")
@@ -47,6 +47,6 @@ def mine_negatives(
     finally:
         if encoder is not None:
             encoder.shutdown()
-    from santa.negatives.mining import publish_table
+    from santa.negatives.table import publish_table
 
     return publish_table(table, output, corpus)

@@ -26,7 +26,7 @@ import io
 import math
 from typing import Any
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "LOSS_KEYS",

@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from santa.eval import format_markdown
-from santa.runtime import storage
-from santa.runtime.layout import RunLayout
+from santa.files import storage
+from santa.files.layout import RunLayout
 
 
 def is_number(value: Any) -> bool:

@@ -11,7 +11,7 @@ Without preprocessed data it builds the default corpus (a source tree, by defaul
 interpreter's standard library, as CodeSearchNet-format records): training pairs and the
 dev / test BEIR sets, split by file, held-out rows never in the training pairs. Every
 stage's model is evaluated on the test split beside the untrained model and BM25. Where
-everything lands: :class:`~santa.runtime.layout.RunLayout`. A rerun with the same run
+everything lands: :class:`~santa.files.layout.RunLayout`. A rerun with the same run
 folder reuses the corpus, the mined table and every finished stage, and resumes training.
 
     from santa.pipeline import PipelineSpec, run_pipeline
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from santa.config import SantaConfig
-from santa.negatives.mining import published_table
+from santa.config.recipes import PIPELINE_STAGES, stage_recipe, with_recipes_that_fit
+from santa.files import storage
+from santa.files.layout import RunLayout, checkpoint_model
 from santa.negatives.offline import mine_negatives
+from santa.negatives.table import published_table
 from santa.pipeline.report import format_report, is_number, read_history
-from santa.recipes import PIPELINE_STAGES, stage_recipe, with_recipes_that_fit
-from santa.runtime import storage
-from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
 
@@ -96,7 +96,7 @@ class PipelineSpec:
     """The user's ``section.field=value`` overrides: after everything else."""
     index: bool = True
     tracking: dict[str, Any] = field(default_factory=dict)
-    """MLflow / W&B (``santa.runtime.tracking.Tracking.to_dict``): each stage is a tracked
+    """MLflow / W&B (``santa.train.tracking.Tracking.to_dict``): each stage is a tracked
     run, closed with its model's evaluation."""
     """Last step: index the held-out corpus with the final model, show example searches."""
 
@@ -148,8 +148,8 @@ def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> San
 
 def preflight(spec: PipelineSpec) -> None:
     """Inputs present, eval data loadable: before any lock or Ray work (the storage is
-    checked writable by the job, :class:`santa.runtime.job.Job`)."""
-    from santa.runtime.preflight import check_beir, check_input, check_pairs
+    checked writable by the job, :class:`santa.jobs.lifecycle.Job`)."""
+    from santa.jobs.preflight import check_beir, check_input, check_pairs
 
     if spec.input:
         check_input(spec.input, "--input")
@@ -171,7 +171,7 @@ def run_pipeline(
     """The pipeline job (from Python as from ``ray_jobs.pipeline``): check, lock the run
     folder, start or join Ray, run the stages; returns the report (also written as
     ``report.json`` / ``report.md``). ``progress``: Ray Data's bars."""
-    from santa.runtime.job import Job
+    from santa.jobs.lifecycle import Job
 
     configs = {stage: stage_config(spec, stage) for stage in spec.stages}  # fail fast
     done: list[str] = []  # the stages finished so far (for an interruption's line)
@@ -219,8 +219,8 @@ def resume_hint(spec: PipelineSpec) -> str:
 
 def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None:
     """Every stage's resource plan against the cluster, before the corpus (minutes) is
-    built: a plan it can never hold fails now, in one line (``santa.runtime.resources``)."""
-    from santa.runtime.resources import check_plan
+    built: a plan it can never hold fails now, in one line (``santa.cluster.resources``)."""
+    from santa.cluster.resources import check_plan
     from santa.train.trainer import run_plan
 
     announced = False  # what the run waits for is said once
@@ -341,7 +341,7 @@ def _track_evaluation(
     spec: PipelineSpec, stages: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> None:
     """Each stage's tracked run gets its model's held-out metrics, the baseline beside."""
-    from santa.runtime.tracking import Tracking, tracking_warning
+    from santa.train.tracking import Tracking, tracking_warning
 
     tracking = Tracking.from_dict(spec.tracking)
     if not tracking.active:
@@ -360,7 +360,7 @@ def _track_evaluation(
 
 def _mining_summary(table: str, config: SantaConfig) -> dict[str, Any]:
     """The mined table and what its false-negative filter dropped, for the report."""
-    from santa.negatives.mining import read_filtered_counts
+    from santa.negatives.table import read_filtered_counts
 
     negatives = config.negatives
     return {
@@ -373,9 +373,9 @@ def _mining_summary(table: str, config: SantaConfig) -> dict[str, Any]:
 
 def build_corpus(spec: PipelineSpec, layout: RunLayout) -> tuple[str, str, str, dict]:
     """Preprocess the source tree: training pairs, dev (valid) and test BEIR sets."""
-    from santa.data.outputs import matching_manifest
-    from santa.data.pipeline import PreprocessConfig, run_preprocess
+    from santa.data.plan import PreprocessConfig, run_preprocess
     from santa.data.source import default_source_root
+    from santa.files.outputs import matching_manifest
 
     source = spec.input or default_source_root()
     outputs = {
@@ -573,7 +573,7 @@ def evaluate_systems(
         systems[name] = results.pop("model")
         if name == last:
             systems.update(results)  # the baseline, once
-            from santa.data.outputs import published_root
+            from santa.files.outputs import published_root
 
             published = published_root(layout.eval(folder))  # S3: the manifest's prefix
             evaluated_with = storage.read_json(storage.join(published, "info.json"))

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from santa.config import SantaConfig
+from santa.files import storage
+from santa.files.layout import RunLayout, checkpoint_model
+from santa.jobs import interrupts
 from santa.negatives.offline import mine_negatives
-from santa.runtime import interrupts, storage
-from santa.runtime.layout import RunLayout, checkpoint_model
 
 __all__ = ["format_table", "progress_line", "run_algorithm", "run_iteration"]
 
@@ -51,7 +52,7 @@ def run_algorithm(
     holds already."""
     started = time.time()
     # Before the warm-up: a dual encoder the cluster can never hold fails in one line.
-    from santa.runtime.resources import check_plan
+    from santa.cluster.resources import check_plan
     from santa.train.trainer import run_plan
 
     check_plan(run_plan(config, cpus_per_worker), job="SCodeR's dual encoder")
@@ -221,7 +222,8 @@ def run_iteration(
     tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One iteration (lines 5-13): mine, discriminators, soft labels, dual encoder."""
-    from santa.negatives.mining import load_mining_corpus, read_negatives_table
+    from santa.negatives.corpus import load_mining_corpus
+    from santa.negatives.table import read_negatives_table
     from santa.scoder.examples import build_listwise_rows, read_listwise, write_listwise
     from santa.scoder.objectives import DISCRIMINATORS_DIR, pair_length
     from santa.scoder.soft_labels import score_examples, summarize_scores, write_soft_labels

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, T5EncoderModel
 
+from santa.files import storage
 from santa.models.dual_encoder import T5_MODEL_TYPES, enable_activation_checkpointing
-from santa.runtime import storage
 
 __all__ = [
     "CODE_CODE",

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 
 from santa.data.kinds import kind_column, training_mask
 from santa.data.published import iter_pairs, parquet_dataset, read_parquet
-from santa.negatives.mining import MiningCorpus, NegativesTable
-from santa.runtime import storage
+from santa.files import storage
+from santa.negatives.corpus import MiningCorpus
+from santa.negatives.table import NegativesTable
 from santa.scoder.discriminator import discriminator_kind
 from santa.scoder.rows import LISTWISE, LISTWISE_SCHEMA
 

@@ -21,18 +21,18 @@ import pyarrow as pa
 import torch
 
 from santa.config import SantaConfig
-from santa.method.losses import (
+from santa.method.losses import matryoshka_loss
+from santa.method.objective import DualEncoderObjective, to_device
+from santa.method.scoder_losses import (
     adversarial_loss,
     discriminator_loss,
     distillation_loss,
-    matryoshka_loss,
     soft_labeled_loss,
 )
 from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.objective import Objective
-from santa.train.objectives import DualEncoderObjective, to_device
 
 __all__ = [
     "DISCRIMINATORS_DIR",

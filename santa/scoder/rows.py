@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from santa.data.published import parquet_files
-from santa.runtime import storage
+from santa.files import storage
 from santa.train.rows import RowSource
 
 __all__ = ["LISTWISE", "LISTWISE_SCHEMA", "listwise_data", "listwise_source"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from santa.runtime import storage
+from santa.files import storage
 from santa.scoder.discriminator import DISCRIMINATOR_KINDS
 
 __all__ = ["score_examples", "summarize_scores", "write_soft_labels"]

@@ -26,9 +26,9 @@ from typing import Any
 import pyarrow as pa
 
 from santa.data.kinds import ASST, document_text, embedded_document, row_kind
-from santa.data.outputs import published_root, read_manifest
 from santa.data.published import iter_pairs
-from santa.runtime import storage
+from santa.files import storage
+from santa.files.outputs import published_root, read_manifest
 
 __all__ = ["CORPUS_FORMATS", "Corpus", "detect_format", "read_corpora", "read_corpus"]
 

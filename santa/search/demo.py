@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from santa.data.beir import load_beir
-from santa.runtime import storage
+from santa.files import storage
 from santa.search.indexing import IndexConfig, build_index
 from santa.search.searcher import Searcher, format_hits
 

@@ -1,7 +1,7 @@
 """The index job's library side: a corpus → embedding shards + a faiss index + a manifest.
 
 Layout of an index folder (local or ``s3://``; published whole, see
-:mod:`santa.data.outputs`; its manifest ``report.json`` is written last):
+:mod:`santa.files.outputs`; its manifest ``report.json`` is written last):
 
 - ``documents.parquet``: ``id``, ``title``, ``text`` of every document, one row group per shard;
 - ``embeddings/part-NNNNN.parquet``: ``id``, ``embedding`` (``float32[dim]``), the model's raw
@@ -16,7 +16,7 @@ actors (``map_batches`` with ``ActorPoolStrategy``; one GPU each and bf16 when t
 has GPUs, CPU actors otherwise). Each actor writes its shards itself, so a run that is
 interrupted keeps every finished shard in its work folder (``OUT.partial-<key>`` beside a
 local output, ``OUT/runs/work-<key>/`` on S3), and a re-run with the same model, corpus and
-settings encodes only the missing ones. One writer at a time (:class:`santa.runtime.runlock.RunLock`).
+settings encodes only the missing ones. One writer at a time (:class:`santa.files.runlock.RunLock`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from santa.data.outputs import StagedOutput, read_manifest
-from santa.runtime import storage
+from santa.files import storage
+from santa.files.outputs import StagedOutput, read_manifest
+from santa.index.faiss_index import INDEX_KINDS, EmbeddingIndex
 from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpora
-from santa.search.faiss_index import INDEX_KINDS, EmbeddingIndex
 from santa.search.shards import (
     DOCUMENTS_FILE,
     INDEX_FILE,
@@ -286,7 +286,7 @@ def _encode_missing(
     import ray
     import ray.data
 
-    from santa.runtime.ray_utils import capacity_of, cluster_capacity
+    from santa.cluster.ray_utils import capacity_of, cluster_capacity
 
     capacity = cluster_capacity()
     gpus = int(capacity_of("GPU", capacity))
@@ -311,7 +311,7 @@ def _encode_missing(
         flush=True,
     )
     from santa.data.operators import ProgressCounter
-    from santa.runtime.progress import ProgressLines, counted
+    from santa.jobs.progress import ProgressLines, counted
 
     # Shards finish a minute apart on a CPU: the actors count each batch into this, and
     # the driver says how far they got every 15 s.
@@ -400,14 +400,14 @@ def _build_faiss(
 def build_index(config: IndexConfig) -> dict[str, Any]:
     """Encode ``config.corpus`` with the model and publish the index; returns the manifest.
 
-    Needs Ray initialised (:func:`santa.runtime.ray_utils.init_ray`) when shards must be encoded.
+    Needs Ray initialised (:func:`santa.cluster.ray_utils.init_ray`) when shards must be encoded.
     An output already published from the same model, corpus and settings is left as it is
     (the manifest returned has ``up_to_date: true``). The caller holds the output (the index
-    job's lock, :class:`santa.runtime.job.Job`, or the pipeline's run lock).
+    job's lock, :class:`santa.jobs.lifecycle.Job`, or the pipeline's run lock).
     """
     from santa.eval.evaluation import EvalConfig, evaluation_lengths
+    from santa.index.faiss_index import index_kind
     from santa.models.checkpoints import load_model, resolve_model
-    from santa.negatives.miner import index_kind
 
     started = time.perf_counter()
     resolved = resolve_model(config.checkpoint)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from santa.data.outputs import published_root, read_manifest
-from santa.runtime import storage
-from santa.search.faiss_index import EmbeddingIndex
+from santa.files import storage
+from santa.files.outputs import published_root, read_manifest
+from santa.index.faiss_index import EmbeddingIndex
 from santa.search.shards import INDEX_FILE, read_documents
 
 if TYPE_CHECKING:

@@ -353,8 +353,8 @@ def build_app(options: ServeOptions):
 
 def deploy(options: ServeOptions) -> str:
     """Start Serve's HTTP proxy (on the head node) and the deployment; returns its URL."""
-    from santa.runtime import console
-    from santa.runtime.ray_utils import ray_log_level
+    from santa.cluster.ray_utils import ray_log_level
+    from santa.jobs import console
 
     if ray_log_level() == "WARNING":  # a quiet job: Serve's INFO lines go to its log file
         console.quiet_driver_loggers()

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "DOCUMENTS_FILE",

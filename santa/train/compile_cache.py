@@ -6,7 +6,7 @@ worker processes, often fresh nodes. Inductor caches what it compiles (its FX gr
 AOTAutograd caches), and ``torch.compiler.save_cache_artifacts`` packs what this process
 compiled into one blob that ``load_cache_artifacts`` puts back into a fresh process's
 caches. Rank 0 saves the blob under the storage's cache folder
-(:meth:`santa.runtime.layout.CacheLayout.compile`, local or S3) once it has compiled;
+(:meth:`santa.files.layout.CacheLayout.compile`, local or S3) once it has compiled;
 every worker loads it before compiling. A model's folder (torch version, device, backend, the
 model section, precision, workers: :func:`cache_key`) holds one blob per stage shape
 (:func:`shape_key`) and a worker loads them all: a rerun or another run of the same shape
@@ -24,7 +24,7 @@ import json
 import logging
 from typing import Any
 
-from santa.runtime import storage
+from santa.files import storage
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from santa.data.kinds import embedded_document, is_training_row, row_kind, training_mask
 from santa.data.published import pair_files
-from santa.runtime import storage
+from santa.files import storage
 from santa.train.rows import RowSource
 
 # Fixed-length padding keeps every batch the same shape (no recompilation, simple

@@ -28,7 +28,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: starts the data, then imports and runs the worker's loop."""
     entered_at = time.time()
     if os.environ.get("SANTA_QUIET"):
-        from santa.runtime.quiet import quiet_ray_data_console
+        from santa.jobs.quiet import quiet_ray_data_console
 
         quiet_ray_data_console()
     rows = start_rows(LoopConfig.from_dict(loop_config))

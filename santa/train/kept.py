@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from santa.files import storage
+from santa.files.layout import RUN_SNAPSHOT_FILE, RunLayout
 from santa.models.checkpoints import _snapshot_candidates
-from santa.runtime import storage
-from santa.runtime.layout import RUN_SNAPSHOT_FILE, RunLayout
 
 __all__ = [
     "KeptCheckpoint",

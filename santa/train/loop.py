@@ -4,7 +4,7 @@ Plain PyTorch: where it runs is a *session* (:mod:`santa.train.session`): under 
 ``prepare_model``, the dataset shard, the checkpoint API and ``ray.train.report``; in a
 plain process (benchmarks, tests), the same loop without Ray. What is trained is an
 *objective* (:class:`~santa.train.objective.Objective`): SANTA's SDA/DR + MEP
-(:mod:`santa.train.objectives`) or SCodeR's discriminators and soft-labeled dual encoder
+(:mod:`santa.method.objective`) or SCodeR's discriminators and soft-labeled dual encoder
 (:mod:`santa.scoder.objectives`). An objective builds its model, turns a batch into losses, and saves and loads its model;
 everything else is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA)
 and the warm-up schedule, DDP, ``torch.compile`` (the whole model, or each transformer
@@ -26,15 +26,15 @@ from typing import Any
 
 import torch
 
+from santa.files import storage
+from santa.files.layout import CacheLayout
+from santa.jobs.errors import root_cause
 from santa.method.distributed import (
     all_gather_with_grad,
     identity_gather,
     mean_over_ranks,
     share_of_global_mean,
 )
-from santa.runtime import storage
-from santa.runtime.errors import root_cause
-from santa.runtime.layout import CacheLayout
 from santa.train.compile_cache import (
     cache_key,
     compile_stats,
@@ -45,11 +45,11 @@ from santa.train.compile_cache import (
 from santa.train.compiling import compile_for_training
 from santa.train.epochs import BackgroundRows, EpochReader
 from santa.train.loop_config import LoopConfig, training_data
+from santa.train.metrics import DevEvaluation, MetricsRecord
 from santa.train.objective import Objective, StepContext, objective_class
 from santa.train.optim import build_optimizer
 from santa.train.order import EpochPlan
 from santa.train.precision import MasterWeights, use_bf16_position_bias, use_fused_rms_norm
-from santa.train.records import DevEvaluation, MetricsRecord
 from santa.train.resume import load_newest_loadable
 from santa.train.session import Session
 from santa.train.sharding import load_sharded_checkpoint, save_sharded_checkpoint, shard_model
@@ -226,7 +226,7 @@ class WorkerTrainer:
             threads=config.train.input_threads,
             pin_memory=self.use_gpu,
         )
-        # The parts the loop composes (santa.train.records): the metrics' record and the
+        # The parts the loop composes (santa.train.metrics): the metrics' record and the
         # dev evaluation.
         self.record = MetricsRecord(loop, self.rank)
         # Under FSDP no rank holds the whole model to evaluate: the stage's checkpoints are

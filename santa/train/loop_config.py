@@ -43,7 +43,7 @@ class ObjectiveEntry(NamedTuple):
 # What the one worker loop (santa.train.loop) can train, by name. Adding a loss: its
 # objective module, its data function, and its line here.
 OBJECTIVES: dict[str, ObjectiveEntry] = {
-    "santa": ObjectiveEntry("santa.train.objectives:SantaObjective", "santa.train.data:pair_data"),
+    "santa": ObjectiveEntry("santa.method.objective:SantaObjective", "santa.train.data:pair_data"),
     "discriminators": ObjectiveEntry(
         "santa.scoder.objectives:DiscriminatorObjective",
         "santa.scoder.rows:listwise_data",
@@ -126,7 +126,7 @@ class LoopConfig:
     them again (a rerun of the command prints its steps anew)."""
 
     tracking: dict[str, Any] = field(default_factory=dict)
-    """MLflow / W&B (``santa.runtime.tracking.Tracking``): rank 0 logs every logged step."""
+    """MLflow / W&B (``santa.train.tracking.Tracking``): rank 0 logs every logged step."""
 
     def __post_init__(self) -> None:
         objective_entry(self.objective)

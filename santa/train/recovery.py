@@ -39,8 +39,8 @@ from typing import Any
 from ray.train import UserCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
-from santa.runtime.placement import describe_wait
-from santa.runtime.storage import StorageError
+from santa.cluster.placement import describe_wait
+from santa.files.storage import StorageError
 
 __all__ = [
     "BadInputInWorker",
@@ -89,8 +89,8 @@ class StorageUnreachableInWorker(StorageError):
 
 def unreachable_storage(failures: dict[int, BaseException]) -> StorageError | None:
     """The first rank's error that says its S3 endpoint did not answer; None if none does."""
-    from santa.runtime.errors import root_cause
-    from santa.runtime.storage import unreachable
+    from santa.files.storage import unreachable
+    from santa.jobs.errors import root_cause
 
     for rank in sorted(failures):
         found = unreachable(root_cause(failures[rank]))
@@ -100,7 +100,7 @@ def unreachable_storage(failures: dict[int, BaseException]) -> StorageError | No
 
 
 def _died(error: BaseException) -> bool:
-    from santa.runtime.errors import describe
+    from santa.jobs.errors import describe
 
     return describe(error)[0].startswith("santa: error: a training worker died")
 
@@ -109,14 +109,14 @@ def group_removed(error: BaseException) -> bool:
     """Whether ``error`` is a worker that Ray destroyed because its placement group went
     away under it: a node being shut down (drained) releases its bundles so, before the
     node table shows it dead and while its raylet still answers."""
-    from santa.runtime.errors import root_cause
+    from santa.jobs.errors import root_cause
 
     return "placement group was removed" in str(root_cause(error)).lower()
 
 
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective call failing because a peer rank is gone."""
-    from santa.runtime.errors import root_cause
+    from santa.jobs.errors import root_cause
 
     text = f"{type(root_cause(error)).__name__}: {root_cause(error)}".lower()
     return any(marker in text for marker in PEER_LOST_MARKERS)
@@ -233,8 +233,8 @@ class RecoveryReporter(UserCallback):
         """Say what failed and where training resumes, while retries are left. A failure
         on bad input (a table naming unknown documents, a corrupt shard) is not retried:
         the same input fails the same way, so the run ends at once with that one line."""
-        from santa.runtime.console import say
-        from santa.runtime.errors import BAD_INPUT, describe
+        from santa.jobs.console import say
+        from santa.jobs.errors import BAD_INPUT, describe
 
         for failed, error in sorted(worker_exceptions.items()):
             # The raw text (gloo's, a traceback) for the log folder, not a santa line: the
@@ -341,7 +341,7 @@ class RecoveryReporter(UserCallback):
         """Before Ray Train starts a worker group of ``decision.num_workers``: an elastic
         run counts only the nodes Ray shows alive (its policy reads a reservation that can
         still hold a node just lost), and says a new size in one line."""
-        from santa.runtime.console import say
+        from santa.jobs.console import say
 
         if not self._elastic():
             return
@@ -374,7 +374,7 @@ class RecoveryReporter(UserCallback):
 
     def controller_started(self, run_context: Any) -> None:
         """A run that resumes an earlier job's checkpoint says so, once."""
-        from santa.runtime.console import say
+        from santa.jobs.console import say
 
         self.scaling = getattr(run_context, "scaling_config", None)
         try:

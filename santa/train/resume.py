@@ -22,9 +22,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from santa.files import storage
+from santa.files.layout import CHECKPOINT_PREFIX, RUN_SNAPSHOT_FILE, RunLayout
 from santa.models.checkpoints import _snapshot_candidates
-from santa.runtime import storage
-from santa.runtime.layout import CHECKPOINT_PREFIX, RUN_SNAPSHOT_FILE, RunLayout
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from santa.data.published import parquet_file
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "KEEP_ROW_FILES",

@@ -128,7 +128,7 @@ def persist_checkpoint(
     """
     import pyarrow.fs as pafs
 
-    from santa.runtime import storage
+    from santa.files import storage
 
     on_s3 = isinstance(filesystem, pafs.S3FileSystem)
 

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from santa.files.layout import checkpoint_model
 from santa.models.sharded import (
     load_sharded_weights,
     save_sharded_weights,
     single_process_quietly,
 )
-from santa.runtime.layout import checkpoint_model
 from santa.train.state import load_loop_state, save_loop_state
 
 if TYPE_CHECKING:

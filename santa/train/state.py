@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from santa.config import SantaConfig
-from santa.runtime.layout import STATE_FILE
+from santa.files.layout import STATE_FILE
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"

@@ -18,26 +18,27 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from santa.config import SantaConfig
-from santa.data.outputs import read_manifest
-from santa.data.published import pair_files
-from santa.models.checkpoints import resolve_model
-from santa.runtime import interrupts, storage
-from santa.runtime.interrupts import call_in_thread
-from santa.runtime.layout import CacheLayout, RunLayout
-from santa.runtime.placement import placement_retries, placement_wait_s
-from santa.runtime.ray_utils import capacity_of, head_placement, ray_log_level
-from santa.runtime.resources import (
+from santa.cluster.placement import placement_retries, placement_wait_s
+from santa.cluster.ray_utils import capacity_of, head_placement, ray_log_level
+from santa.cluster.resources import (
     ResourcePlan,
     check_plan,
     trainer_gpus,
     training_plan,
 )
-from santa.runtime.tracking import Tracking, finish_tracking
+from santa.config import SantaConfig
+from santa.data.published import pair_files
+from santa.files import storage
+from santa.files.layout import CacheLayout, RunLayout
+from santa.files.outputs import read_manifest
+from santa.jobs import interrupts
+from santa.jobs.interrupts import call_in_thread
+from santa.models.checkpoints import resolve_model
 from santa.train.entry import train_loop_per_worker
 from santa.train.kept import describe_run
 from santa.train.loop_config import LoopConfig, objective_entry, training_data
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
+from santa.train.tracking import Tracking, finish_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class RunSpec:
     """How often Ray restarts a dead hard-negative miner."""
     start_retries: int | None = None
     """How often Ray Train retries a worker group that does not start (-1: forever; None:
-    ``SANTA_PLACEMENT_RETRIES``, see :mod:`santa.runtime.placement`)."""
+    ``SANTA_PLACEMENT_RETRIES``, see :mod:`santa.cluster.placement`)."""
     objective: str = "santa"
     """What the loop trains: a name in ``santa.train.loop_config.OBJECTIVES``, whose entry
     says what data it trains on and where it starts from."""
@@ -103,7 +104,7 @@ class RunSpec:
     """The cache folder runs share (trained tokenizers, torch.compile's work); empty: the
     one beside the run (``RunLayout.cache``). Nested runs pass their parent's."""
     tracking: dict[str, Any] = field(default_factory=dict)
-    """MLflow / W&B settings (``santa.runtime.tracking.Tracking.to_dict``); empty: none."""
+    """MLflow / W&B settings (``santa.train.tracking.Tracking.to_dict``); empty: none."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
@@ -263,7 +264,7 @@ def miner_placement(config: SantaConfig, miner_gpu: bool) -> tuple[float, dict[s
 def run_plan(
     config: SantaConfig, cpus_per_worker: float = 0.0, miner_gpu: bool = False
 ) -> ResourcePlan:
-    """What :func:`fit` will ask the cluster for (``santa.runtime.resources``);
+    """What :func:`fit` will ask the cluster for (``santa.cluster.resources``);
     ``cpus_per_worker`` as :class:`RunSpec` takes it (0: sized by :func:`worker_cpus`)."""
     cpus = worker_cpus(cpus_per_worker, config.train.num_workers)
     miner_gpus, miner_resources = miner_placement(config, miner_gpu)

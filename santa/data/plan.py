@@ -24,7 +24,10 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
+from santa.cluster.ray_utils import capacity_of, cluster_cpus, environment
+from santa.config.preprocess import DATASETS, STAGES, PreprocessConfig  # noqa: F401 (re-exported)
 from santa.data import esci
+from santa.data.accounting import build_report, summarize
 from santa.data.beir import write_beir
 from santa.data.datasets import run_preprocess  # noqa: F401 (re-exported: any dataset)
 from santa.data.operators import (
@@ -37,8 +40,6 @@ from santa.data.operators import (
     extract_source_records,
     select_output_rows,
 )
-from santa.data.outputs import staged_output
-from santa.data.preprocess_config import DATASETS, STAGES, PreprocessConfig  # noqa: F401 (re-exported)
 from santa.data.readers import (
     JsonLinesDatasource,
     first_record_language,
@@ -48,12 +49,11 @@ from santa.data.readers import (
     split_from_path,
 )
 from santa.data.records import Reason
-from santa.data.report import build_report, summarize
 from santa.data.schema import PAIR_SCHEMA
 from santa.data.source import EXTENSIONS, iter_source_files
-from santa.runtime import storage
-from santa.runtime.progress import ProgressLines, counted
-from santa.runtime.ray_utils import capacity_of, cluster_cpus, environment
+from santa.files import storage
+from santa.files.outputs import staged_output
+from santa.jobs.progress import ProgressLines, counted
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ def run_plan(config: PreprocessConfig) -> dict[str, Any]:
     """Run the pipeline (codesearchnet, advtest, esci, source) on the current Ray cluster;
     return (and publish) its report. :func:`run_preprocess` takes any dataset.
 
-    The output is staged and published whole (:mod:`santa.data.outputs`): an interrupted
+    The output is staged and published whole (:mod:`santa.files.outputs`): an interrupted
     or failed run leaves the previous output as it was.
     """
     with staged_output(config.output, tool="preprocess") as staged:

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from santa.files.layout import checkpoint_model
 from santa.method.duplicates import document_keys
 from santa.method.losses import contrastive_loss, matryoshka_contrastive_loss, total_loss
 from santa.models.dual_encoder import DualEncoder
-from santa.runtime.layout import checkpoint_model
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.objective import Objective
 
@@ -389,7 +389,7 @@ def _negatives_client(loop, rank: int, world: int):
     negatives = loop.santa.negatives
     if negatives.source == "none":
         return None
-    from santa.negatives.miner import NegativesClient
+    from santa.negatives.client import NegativesClient
 
     return NegativesClient(
         negatives.source,

@@ -9,9 +9,9 @@ import argparse
 from collections.abc import Sequence
 
 from santa.config import SantaConfig
-from santa.recipes import RECIPES, get_recipe, with_recipes_that_fit
-from santa.runtime.quiet import PROGRESS_HELP
-from santa.runtime.tracking import add_tracking_flags
+from santa.config.recipes import RECIPES, get_recipe, with_recipes_that_fit
+from santa.jobs.quiet import PROGRESS_HELP
+from santa.train.tracking import add_tracking_flags
 
 
 class WorkerCount(int):

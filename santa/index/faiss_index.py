@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-__all__ = ["INDEX_KINDS", "EmbeddingIndex"]
+__all__ = ["AUTO_IVF_MIN_DOCUMENTS", "index_kind", "INDEX_KINDS", "EmbeddingIndex"]
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
 # faiss warns below ~39 training points per k-means centroid.
@@ -36,6 +36,18 @@ _MIN_POINTS_PER_CENTROID = 39
 # Queries searched per faiss call: bounds the (batch, k) buffers and the id lists built
 # from them, whatever the number of queries.
 SEARCH_BATCH_SIZE = 8192
+
+
+# ``negatives.index="auto"``: exact search up to this many documents, IVF from here on.
+AUTO_IVF_MIN_DOCUMENTS = 500_000
+
+
+def index_kind(setting: str, documents: int) -> str:
+    """The faiss index kind for ``setting``; ``auto`` is flat below
+    :data:`AUTO_IVF_MIN_DOCUMENTS` documents and IVF from there on."""
+    if setting != "auto":
+        return setting
+    return "ivf" if documents >= AUTO_IVF_MIN_DOCUMENTS else "flat"
 
 
 def _faiss():

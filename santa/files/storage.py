@@ -311,7 +311,7 @@ def for_ray(uri: str) -> tuple[str, pafs.FileSystem | None]:
     writes and checkpoint uploads get santa's connect/request timeouts (a silent endpoint
     ends a job in seconds, not after Ray's and the AWS SDK's defaults); locally the path
     and None (Ray's default). Ray's returned paths then lack the ``s3://`` scheme
-    (:func:`santa.runtime.layout.checkpoint_uri` puts it back).
+    (:func:`santa.files.layout.checkpoint_uri` puts it back).
     """
     if not is_s3(uri):
         return uri, None

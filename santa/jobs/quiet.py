@@ -37,7 +37,7 @@ __all__ = [
     "quiet_worker",
 ]
 
-SETUP_HOOK = "santa.runtime.quiet.quiet_worker"
+SETUP_HOOK = "santa.jobs.quiet.quiet_worker"
 """What Ray runs first in every worker process of a quiet job."""
 LOG_FILE_ENV = "SANTA_LOG_FILE"
 

@@ -525,8 +525,8 @@ def finish_tracking(
     model folder (downloaded first when on S3); a failed run is marked failed."""
     if not tracked.active:
         return
-    from santa.runtime import storage
-    from santa.runtime.layout import checkpoint_model
+    from santa.files import storage
+    from santa.files.layout import checkpoint_model
 
     metrics = dict(getattr(result, "metrics", None) or {})
     checkpoint = getattr(result, "checkpoint", None)

@@ -223,7 +223,7 @@ def _schedulable(resources: dict[str, Any]) -> dict[str, float]:
 
 def autoscaler_node_types() -> list[dict[str, float]]:
     """The resources of each node type the autoscaler's config declares (empty: unknown)."""
-    from santa.runtime.ray_utils import autoscaling_config_path
+    from santa.cluster.ray_utils import autoscaling_config_path
 
     path = autoscaling_config_path()
     if not path:
@@ -249,7 +249,7 @@ def cluster_shape() -> ClusterShape:
     """The connected cluster: its alive nodes, the autoscaler's node types and limits."""
     import ray
 
-    from santa.runtime.ray_utils import cluster_capacity
+    from santa.cluster.ray_utils import cluster_capacity
 
     nodes = tuple(
         _schedulable(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")

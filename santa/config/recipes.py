@@ -10,7 +10,7 @@ FSDP on one 8-GPU node) train decoder LLMs as embedders.
 
 The recipes that reproduce a table of the paper (``codet5-base-codesearch``,
 ``codet5-base-adv``, ``codet5-base-adv-table2``, ``t5-base-esci``) live in
-:mod:`santa.table_recipes`, each setting with its source; the ``codet5-base-code`` and ``t5-base-product`` families here are santa's
+:mod:`santa.config.table_recipes`, each setting with its source; the ``codet5-base-code`` and ``t5-base-product`` families here are santa's
 general recipes at the paper's batch sizes, learning rates and epochs (AdamW, per-token MEP).
 """
 
@@ -30,7 +30,7 @@ from santa.config import (
     ScoderConfig,
     TrainConfig,
 )
-from santa.table_recipes import check_stage, table_recipe_factories
+from santa.config.table_recipes import check_stage, table_recipe_factories
 
 __all__ = [
     "MINILM_PACKAGE",
@@ -409,7 +409,7 @@ RECIPES: dict[str, Callable[[], SantaConfig]] = {
     "t5-base-product-ance": lambda: _ance(_t5_base_product(), learning_rate=1e-5, epochs=60),
     # The papers' tables: codet5-base-codesearch, codet5-base-adv, codet5-base-adv-table2,
     # t5-base-esci (and their later stages), every setting with its source
-    # (santa.table_recipes).
+    # (santa.config.table_recipes).
     **table_recipe_factories(),
 }
 

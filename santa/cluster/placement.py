@@ -9,7 +9,7 @@ timeout), then the job ends with one line saying so. An elastic run (``--num-wor
 MIN-MAX``) does not wait: it goes on with the workers that fit.
 
 Whether a plan can *ever* fit the cluster is checked before the run starts
-(``santa.runtime.resources``, issue 28); this module is about waiting at run time.
+(``santa.cluster.resources``, issue 28); this module is about waiting at run time.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ stages, a sweep's trials) are run folders inside it::
         tokenizers/<key>/              a tokenizer trained for the data (tiny recipe)
         compile/<key>/<shape>.bin      torch.compile's work (torch.compiler cache artifacts)
 
-Only this module (and the published-output rules of :mod:`santa.data.outputs`) spells
+Only this module (and the published-output rules of :mod:`santa.files.outputs`) spells
 these names.
 """
 
@@ -36,7 +36,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "BEST_FILE",

@@ -3,7 +3,7 @@
 A terminal's Ctrl-C sends SIGINT to the job's whole process group; ``ray job stop`` sends
 SIGTERM to the driver (and SIGKILL 3 s later). Either way the first signal raises
 :class:`Interrupted` in the job's main thread: what the job was doing unwinds (staged
-outputs are deleted, the run lock is released), and :func:`santa.runtime.errors.run_job`
+outputs are deleted, the run lock is released), and :func:`santa.jobs.errors.run_job`
 prints one line saying what was kept and how to go on — the job registers that with
 :func:`keeping` while it works::
 
@@ -73,7 +73,7 @@ def _handler(signum: int, frame: Any) -> None:
 
 def _terminal_fd() -> int:
     """Where the job's own lines go: ``sys.__stderr__`` (a command-line job sends file
-    descriptor 2 itself to its log file, see santa.runtime.console)."""
+    descriptor 2 itself to its log file, see santa.jobs.console)."""
     try:
         return sys.__stderr__.fileno()
     except (AttributeError, OSError, ValueError):

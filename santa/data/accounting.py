@@ -15,7 +15,7 @@ from santa.data.records import Reason
 if TYPE_CHECKING:
     import ray.data
 
-    from santa.data.preprocess_config import PreprocessConfig
+    from santa.config.preprocess import PreprocessConfig
 
 MISSING_PRODUCT = "missing_product"
 

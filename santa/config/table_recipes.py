@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from santa.config import SantaConfig
-from santa.table_settings import (  # noqa: F401 - the settings' names, re-exported
+from santa.config.table_settings import (  # noqa: F401 - the settings' names, re-exported
     CODE,
     NOT_COMPUTATIONAL,
     PAPER,
@@ -570,7 +570,7 @@ TABLE_RECIPES: dict[str, TableRecipe] = {
 
 
 def table_recipe_factories() -> dict[str, Any]:
-    """``{recipe name: factory}`` for every stage of every table recipe (``santa.recipes``)."""
+    """``{recipe name: factory}`` for every stage of every table recipe (``santa.config.recipes``)."""
     factories = {}
     for recipe in TABLE_RECIPES.values():
         for stage in recipe.stages:

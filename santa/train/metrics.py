@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from santa.config import SantaConfig
-from santa.runtime import storage
+from santa.files import storage
 from santa.train.loop_config import LoopConfig
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _tensorboard_writer(directory: str):
 
 def _worker_tracker(loop: LoopConfig, config: SantaConfig):
     """Rank 0's MLflow / W&B logger when the job tracks its runs (else None)."""
-    from santa.runtime.tracking import Tracking, WorkerTracker, tracking_warning
+    from santa.train.tracking import Tracking, WorkerTracker, tracking_warning
 
     tracking = Tracking.from_dict(loop.tracking)
     if not (tracking.mlflow_run_id or tracking.wandb_run_id):

@@ -7,7 +7,7 @@ alive. The job therefore starts this small watcher, in a session of its own, whi
 the job's process to go and then kills every process of that Ray session (the processes
 whose command line names its session folder), and nothing else.
 
-    python -m santa.runtime.reaper PID START_TIME SESSION_DIR
+    python -m santa.cluster.reaper PID START_TIME SESSION_DIR
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def start_reaper(session_dir: str) -> subprocess.Popen | None:
         return None
     pid = os.getpid()
     return subprocess.Popen(
-        [sys.executable, "-m", "santa.runtime.reaper", str(pid), process_start_time(pid)]
+        [sys.executable, "-m", "santa.cluster.reaper", str(pid), process_start_time(pid)]
         + [session_dir],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

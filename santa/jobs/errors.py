@@ -118,7 +118,7 @@ def root_cause(error: BaseException) -> BaseException:
 
 
 def _is_bad_input(error: BaseException) -> bool:
-    from santa.runtime.storage import StorageError
+    from santa.files.storage import StorageError
 
     if isinstance(error, StorageError):
         # A missing object or bucket is bad input; an unreachable endpoint is a fault.
@@ -162,7 +162,7 @@ def _describe_placement_timeout(error: BaseException) -> str | None:
     """One line for Ray Train giving up waiting for its workers to be placed."""
     if type(error).__name__ != "WorkerGroupStartupTimeoutError":
         return None
-    from santa.runtime.placement import (
+    from santa.cluster.placement import (
         PLACEMENT_RETRIES_ENV,
         WAIT_ENV,
         describe_wait,
@@ -182,7 +182,7 @@ def _describe_placement_timeout(error: BaseException) -> str | None:
 def describe(error: BaseException) -> tuple[str, int]:
     """The one line and the exit code for ``error``."""
     error = _root_cause(error)
-    from santa.runtime.storage import s3_error
+    from santa.files.storage import s3_error
 
     error = s3_error(error) or error  # pyarrow's AWS errors from Ray's processes: the URI
     death = _describe_process_death(error) or _describe_placement_timeout(error)
@@ -195,7 +195,7 @@ def describe(error: BaseException) -> tuple[str, int]:
         message = lines[-1].strip()
     if _is_bad_input(error):
         return f"santa: error: {message or type(error).__name__}", BAD_INPUT
-    from santa.runtime.storage import StorageError
+    from santa.files.storage import StorageError
 
     if isinstance(error, StorageError | RayStartError) and message:  # says what and why
         return f"santa: error: {message}", RUNTIME_FAULT
@@ -280,17 +280,17 @@ def stop_worker_lines() -> None:
 
 def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> int:
     """Run a job's ``main`` and turn any exception into one line and an exit code."""
-    from santa.runtime import interrupts
-    from santa.runtime.workdir import steady_working_directory
+    from santa.jobs import interrupts
+    from santa.jobs.workdir import steady_working_directory
 
     debug = debug_enabled(argv)
     if argv is None:  # the process's own command line (``__main__``), not a library call
-        from santa.runtime import console
-        from santa.runtime.quiet import quiet_driver
+        from santa.jobs import console
+        from santa.jobs.quiet import quiet_driver
 
         console.mark_command_line()
         if "--verbose" not in sys.argv[1:]:
-            from santa.runtime.quiet import progress_bars_off, quiet_job_logging
+            from santa.jobs.quiet import progress_bars_off, quiet_job_logging
 
             # Also for a job that never starts Ray (evaluate, export): faiss's loader lines,
             # Python warnings and the job's log records (bm25s's, santa's INFO) go to its
@@ -316,7 +316,7 @@ def run_job(main: Callable[[], int | None], argv: list[str] | None = None) -> in
             interrupts.restore(previous)
         return INTERRUPTED
     except BaseException as error:  # noqa: BLE001 - every error becomes one line
-        from santa.runtime import console
+        from santa.jobs import console
 
         console.log_exception(error)  # the whole story, in the job's log file
         if debug:

@@ -12,15 +12,15 @@ one line and an exit code) or from Python (``with job.running(): ...``: errors r
    the place it writes checked writable: each failure one line naming the flag and the URI,
    before any lock or Ray;
 2. **lock**: one writer per place, taken here and nowhere else: ``output=`` a folder the
-   job publishes whole (:func:`santa.data.outputs.claim_output`: the output lock beside it,
+   job publishes whole (:func:`santa.files.outputs.claim_output`: the output lock beside it,
    and the folder checked to hold this job's output or nothing), or ``run=`` a run folder
-   that the job writes into (:class:`~santa.runtime.runlock.RunLock` inside it);
+   that the job writes into (:class:`~santa.files.runlock.RunLock` inside it);
 3. **Ray**: started or joined with its one line (:meth:`Job.start_ray`), by the jobs that
    need it, after the lock (a second writer is refused in a second, not after Ray's start);
 4. **interrupts**: Ctrl-C or ``ray job stop`` unwinds the job and prints what it kept
-   (``kept``) and how to go on (``hint``) (:mod:`santa.runtime.interrupts`);
+   (``kept``) and how to go on (``hint``) (:mod:`santa.jobs.interrupts`);
 5. **staging → publish**: the job's writer stages its files and publishes them whole
-   (:func:`santa.data.outputs.staged_output`, the index's work folder, Ray Train's
+   (:func:`santa.files.outputs.staged_output`, the index's work folder, Ray Train's
    checkpoints); an interrupted or failed job leaves the output as it was.
 """
 
@@ -62,18 +62,18 @@ class Job:
     def lock(self) -> contextlib.AbstractContextManager:
         """The job's one lock (none for a job that writes nothing)."""
         if self.output:
-            from santa.data.outputs import claim_output
+            from santa.files.outputs import claim_output
 
             return claim_output(self.output, self.tool, self.output_flag, force=self.force)
         if self.run:
-            from santa.runtime.runlock import RunLock
+            from santa.files.runlock import RunLock
 
             return RunLock(self.run, force=self.force, description=self.description)
         return contextlib.nullcontext()
 
     def preflight(self, checks: Iterable[Check] = ()) -> None:
         """The job's checks, then its output (or storage) writable: one line each."""
-        from santa.runtime.preflight import check_writable
+        from santa.jobs.preflight import check_writable
 
         for check in checks:
             check()
@@ -85,7 +85,7 @@ class Job:
     @contextlib.contextmanager
     def running(self, checks: Iterable[Check] = ()) -> Iterator[Job]:
         """Preflight, lock, and what an interruption says, around the job's work."""
-        from santa.runtime import interrupts
+        from santa.jobs import interrupts
 
         self.preflight(checks)
         with self.lock():
@@ -96,8 +96,8 @@ class Job:
                 yield self
 
     def start_ray(self, address: str | None = None, **options) -> None:
-        """Start or join Ray (:func:`santa.runtime.ray_utils.init_ray`), printing its line."""
-        from santa.runtime.ray_utils import init_ray
+        """Start or join Ray (:func:`santa.cluster.ray_utils.init_ray`), printing its line."""
+        from santa.cluster.ray_utils import init_ray
 
         print(init_ray(address, **options), flush=True)
 
@@ -108,8 +108,8 @@ class Job:
         checks: Iterable[Check] = (),
     ) -> int:
         """The command line's face: :meth:`running` around ``work``; any error one line and
-        an exit code (:func:`santa.runtime.errors.run_job`)."""
-        from santa.runtime.errors import run_job
+        an exit code (:func:`santa.jobs.errors.run_job`)."""
+        from santa.jobs.errors import run_job
 
         def whole() -> int | None:
             with self.running(checks):

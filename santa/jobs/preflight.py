@@ -13,8 +13,8 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from santa.runtime import storage
-from santa.runtime.storage import StorageError
+from santa.files import storage
+from santa.files.storage import StorageError
 
 __all__ = [
     "check_beir",
@@ -112,7 +112,8 @@ def check_negatives_table(uri: str, what: str = "--hard-negatives table:") -> No
     """A hard-negatives table is there and has its columns (its schema is read, not its rows)."""
     import pyarrow.parquet as pq
 
-    from santa.negatives.mining import TABLE_FILE, published_table
+    from santa.negatives.rules import TABLE_FILE
+    from santa.negatives.table import published_table
 
     check_input(uri, what + uri)
     target = uri if uri.endswith(".parquet") else published_table(uri)

@@ -8,7 +8,7 @@ from typing import Any
 
 from santa.eval.metrics import METRICS, NDCG_4CLASS
 from santa.eval.retrieval import Ranking
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = ["check_trec_ids", "format_markdown", "read_trec", "write_trec"]
 

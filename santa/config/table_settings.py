@@ -1,7 +1,7 @@
 """Where each setting of a table recipe comes from (:class:`Setting`: the paper, SANTA's
 released code, santa's own choice, or a field the stage does not read) and the recipe
 family that holds them (:class:`TableRecipe`); the recipes themselves are in
-:mod:`santa.table_recipes`."""
+:mod:`santa.config.table_recipes`."""
 
 from __future__ import annotations
 

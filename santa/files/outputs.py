@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from santa.runtime import storage
+from santa.files import storage
 
 __all__ = [
     "MANIFEST_FILE",
@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_FILE = "report.json"
 RUNS_PREFIX = "runs"
 TOOL_KEY = "tool"
-LEASE_FILE = ".santa-lock.json"  # santa.runtime.layout's S3 lease, kept by a publish
+LEASE_FILE = ".santa-lock.json"  # santa.files.layout's S3 lease, kept by a publish
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def staged_output(uri: str, tool: str = "") -> Iterator[StagedOutput]:
     try:
         yield staged
     except BaseException as error:
-        from santa.runtime.errors import root_cause
+        from santa.jobs.errors import root_cause
 
         # An S3 endpoint that did not answer would make the delete wait its timeouts again
         # before the job's line (issue 40); the staging folder is left to the next run.
@@ -361,10 +361,10 @@ def check_output_owner(uri: str, tool: str, what: str = "--output") -> None:
 
 @contextlib.contextmanager
 def claim_output(uri: str, tool: str, what: str = "--output", force: bool = False):
-    """One writer per output: the lease runs take (:mod:`santa.runtime.runlock`) on the
+    """One writer per output: the lease runs take (:mod:`santa.files.runlock`) on the
     output, and the folder checked to hold this tool's output or nothing."""
-    from santa.runtime.layout import output_lock
-    from santa.runtime.runlock import RunLock
+    from santa.files.layout import output_lock
+    from santa.files.runlock import RunLock
 
     lock = RunLock(
         uri,

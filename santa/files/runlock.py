@@ -8,7 +8,7 @@ one line naming the holder.
   when the holder exits, even on ``kill -9``; the file says who holds it).
 - S3: a lease object ``NAME/.santa-lock.json`` with the owner, host, pid and a heartbeat
   refreshed every ``heartbeat_s`` by a small child process (``python -m
-  santa.runtime.runlock``), not a thread: pyarrow makes every new S3 client of a process,
+  santa.files.runlock``), not a thread: pyarrow makes every new S3 client of a process,
   and the process's exit, wait for that process's requests in flight, so a heartbeat to an
   endpoint gone silent held the job's way out up to its whole timeouts (Ray Train's result,
   unpickled with its filesystem, and the exit each waited ~20 s). The child ends when the
@@ -34,8 +34,8 @@ import time
 import uuid
 from typing import Any
 
-from santa.runtime import storage
-from santa.runtime.layout import RunLayout
+from santa.files import storage
+from santa.files.layout import RunLayout
 
 __all__ = ["RunLock", "RunLockedError"]
 
@@ -116,8 +116,8 @@ class RunLock:
         # one, never one raised while releasing; a lease left behind goes stale. After an
         # S3 endpoint that did not answer, no release is tried: it would wait the whole
         # timeouts again before the job's line (issue 40).
-        from santa.runtime.errors import root_cause
-        from santa.runtime.storage import unreachable
+        from santa.files.storage import unreachable
+        from santa.jobs.errors import root_cause
 
         error = exc_info[0] if exc_info else None
         if isinstance(error, BaseException) and unreachable(root_cause(error)) is not None:
@@ -210,7 +210,7 @@ class RunLock:
         path = os.environ.get("PYTHONPATH", "")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, path) if p)}
         self._beater = subprocess.Popen(
-            [sys.executable, "-m", "santa.runtime.runlock"],
+            [sys.executable, "-m", "santa.files.runlock"],
             stdin=subprocess.PIPE,
             # Not the holder's output: whoever reads it to its end (a shell's pipe, the
             # job's supervisor) would wait for this process too.
@@ -282,7 +282,7 @@ def _died_here(lease: dict[str, Any]) -> bool:
 
 def _process_started_at(pid: int) -> float | None:
     """When ``pid`` started (seconds since the epoch), or None when there is no such process."""
-    from santa.runtime.reaper import process_start_time
+    from santa.cluster.reaper import process_start_time
 
     ticks = process_start_time(pid)
     if not ticks:

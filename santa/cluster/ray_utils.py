@@ -27,7 +27,7 @@ import time
 
 import ray
 
-from santa.runtime.quiet import SETUP_HOOK, progress_bars_off, quiet_driver
+from santa.jobs.quiet import SETUP_HOOK, progress_bars_off, quiet_driver
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ def init_ray(
         for name in ("ray.data", "faiss", "faiss.loader"):
             logging.getLogger(name).setLevel(logging.WARNING)
         # Third-party warnings (Ray's token-auth notice, ranx, faiss, Inductor) go to a log
-        # file, here and in every worker process of the job (santa.runtime.quiet).
+        # file, here and in every worker process of the job (santa.jobs.quiet).
         warnings_file = quiet_driver()
-        from santa.runtime import console
+        from santa.jobs import console
 
         console.divert_native_stderr(warnings_file)  # the core worker's own log lines
     runtime_env = kwargs.pop("runtime_env", {}) or {}
@@ -158,7 +158,7 @@ def init_ray(
     global _log_level
     level = _log_level = "INFO" if verbose else "WARNING"
     log_to_driver = kwargs.pop("log_to_driver", True)
-    from santa.runtime import console
+    from santa.jobs import console
 
     if not verbose:
         console.quiet_driver_loggers()
@@ -177,12 +177,12 @@ def init_ray(
             ),
             **kwargs,
         )
-    from santa.runtime import interrupts
+    from santa.jobs import interrupts
 
     interrupts.reinstall()  # ray.init turned SIGTERM into sys.exit(15)
     if address == "local":
         # The Ray of the job's own ends with it, even when the job is killed outright.
-        from santa.runtime.reaper import start_reaper
+        from santa.cluster.reaper import start_reaper
 
         node = getattr(ray._private.worker, "_global_node", None)
         if node is not None:
@@ -238,7 +238,7 @@ def _start_or_join(address: str, **init_kwargs) -> None:
         _clean_up_failed_start(error)
     first_s = time.monotonic() - started
     longer = wait * RETRY_WAIT_FACTOR
-    from santa.runtime import console
+    from santa.jobs import console
 
     console.say(
         f"local Ray did not start in {first_s:.0f} s ({what} within Ray's {wait:g} s wait; "
@@ -254,7 +254,7 @@ def _start_or_join(address: str, **init_kwargs) -> None:
             raise
         logs = _clean_up_failed_start(error)
         second_s = time.monotonic() - started
-        from santa.runtime.errors import RayStartError
+        from santa.jobs.errors import RayStartError
 
         raise RayStartError(
             f"local Ray did not start, twice (in {first_s:.0f} s, then {second_s:.0f} s: "

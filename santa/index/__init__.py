@@ -1,0 +1,1 @@
+"""The faiss index every room retrieves with (evaluation, mining, search)."""
