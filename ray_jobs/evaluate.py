@@ -135,15 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"output: {args.output}")
         return 0
 
-    job = Job(
-        "evaluate",
-        output=args.output or "",
-        kept=lambda: (
-            f"no metrics were published; {args.output} is as it was"
-            if args.output
-            else "nothing was written"
-        ),
-    )
+    kept = f"no metrics were published; {args.output} is as it was" if args.output else ""
+    job = Job("evaluate", output=args.output or "", kept=lambda: kept)
     return job.main(evaluate_and_print, argv, checks=[lambda: check_input(args.data, "--data")])
 
 
