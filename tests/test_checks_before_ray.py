@@ -267,8 +267,8 @@ def test_a_recipe_that_is_no_pipelines_is_refused_naming_those_that_are(
     assert line.startswith("santa: error: recipe 'tiny-scoder' is not a pipeline's")
     assert line.endswith(
         "recipes for the pipeline: codet5-base-adv, codet5-base-adv-table2, "
-        "codet5-base-code, codet5-base-codesearch, minilm, t5-base-esci, t5-base-product, "
-        "tiny, tiny-ci"
+        "codet5-base-code, codet5-base-codesearch, minilm, qwen2.5-coder-1.5b-lora-fsdp, "
+        "t5-base-esci, t5-base-product, tiny, tiny-ci, tiny-decoder"
     )
     assert started == [] and not (tmp_path / "runs").exists()
 

@@ -54,10 +54,12 @@ def test_forwarded_worker_lines_other_than_santas_go_to_the_log_file(tmp_path: P
     captured = capsys.readouterr()
     assert captured.err == "santa: warning: a line\n"
     assert captured.out == "[train] step 1/2 loss 1.0\n"
-    assert Path(path).read_text() == (
-        "(RayTrainWorker pid=4242) Traceback (most recent call last):\n"
-        "(pid=raylet) A worker died or was killed while executing a task\n"
-    )
+    # Driver-side records buffered earlier in this process (other tests' Ray) go there too.
+    forwarded = [line for line in Path(path).read_text().splitlines() if line.startswith("(")]
+    assert forwarded == [
+        "(RayTrainWorker pid=4242) Traceback (most recent call last):",
+        "(pid=raylet) A worker died or was killed while executing a task",
+    ]
 
 
 _NATIVE = """

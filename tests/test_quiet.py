@@ -195,9 +195,10 @@ def test_progress_bars_are_off_unless_asked(monkeypatch) -> None:
 def test_search_from_the_command_line_is_a_quiet_job(monkeypatch) -> None:
     """Its ``Loading weights ... 101/101`` bar came from being run as a library call."""
     from ray_jobs import search
+    from santa.jobs import errors
 
     seen = []
-    monkeypatch.setattr(search, "run_job", lambda job, argv: seen.append(argv) or 0)
+    monkeypatch.setattr(errors, "run_job", lambda work, argv: seen.append(argv) or 0)
     monkeypatch.setattr(sys, "argv", ["search", "--index", "i", "a query"])
     search.main()
     search.main(["--index", "i", "a query"])

@@ -88,3 +88,15 @@ def test_upload_dir_copies_every_file_keeping_paths_to_a_folder_or_s3(tmp_path, 
         "runs/r/tensorboard/events.out",
         "runs/r/tensorboard/plugins/profile/trace.json.gz",
     ]
+
+
+def test_download_dir_of_a_flat_s3_folder_makes_the_local_folder(tmp_path, moto_s3):
+    """A folder of files only (a model's ``init_model``) lists no directories on S3, so
+    Arrow made none: the copy failed with 'Failed to open local file'."""
+    bucket = moto_s3.create_bucket("download-dir")
+    storage.write_bytes(f"{bucket}/model/config.json", b"{}")
+    storage.write_bytes(f"{bucket}/model/model.safetensors", b"weights")
+    target = tmp_path / "not" / "yet" / "there"
+    storage.download_dir(f"{bucket}/model", str(target))
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert (target / "model.safetensors").read_bytes() == b"weights"

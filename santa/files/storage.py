@@ -508,6 +508,8 @@ def download_dir(source: str | Location, local_dir: str, what: str = "folder") -
         source = Location(filesystem, path, source)
     if file_info(source).type == pafs.FileType.NotFound:
         raise StorageError(f"no {what} at {source.uri}")
+    # Arrow creates the folders it lists; a flat S3 folder lists none, so make the root.
+    os.makedirs(local_dir, exist_ok=True)
     classified(
         lambda: pafs.copy_files(
             source.path,
