@@ -127,7 +127,7 @@ def test_batch_keys_follow_the_tokens_the_document_is_embedded_from() -> None:
     """Single-pass MEP embeds the masked document; otherwise the document itself."""
     from types import SimpleNamespace
 
-    from santa.method.objective import _duplicate_keys
+    from santa.train.santa_objective import _duplicate_keys
 
     masked = torch.tensor([[1, 2], [1, 2]])
     plain = torch.tensor([[3, 4], [5, 6]])

@@ -25,10 +25,10 @@ from santa.config import ModelConfig, NegativesConfig, SantaConfig, TrainConfig
 from santa.config.recipes import minilm_path
 from santa.method.distributed import all_gather_with_grad, identity_gather
 from santa.method.duplicates import document_keys
-from santa.method.objective import compute_losses, santa_grad_cache_step
 from santa.models.dual_encoder import DualEncoder
 from santa.train import grad_cache
 from santa.train.grad_cache import chunk_slices
+from santa.train.santa_objective import compute_losses, santa_grad_cache_step
 from tests.conftest import free_port
 
 TOLERANCE = 1e-5  # relative error of the parameter gradients, fp32 on CPU
@@ -267,7 +267,7 @@ def chunked_with_graphs(
     """GradCache's reference with dropout: each chunk's forward (through ``forward``) with
     its graph kept, then the batch's loss and one backward; ``model``'s gradients."""
     from santa.method.losses import contrastive_loss
-    from santa.method.objective import BATCH_KEYS
+    from santa.train.santa_objective import BATCH_KEYS
 
     queries, docs, hards, meps = [], [], [], []
     tokens = model.mep_token_count(batch["labels"])
@@ -508,8 +508,8 @@ def test_the_santa_objective_dispatches_to_grad_cache() -> None:
     gradients and losses."""
     from types import SimpleNamespace
 
-    from santa.method.objective import SantaObjective
     from santa.train.loop_config import LoopConfig
+    from santa.train.santa_objective import SantaObjective
 
     model = tiny_t5()
     batch = make_batch(model, hard=False, mep=True)

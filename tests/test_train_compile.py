@@ -15,14 +15,14 @@ import torch
 
 from santa.config import ModelConfig
 from santa.method.distributed import identity_gather
-from santa.method.objective import (
+from santa.models.dual_encoder import DualEncoder
+from santa.models.tokenizer import train_tokenizer
+from santa.train.santa_objective import (
     compute_losses,
     hard_negative_batch,
     placeholder_negatives,
     to_tensors,
 )
-from santa.models.dual_encoder import DualEncoder
-from santa.models.tokenizer import train_tokenizer
 from tests.training import stdlib_pair_rows, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

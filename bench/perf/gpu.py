@@ -86,7 +86,6 @@ if not __package__:  # run as a file (python bench/perf/x.py): the repo root on 
 from bench import common  # noqa: E402
 from santa.config import ModelConfig, SantaConfig, TrainConfig  # noqa: E402
 from santa.method.distributed import identity_gather  # noqa: E402
-from santa.method.objective import compute_losses  # noqa: E402
 from santa.models.dual_encoder import DualEncoder  # noqa: E402
 from santa.train.optim import build_optimizer  # noqa: E402
 from santa.train.precision import (  # noqa: E402
@@ -94,6 +93,7 @@ from santa.train.precision import (  # noqa: E402
     use_bf16_position_bias,
     use_fused_rms_norm,
 )
+from santa.train.santa_objective import compute_losses  # noqa: E402
 
 RESULTS = common.RESULTS_DIR / "gpu.json"
 

@@ -6,7 +6,7 @@ global batch and each of
 
 - ``plain``: one forward over the batch, backward (what santa does with
   ``train.grad_cache_chunk_size=0``);
-- ``grad-cache``: ``santa.method.objective.santa_grad_cache_step`` in chunks of ``--chunk``
+- ``grad-cache``: ``santa.train.santa_objective.santa_grad_cache_step`` in chunks of ``--chunk``
   pairs (``train.grad_cache_chunk_size``).
 
 Each (batch, mode) runs in a fresh subprocess, so its peak memory is its own: the peak RSS
@@ -122,7 +122,7 @@ def run_child(args: argparse.Namespace) -> dict:
 
     from santa.config import SantaConfig, TrainConfig
     from santa.method.distributed import identity_gather
-    from santa.method.objective import compute_losses, santa_grad_cache_step
+    from santa.train.santa_objective import compute_losses, santa_grad_cache_step
 
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.gpu else "cpu")

@@ -112,8 +112,7 @@ def check_negatives_table(uri: str, what: str = "--hard-negatives table:") -> No
     """A hard-negatives table is there and has its columns (its schema is read, not its rows)."""
     import pyarrow.parquet as pq
 
-    from santa.negatives.table import TABLE_FILE
-    from santa.negatives.table import published_table
+    from santa.negatives.table import TABLE_FILE, published_table
 
     check_input(uri, what + uri)
     target = uri if uri.endswith(".parquet") else published_table(uri)

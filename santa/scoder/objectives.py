@@ -22,7 +22,6 @@ import torch
 
 from santa.config import SantaConfig
 from santa.method.losses import matryoshka_loss
-from santa.method.objective import DualEncoderObjective, to_device
 from santa.method.scoder_losses import (
     adversarial_loss,
     discriminator_loss,
@@ -33,6 +32,7 @@ from santa.models.dual_encoder import DualEncoder
 from santa.scoder.discriminator import DiscriminatorPair
 from santa.train.grad_cache import ChunkForward, chunk_inputs, ddp_no_sync, grad_cache_backward
 from santa.train.objective import Objective
+from santa.train.santa_objective import DualEncoderObjective, to_device
 
 __all__ = [
     "DISCRIMINATORS_DIR",
@@ -97,9 +97,9 @@ class DiscriminatorObjective(Objective):
     def find_unused_parameters(self, model) -> bool:
         return True  # a batch may hold rows of one kind only: the other model gets no grad
 
-    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+    def losses(self, context, batch) -> dict[str, torch.Tensor | float]:
         rows = _rows(batch)
-        pair: DiscriminatorPair = trainer.model
+        pair: DiscriminatorPair = context.model
         train = self.config.train
         inputs: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}
@@ -115,13 +115,13 @@ class DiscriminatorObjective(Objective):
                 max_length=pair_length(self.config),
             )
             for key in ("input_ids", "attention_mask"):
-                value = to_device(encoded[key], trainer.device)
+                value = to_device(encoded[key], context.device)
                 inputs[f"{kind}_{key}"] = value.reshape(len(index), width, -1)
             counts[kind] = len(index)
         unknown = set(rows["kind"]) - set(pair.by_kind)
         if unknown:
             raise ValueError(f"examples of kind {sorted(unknown)} but no discriminator for it")
-        scores = trainer.forward_model(**inputs)  # {kind: (rows of kind, 1 + n)}
+        scores = context.forward_model(**inputs)  # {kind: (rows of kind, 1 + n)}
         total = sum(counts.values())
         loss = sum(discriminator_loss(s) * (counts[k] / total) for k, s in scores.items())
         correct = sum((s.argmax(dim=1) == 0).sum() for s in scores.values())  # on the device
@@ -145,12 +145,12 @@ class SoftLabelObjective(DualEncoderObjective):
         tied = getattr(model.backbone.config, "tie_word_embeddings", True)
         return model.is_t5 and not tied
 
-    def setup(self, trainer) -> None:
+    def setup(self, context) -> None:
         self.teacher = None
         if self.config.scoder.soft_labels == "online":
             teacher = DiscriminatorPair.from_pretrained(self.loop.discriminators).eval()
             teacher.requires_grad_(False)
-            self.teacher = teacher.to(trainer.device)
+            self.teacher = teacher.to(context.device)
 
     def soft_labels(self, rows: dict[str, list], device) -> torch.Tensor:
         """The discriminators' scores ``(batch, 1 + n)``: read, or computed without grad."""
@@ -172,10 +172,10 @@ class SoftLabelObjective(DualEncoderObjective):
                     ).float()
         return scores
 
-    def inputs(self, trainer, rows: dict[str, list]) -> dict[str, torch.Tensor]:
+    def inputs(self, context, rows: dict[str, list]) -> dict[str, torch.Tensor]:
         """The model inputs of a batch: its queries and, query-major, every candidate."""
         train = self.config.train
-        model: DualEncoder = trainer.model
+        model: DualEncoder = context.model
         encoded_queries = model.tokenize(
             rows["query"], train.max_query_length, "max_length", role="query"
         )
@@ -185,7 +185,7 @@ class SoftLabelObjective(DualEncoderObjective):
             "max_length",
             role="document",
         )
-        device = trainer.device
+        device = context.device
         return {
             "query_input_ids": to_device(encoded_queries["input_ids"], device),
             "query_attention_mask": to_device(encoded_queries["attention_mask"], device),
@@ -193,12 +193,12 @@ class SoftLabelObjective(DualEncoderObjective):
             "document_attention_mask": to_device(encoded_documents["attention_mask"], device),
         }
 
-    def losses(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+    def losses(self, context, batch) -> dict[str, torch.Tensor | float]:
         rows = _rows(batch)
-        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
-        output = trainer.forward_model(**self.inputs(trainer, rows))
+        teacher = self.soft_labels(rows, context.device)  # (batch, 1 + n)
+        output = context.forward_model(**self.inputs(context, rows))
         return soft_label_losses(
-            trainer.model,
+            context.model,
             output.query_embeddings,
             output.doc_embeddings,
             teacher,
@@ -207,21 +207,21 @@ class SoftLabelObjective(DualEncoderObjective):
             matryoshka_weights=self.config.train.matryoshka_weights,
         )
 
-    def forward_backward(self, trainer, batch) -> dict[str, torch.Tensor | float]:
+    def forward_backward(self, context, batch) -> dict[str, torch.Tensor | float]:
         chunk_size = self.config.train.grad_cache_chunk_size
         if not chunk_size:
-            return super().forward_backward(trainer, batch)
+            return super().forward_backward(context, batch)
         rows = _rows(batch)
-        teacher = self.soft_labels(rows, trainer.device)  # (batch, 1 + n)
+        teacher = self.soft_labels(rows, context.device)  # (batch, 1 + n)
         return soft_label_grad_cache_step(
-            trainer.forward_model,
-            trainer.model,
-            self.inputs(trainer, rows),
+            context.forward_model,
+            context.model,
+            self.inputs(context, rows),
             teacher,
             self.config.scoder.adversarial_weight,
             chunk_size=chunk_size,
-            autocast=trainer.autocast,
-            no_sync=ddp_no_sync(trainer.ddp_model),
+            autocast=context.autocast,
+            no_sync=ddp_no_sync(context.ddp_model),
             matryoshka_dims=self.config.train.matryoshka_dims,
             matryoshka_weights=self.config.train.matryoshka_weights,
         )

@@ -23,7 +23,7 @@ Under DDP every chunk but the last is run and back-propagated inside ``no_sync``
 gradients accumulate locally and are all-reduced once, with the last chunk's backward.
 
 This module is the machinery; what a chunk is and what the loss is belong to the
-objective (:func:`santa.method.objective.santa_grad_cache_step`,
+objective (:func:`santa.train.santa_objective.santa_grad_cache_step`,
 :class:`santa.scoder.objectives.SoftLabelObjective`). sentence-transformers'
 ``CachedMultipleNegativesRankingLoss`` (``sentence_transformers/base/losses/gradcache.py``)
 and Tevatron's ``GradCache`` wrapper do the same; santa's runs inside its own step so that

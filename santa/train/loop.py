@@ -4,7 +4,7 @@ Plain PyTorch: where it runs is a *session* (:mod:`santa.train.session`): under 
 ``prepare_model``, the dataset shard, the checkpoint API and ``ray.train.report``; in a
 plain process (benchmarks, tests), the same loop without Ray. What is trained is an
 *objective* (:class:`~santa.train.objective.Objective`): SANTA's SDA/DR + MEP
-(:mod:`santa.method.objective`) or SCodeR's discriminators and soft-labeled dual encoder
+(:mod:`santa.train.santa_objective`) or SCodeR's discriminators and soft-labeled dual encoder
 (:mod:`santa.scoder.objectives`). An objective builds its model, turns a batch into losses, and saves and loads its model;
 everything else is the loop's, and so every objective's: the optimizer (fused AdamW on CUDA)
 and the warm-up schedule, DDP, ``torch.compile`` (the whole model, or each transformer

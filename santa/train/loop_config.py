@@ -43,7 +43,9 @@ class ObjectiveEntry(NamedTuple):
 # What the one worker loop (santa.train.loop) can train, by name. Adding a loss: its
 # objective module, its data function, and its line here.
 OBJECTIVES: dict[str, ObjectiveEntry] = {
-    "santa": ObjectiveEntry("santa.method.objective:SantaObjective", "santa.train.data:pair_data"),
+    "santa": ObjectiveEntry(
+        "santa.train.santa_objective:SantaObjective", "santa.train.data:pair_data"
+    ),
     "discriminators": ObjectiveEntry(
         "santa.scoder.objectives:DiscriminatorObjective",
         "santa.scoder.rows:listwise_data",

@@ -53,7 +53,7 @@ class Objective:
     :meth:`build_model`, :meth:`losses`, :meth:`save_model` and :meth:`load_model` have no
     default and raise ``NotImplementedError``: every registered objective gives its own
     (``tests/test_objective_registry.py`` checks). The step's parts take a
-    :class:`StepContext` (named ``trainer``): what the step needs of the loop, not the loop.
+    :class:`StepContext` (``context``): what the step needs of the loop, not the loop.
     """
 
     tag = "train"
@@ -75,26 +75,26 @@ class Objective:
         """Whether some parameters get no gradient (DDP must be told; the search costs)."""
         return False
 
-    def setup(self, trainer: StepContext) -> None:
+    def setup(self, context: StepContext) -> None:
         """After the model is wrapped: anything that needs the device or the rank."""
 
-    def losses(self, trainer: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
+    def losses(self, context: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
         """One batch's forward: ``{"loss": tensor to back-propagate, other metrics...}``."""
         raise NotImplementedError
 
-    def forward_backward(self, trainer: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
+    def forward_backward(self, context: StepContext, batch: Any) -> dict[str, torch.Tensor | float]:
         """One batch's gradients, accumulated into the (zeroed) parameters; returns
         :meth:`losses`' entries. By default :meth:`losses` under autocast, then backward;
         GradCache (``train.grad_cache_chunk_size``) runs its own chunked forward/backward."""
-        with trainer.autocast:
-            losses = self.losses(trainer, batch)
+        with context.autocast:
+            losses = self.losses(context, batch)
         losses["loss"].backward()
         return losses
 
-    def after_step(self, trainer: StepContext) -> None:
+    def after_step(self, context: StepContext) -> None:
         """After the optimizer step (the step counter already advanced)."""
 
-    def report_metrics(self, trainer: StepContext) -> dict[str, float]:
+    def report_metrics(self, context: StepContext) -> dict[str, float]:
         """Extra metrics of a report (e.g. hard negatives')."""
         return {}
 

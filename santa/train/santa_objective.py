@@ -270,15 +270,15 @@ class SantaObjective(DualEncoderObjective):
         tied = getattr(model.backbone.config, "tie_word_embeddings", True)
         return model.is_t5 and not self.config.train.uses_mep and not tied
 
-    def setup(self, trainer) -> None:
-        self.negatives = _negatives_client(self.loop, trainer.rank, trainer.world_size)
+    def setup(self, context) -> None:
+        self.negatives = _negatives_client(self.loop, context.rank, context.world_size)
         self.table = None
         if self.negatives is not None and self.negatives.is_async:
-            self.negatives.maybe_send_weights(trainer.state["step"], trainer.model, force=True)
+            self.negatives.maybe_send_weights(context.state["step"], context.model, force=True)
             if self.config.negatives.wait_for_first:
                 self.negatives.wait_for_first()
 
-    def batch_tensors(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def batch_tensors(self, context, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The step's tensors: the model inputs, hard negatives, the duplicate keys."""
         config, negatives = self.config, self.negatives
         # Everything is made on the host first and copied without waiting for the device
@@ -288,68 +288,68 @@ class SantaObjective(DualEncoderObjective):
         hard_ids: list[str] = []
         if negatives is not None:
             negatives.poll()  # non-blocking: swaps in a newer table if the miner has one
-            self.table = negatives.agreed_table(trainer.device, trainer.state["step"])
+            self.table = negatives.agreed_table(context.device, context.state["step"])
             if self.table is not None:
                 # The batch's training rows name their queries (the reader adds them).
                 docs = negatives.negatives_of_rows(
-                    self.table, np.asarray(batch["row"]), trainer.state["step"]
+                    self.table, np.asarray(batch["row"]), context.state["step"]
                 )
                 texts = negatives.texts_of(self.table, docs)
                 if config.train.mask_duplicates:
                     hard_ids = negatives.ids_of(self.table, docs)
                 host.update(
                     hard_negative_batch(
-                        trainer.model, texts, config.train.max_document_length, "cpu"
+                        context.model, texts, config.train.max_document_length, "cpu"
                     )
                 )
         keys = {}
         if config.train.mask_duplicates:
-            keys = _duplicate_keys(trainer.model, batch, host, hard_ids)
-        tensors = to_tensors(host, trainer.device)
-        tensors.update({key: to_device(value, trainer.device) for key, value in keys.items()})
+            keys = _duplicate_keys(context.model, batch, host, hard_ids)
+        tensors = to_tensors(host, context.device)
+        tensors.update({key: to_device(value, context.device) for key, value in keys.items()})
         if negatives is not None and self.table is None:
             # No table yet: the same shapes, left out of the loss.
             tensors.update(placeholder_negatives(tensors, negatives.n))
         return tensors
 
-    def losses(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        tensors = self.batch_tensors(trainer, batch)
+    def losses(self, context, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        tensors = self.batch_tensors(context, batch)
         return compute_losses(
-            trainer.forward_model,
+            context.forward_model,
             tensors,
             self.config,
-            trainer.gather,
+            context.gather,
             use_hard_negatives=self.table is not None,
-            model=trainer.model,
-            share=trainer.global_share if trainer.world_size > 1 else None,
+            model=context.model,
+            share=context.global_share if context.world_size > 1 else None,
         )
 
-    def forward_backward(self, trainer, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def forward_backward(self, context, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         chunk_size = self.config.train.grad_cache_chunk_size
         if not chunk_size:
-            return super().forward_backward(trainer, batch)
-        tensors = self.batch_tensors(trainer, batch)
+            return super().forward_backward(context, batch)
+        tensors = self.batch_tensors(context, batch)
         return santa_grad_cache_step(
-            trainer.forward_model,
-            trainer.model,
+            context.forward_model,
+            context.model,
             tensors,
             self.config,
-            trainer.gather,
+            context.gather,
             chunk_size=chunk_size,
-            autocast=trainer.autocast,
-            no_sync=ddp_no_sync(trainer.ddp_model),
+            autocast=context.autocast,
+            no_sync=ddp_no_sync(context.ddp_model),
             use_hard_negatives=self.table is not None,
-            share=trainer.global_share if trainer.world_size > 1 else None,
+            share=context.global_share if context.world_size > 1 else None,
         )
 
-    def after_step(self, trainer) -> None:
+    def after_step(self, context) -> None:
         if self.negatives is not None:
-            self.negatives.maybe_send_weights(trainer.state["step"], trainer.model)
+            self.negatives.maybe_send_weights(context.state["step"], context.model)
 
-    def report_metrics(self, trainer) -> dict[str, float]:
+    def report_metrics(self, context) -> dict[str, float]:
         if self.negatives is None:
             return {}
-        return self.negatives.metrics(trainer.state["step"], self.table)
+        return self.negatives.metrics(context.state["step"], self.table)
 
     def progress_line(self, metrics: dict[str, float], steps: int) -> str:
         line = (
