@@ -8,6 +8,7 @@ reaching Tune through ``TuneReportCallback`` (the V2 way: a Train callback, not
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.tune.integration.ray_train import TuneReportCallback
@@ -102,8 +103,40 @@ def train_trial(params: dict[str, Any]) -> None:
         train_scoder_trial(config, sweep, layout)
         return
     result = fit(config, trial_run(sweep, layout), callbacks=[EvalReportCallback(sweep["metric"])])
+    wait_for_forwarded_reports()
     if result.error is not None:
         raise result.error
+
+
+def wait_for_forwarded_reports(timeout_s: float = 120.0, settle_s: float = 1.0) -> None:
+    """Return once the trial's actor has taken the run's last forwarded report.
+
+    Ray 2.60's function trainable deadlocks otherwise: ``EvalReportCallback`` hands each
+    report to the trial through a one-slot actor queue that the trial's main thread moves
+    into a one-slot thread queue; when the trial function returns, Tune puts its own
+    closing result into that thread queue, and if the run's last report (the final dev
+    metric) was still in the actor queue the main thread then blocks putting it behind the
+    closing result, forever (seen: a resumed sweep's trial hung after its last step, and
+    the next trial never started). Waiting here until both queues are empty, twice
+    ``settle_s`` apart, lets the main thread finish the hand-over first.
+    """
+    from ray.train._internal.session import get_session
+
+    session = get_session()
+    forwarded = getattr(session, "_inter_actor_queue", None)
+    if session is None or forwarded is None:
+        return  # nothing forwarded through the actor queue
+
+    def drained() -> bool:
+        return forwarded.empty() and session.result_queue.empty()
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if drained():
+            time.sleep(settle_s)
+            if drained():
+                return
+        time.sleep(0.1)
 
 
 def train_scoder_trial(config: SantaConfig, sweep: dict[str, Any], layout: RunLayout) -> None:
