@@ -200,6 +200,8 @@ def write_esci(
     root: Path, products: int = 1_800_000, judgments: int = 2_600_000, seed: int = 0
 ) -> dict[str, Any]:
     """The ESCI release's two files at ``products`` / ``judgments`` (kept when done)."""
+    from santa.data.plan import ESCI_EXAMPLE_COLUMNS  # the columns the reader reads
+
     marker = root / "done.json"
     wanted = {"products": products, "judgments": judgments, "seed": seed}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
@@ -214,20 +216,7 @@ def write_esci(
     )
     del product_rows
     queries = max(1, judgments // 20)
-    columns: dict[str, list[Any]] = {
-        name: []
-        for name in (
-            "example_id",
-            "query",
-            "query_id",
-            "product_id",
-            "product_locale",
-            "esci_label",
-            "small_version",
-            "large_version",
-            "split",
-        )
-    }
+    columns: dict[str, list[Any]] = {name: [] for name in ("example_id", *ESCI_EXAMPLE_COLUMNS)}
     for example in range(judgments):
         query_id = example % queries
         noun = NOUNS[query_id % len(NOUNS)]

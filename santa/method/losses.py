@@ -117,19 +117,10 @@ def contrastive_loss(
         >>> loss.shape
         torch.Size([])
     """
-    if query_embeddings.shape != doc_embeddings.shape:
-        raise ValueError(
-            "query and document embeddings must pair up row by row, got "
-            f"{tuple(query_embeddings.shape)} and {tuple(doc_embeddings.shape)}"
-        )
-    candidates = _gather_candidates(
-        len(query_embeddings),
-        doc_embeddings,
-        hard_negative_embeddings,
-        gather,
-        doc_keys,
+    candidates = _paired_candidates(
+        query_embeddings, doc_embeddings, hard_negative_embeddings, gather, doc_keys,
         hard_negative_keys,
-    )
+    )  # fmt: skip
     return _info_nce(query_embeddings, candidates, similarity, temperature)
 
 
@@ -142,6 +133,31 @@ class _Candidates(NamedTuple):
     embeddings: torch.Tensor
     positives: torch.Tensor
     duplicates: torch.Tensor | None
+
+
+def _paired_candidates(
+    query_embeddings: torch.Tensor,
+    doc_embeddings: torch.Tensor,
+    hard_negative_embeddings,
+    gather,
+    doc_keys,
+    hard_negative_keys,
+):
+    """:func:`_gather_candidates` for queries that pair up row by row with their documents
+    (a clear error when they do not)."""
+    if query_embeddings.shape != doc_embeddings.shape:
+        raise ValueError(
+            "query and document embeddings must pair up row by row, got "
+            f"{tuple(query_embeddings.shape)} and {tuple(doc_embeddings.shape)}"
+        )
+    return _gather_candidates(
+        len(query_embeddings),
+        doc_embeddings,
+        hard_negative_embeddings,
+        gather,
+        doc_keys,
+        hard_negative_keys,
+    )
 
 
 def _gather_candidates(
@@ -296,19 +312,10 @@ def matryoshka_contrastive_loss(
         >>> matryoshka_contrastive_loss(queries, docs, dims=(8, 4, 2)).shape
         torch.Size([])
     """
-    if query_embeddings.shape != doc_embeddings.shape:
-        raise ValueError(
-            "query and document embeddings must pair up row by row, got "
-            f"{tuple(query_embeddings.shape)} and {tuple(doc_embeddings.shape)}"
-        )
-    candidates = _gather_candidates(
-        len(query_embeddings),
-        doc_embeddings,
-        hard_negative_embeddings,
-        gather,
-        doc_keys,
+    candidates = _paired_candidates(
+        query_embeddings, doc_embeddings, hard_negative_embeddings, gather, doc_keys,
         hard_negative_keys,
-    )
+    )  # fmt: skip
     total = None
     for dim, weight in _check_matryoshka(dims, weights, query_embeddings.shape[-1]):
         cut = candidates._replace(embeddings=candidates.embeddings[:, :dim])  # (candidates, dim)
