@@ -18,8 +18,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
@@ -27,7 +27,7 @@ import ray.data
 from santa.cluster.ray_utils import capacity_of, cluster_cpus, environment
 from santa.config.preprocess import DATASETS, STAGES, PreprocessConfig  # noqa: F401 (re-exported)
 from santa.data import esci
-from santa.data.accounting import build_report, summarize
+from santa.data.accounting import build_report, labels, summarize
 from santa.data.beir import write_beir
 from santa.data.datasets import run_preprocess  # noqa: F401 (re-exported: any dataset)
 from santa.data.operators import (
@@ -399,7 +399,7 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     report_rows, kept, removed = _settle_rows(config, summary)
     final = work.map_batches(
         select_output_rows,
-        fn_kwargs={"removed": pa.array(sorted(removed), pa.string())},
+        fn_kwargs={"removed": pc.unique(removed).sort()},
         batch_format="pyarrow",
         batch_size=None,  # whole blocks: the rows only need filtering
     )
@@ -442,32 +442,50 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
     return report
 
 
-def _settle_rows(config: PreprocessConfig, summary: pd.DataFrame):
-    """Each row's final drop reason (held-out leaks, duplicates), what is kept, and the
-    row keys to remove from the written output."""
-    heldout_rows = summary["drop_reason"] == HELDOUT_MARK
-    heldout_ids = set(summary.loc[heldout_rows, "doc_id"]) - {""}
-    heldout_dedup = set(summary.loc[heldout_rows, "dedup_key"]) - {""}
+def _settle_rows(config: PreprocessConfig, summary: pa.Table):
+    """Each row's final drop reason (held-out leaks, duplicates), which rows are kept, and
+    the row keys to remove from the written output; in Arrow, column by column."""
+    first_reason = labels(summary["drop_reason"])
+    heldout_rows = pc.equal(first_reason, HELDOUT_MARK)
+    heldout_ids = _set_of(summary["doc_id"].filter(heldout_rows))
+    heldout_dedup = _set_of(summary["dedup_key"].filter(heldout_rows))
     if config.dataset == "esci":
-        heldout_ids = _esci_heldout_products(config)
-    report_rows = summary.copy()
-    report_rows.loc[heldout_rows, "drop_reason"] = Reason.OTHER_SPLIT
-    kept = report_rows["drop_reason"] == ""
-    if heldout_ids or heldout_dedup:
-        leak = kept & (
-            report_rows["doc_id"].isin(heldout_ids) | report_rows["dedup_key"].isin(heldout_dedup)
-        )
-        report_rows.loc[leak, "drop_reason"] = Reason.HELDOUT_LEAK
-        kept &= ~leak
+        heldout_ids = pa.array(sorted(_esci_heldout_products(config)), pa.string())
+    reason = pc.if_else(heldout_rows, Reason.OTHER_SPLIT, first_reason)
+    kept = pc.equal(reason, "")
+    if len(heldout_ids) or len(heldout_dedup):
+        leak = pc.and_(
+            kept,
+            pc.or_(
+                pc.is_in(summary["doc_id"], value_set=heldout_ids),
+                pc.is_in(summary["dedup_key"], value_set=heldout_dedup),
+            ),
+        ).fill_null(False)
+        reason = pc.if_else(leak, Reason.HELDOUT_LEAK, reason)
+        kept = pc.and_(kept, pc.invert(leak))
     if config.stage != "eval":
-        ordered = report_rows[kept].sort_values("row_key")
-        duplicate_keys = ordered.loc[ordered["dedup_key"].duplicated(), "row_key"]
-        report_rows.loc[report_rows["row_key"].isin(set(duplicate_keys)), "drop_reason"] = (
-            Reason.DUPLICATE
-        )
-        kept = report_rows["drop_reason"] == ""
-    removed = set(report_rows.loc[~kept & (summary["drop_reason"] == ""), "row_key"])
-    return report_rows, kept, removed
+        # Among the kept rows, a pair whose dedup key came at an earlier input position.
+        candidates = summary.select(["dedup_key", "row_key"]).filter(kept)
+        ordered = candidates.sort_by([("dedup_key", "ascending"), ("row_key", "ascending")])
+        keys = ordered["dedup_key"]
+        repeated = pc.equal(keys.slice(1), keys.slice(0, max(len(keys) - 1, 0)))
+        duplicate_keys = ordered["row_key"].slice(1).filter(repeated)
+        duplicate = pc.is_in(summary["row_key"], value_set=duplicate_keys.combine_chunks())
+        duplicate = duplicate.fill_null(False)
+        reason = pc.if_else(duplicate, Reason.DUPLICATE, reason)
+        kept = pc.equal(reason, "")
+    report_rows = summary.set_column(
+        summary.column_names.index("drop_reason"), "drop_reason", reason
+    )
+    removed = summary["row_key"].filter(pc.and_(pc.invert(kept), pc.equal(first_reason, "")))
+    kept = pa.chunked_array([kept]) if isinstance(kept, pa.Array) else kept
+    return report_rows, kept.to_numpy(), removed.combine_chunks()
+
+
+def _set_of(column: pa.ChunkedArray) -> pa.Array:
+    """The distinct non-empty values of a string column."""
+    distinct = pc.unique(column.combine_chunks()) if len(column) else pa.array([], pa.string())
+    return distinct.filter(pc.not_equal(distinct, ""))
 
 
 def _rows_per_file(config: PreprocessConfig, rows: int) -> int:
