@@ -5,6 +5,13 @@ raylet and every Ray worker (Ray Train's workers and controller, Ray Data's task
 actors, the miner) are its descendants. :class:`TreeSampler` reads the resident set size
 of each of them every ``interval`` seconds and keeps each process's peak, named by its
 role (Ray's process titles: ``ray::RayTrainWorker``, ``ray::_StatsActor``, ...).
+
+RSS counts the shared pages a process has touched, and Ray's object store is shared
+memory: a Ray Data task that writes or reads blocks, or a driver that gets them
+zero-copy, shows them in its RSS although one copy exists on the node. So each process's
+peak *private* memory (RSS less its resident shared pages, ``/proc/<pid>/statm``) is kept
+beside it: what the process itself allocated, the figure that grows when a process holds
+the data set.
 """
 
 from __future__ import annotations
@@ -60,15 +67,21 @@ class TreeSampler:
             return
         for process in processes:
             try:
-                rss = process.memory_info().rss
+                memory = process.memory_info()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             seen = self.peaks.get(process.pid)
             if seen is None:
-                seen = self.peaks[process.pid] = {"role": role(process), "peak_mb": 0.0}
+                seen = self.peaks[process.pid] = {
+                    "role": role(process),
+                    "peak_mb": 0.0,
+                    "private_mb": 0.0,
+                }
             elif seen["role"] in ("?", "python", "ray::IDLE", "ray worker"):
                 seen["role"] = role(process)  # a pooled worker that took a task since
-            seen["peak_mb"] = max(seen["peak_mb"], rss / 2**20)
+            seen["peak_mb"] = max(seen["peak_mb"], memory.rss / 2**20)
+            private = memory.rss - getattr(memory, "shared", 0)
+            seen["private_mb"] = max(seen["private_mb"], private / 2**20)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -79,7 +92,12 @@ class TreeSampler:
         """Stop sampling; the peak RSS (MB) of each role (its largest process)."""
         self._stop.set()
         self._thread.join()
+        return self.by_role("peak_mb")
+
+    def by_role(self, figure: str = "peak_mb") -> dict[str, float]:
+        """The peak ``figure`` (``peak_mb``: RSS, ``private_mb``: RSS less shared pages)
+        of each role, largest first."""
         by_role: dict[str, float] = {}
         for seen in self.peaks.values():
-            by_role[seen["role"]] = max(by_role.get(seen["role"], 0.0), round(seen["peak_mb"], 1))
+            by_role[seen["role"]] = max(by_role.get(seen["role"], 0.0), round(seen[figure], 1))
         return dict(sorted(by_role.items(), key=lambda item: -item[1]))

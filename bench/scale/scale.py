@@ -88,13 +88,14 @@ def run_job(command: list[str], env: dict[str, str], log: Path, watch=None) -> d
             watcher.start()
         code = process.wait()
         peaks = sampler.stop()
+        private = sampler.by_role("private_mb")
         if watcher is not None:
             watcher.join(5)
     seconds = time.perf_counter() - started
     if code:
         tail = log.read_text()[-2000:]
         raise RuntimeError(f"{' '.join(command[:4])} … exited {code}: {tail}")
-    return {"seconds": round(seconds, 1), "peak_mb": peaks}
+    return {"seconds": round(seconds, 1), "peak_mb": peaks, "private_mb": private}
 
 
 def python_job(module: str, *args: str) -> list[str]:
@@ -406,14 +407,15 @@ def flat(result: dict[str, Any]) -> dict[str, Any]:
         "evaluate_s": result.get("evaluate", {}).get("seconds"),
         "restart_s": result.get("restart", {}).get("restart_to_next_step_s"),
     }
-    peaks: dict[str, float] = {}
-    for stage in ("preprocess", "cold", "warm", "refresh", "evaluate"):
-        part = result.get(stage, {})
-        groups = [part] if stage != "preprocess" else list(part.values())
-        for group in groups:
-            for name, mb in (group.get("peak_mb") or {}).items():
-                peaks[f"{stage}:{name}"] = max(peaks.get(f"{stage}:{name}", 0), mb)
-    row["largest_process"] = max(peaks.items(), key=lambda item: item[1]) if peaks else None
+    for figure, key in (("peak_mb", "largest_process"), ("private_mb", "largest_private")):
+        peaks: dict[str, float] = {}
+        for stage in ("preprocess", "cold", "warm", "refresh", "evaluate"):
+            part = result.get(stage, {})
+            groups = [part] if stage != "preprocess" else list(part.values())
+            for group in groups:
+                for name, mb in (group.get(figure) or {}).items():
+                    peaks[f"{stage}:{name}"] = max(peaks.get(f"{stage}:{name}", 0), mb)
+        row[key] = max(peaks.items(), key=lambda item: item[1]) if peaks else None
     return row
 
 
@@ -444,6 +446,7 @@ def print_tables(results: list[dict[str, Any]]) -> None:
             ]
         )
     table.append(["largest process"] + [f"{r['largest_process']}" for r in rows])
+    table.append(["largest private"] + [f"{r['largest_private']}" for r in rows])
     print(common.format_table(["figure", *[f"{r['size']}" for r in rows]], table))
 
 
