@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from santa.config.preprocess import PreprocessConfig
@@ -135,3 +136,14 @@ def test_the_summary_is_compact() -> None:
         config("finetune"), *_settle_rows(config("finetune"), table)[:1], {}, None, 0
     )
     assert report["rows_written"] == 5000 and report["by_kind"] == {"code": 5000}
+
+
+def test_rows_sharing_a_row_key_share_its_fate() -> None:
+    """The written output is filtered by row key: two rows of one key (a product listed
+    twice) are both counted as dropped when one of them is a duplicate, as both are not
+    written."""
+    twice = [row("p1", "h1", kind="product"), row("p1", "h1", kind="product")]
+    rows, kept, removed = _settle_rows(config("pretrain"), summary(twice, [row("p2", "h2")]))
+    assert rows["drop_reason"].to_pylist() == ["duplicate", "duplicate", ""]
+    assert kept.tolist() == [False, False, True]
+    assert pc.unique(removed).to_pylist() == ["p1"]

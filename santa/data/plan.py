@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -464,22 +465,33 @@ def _settle_rows(config: PreprocessConfig, summary: pa.Table):
         reason = pc.if_else(leak, Reason.HELDOUT_LEAK, reason)
         kept = pc.and_(kept, pc.invert(leak))
     if config.stage != "eval":
-        # Among the kept rows, a pair whose dedup key came at an earlier input position.
-        candidates = summary.select(["dedup_key", "row_key"]).filter(kept)
-        ordered = candidates.sort_by([("dedup_key", "ascending"), ("row_key", "ascending")])
-        keys = ordered["dedup_key"]
+        # Among the kept rows, a pair whose dedup key came at an earlier input position
+        # (row key): rows ordered by (dedup key, row key) as indices, not copies.
+        positions = np.flatnonzero(_numpy(kept))
+        candidates = summary.select(["dedup_key", "row_key"]).take(positions)
+        order = pc.sort_indices(
+            candidates, sort_keys=[("dedup_key", "ascending"), ("row_key", "ascending")]
+        ).to_numpy()
+        keys = candidates["dedup_key"].take(order)
+        del candidates
         repeated = pc.equal(keys.slice(1), keys.slice(0, max(len(keys) - 1, 0)))
-        duplicate_keys = ordered["row_key"].slice(1).filter(repeated)
-        duplicate = pc.is_in(summary["row_key"], value_set=duplicate_keys.combine_chunks())
-        duplicate = duplicate.fill_null(False)
+        later = positions[order[1:][_numpy(repeated)]]
+        # By key, as the writers drop them: rows sharing a row key share its fate.
+        duplicate_keys = pc.unique(summary["row_key"].take(later).combine_chunks())
+        duplicate = pc.is_in(summary["row_key"], value_set=duplicate_keys).fill_null(False)
         reason = pc.if_else(duplicate, Reason.DUPLICATE, reason)
         kept = pc.equal(reason, "")
     report_rows = summary.set_column(
         summary.column_names.index("drop_reason"), "drop_reason", reason
     )
     removed = summary["row_key"].filter(pc.and_(pc.invert(kept), pc.equal(first_reason, "")))
-    kept = pa.chunked_array([kept]) if isinstance(kept, pa.Array) else kept
-    return report_rows, kept.to_numpy(), removed.combine_chunks()
+    return report_rows, _numpy(kept), removed.combine_chunks()
+
+
+def _numpy(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow column as a numpy array (nulls: False)."""
+    mask = mask.fill_null(False)
+    return (pa.chunked_array([mask]) if isinstance(mask, pa.Array) else mask).to_numpy()
 
 
 def _set_of(column: pa.ChunkedArray) -> pa.Array:
