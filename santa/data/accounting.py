@@ -153,7 +153,9 @@ def build_report(
         # Judgments whose product is absent from the products file never reach a builder.
         dropped[MISSING_PRODUCT] += expected_rows - rows.num_rows
         rows_read += expected_rows - rows.num_rows
-    kept = rows.filter(pc.equal(labels(rows["drop_reason"]), "")) if rows.num_rows else rows
+    kept = rows.select(["language", "kind", "num_tokens", "num_masked_tokens"])
+    if rows.num_rows:  # (not the keys: a copy of them would double the driver's memory)
+        kept = kept.filter(pc.equal(labels(rows["drop_reason"]), ""))
     entity_ratio, without_entities = {}, {}
     if config.stage == "pretrain" and kept.num_rows:
         sums = (

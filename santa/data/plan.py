@@ -466,16 +466,17 @@ def _settle_rows(config: PreprocessConfig, summary: pa.Table):
         kept = pc.and_(kept, pc.invert(leak))
     if config.stage != "eval":
         # Among the kept rows, a pair whose dedup key came at an earlier input position
-        # (row key): rows ordered by (dedup key, row key) as indices, not copies.
-        positions = np.flatnonzero(_numpy(kept))
-        candidates = summary.select(["dedup_key", "row_key"]).take(positions)
+        # (row key): every row ordered by (dedup key, row key) as indices, the kept ones
+        # taken, and only their dedup keys copied (row keys are long: paths).
         order = pc.sort_indices(
-            candidates, sort_keys=[("dedup_key", "ascending"), ("row_key", "ascending")]
+            summary.select(["dedup_key", "row_key"]),
+            sort_keys=[("dedup_key", "ascending"), ("row_key", "ascending")],
         ).to_numpy()
-        keys = candidates["dedup_key"].take(order)
-        del candidates
+        order = order[_numpy(kept)[order]]
+        keys = summary["dedup_key"].take(order)
         repeated = pc.equal(keys.slice(1), keys.slice(0, max(len(keys) - 1, 0)))
-        later = positions[order[1:][_numpy(repeated)]]
+        del keys
+        later = order[1:][_numpy(repeated)]
         # By key, as the writers drop them: rows sharing a row key share its fate.
         duplicate_keys = pc.unique(summary["row_key"].take(later).combine_chunks())
         duplicate = pc.is_in(summary["row_key"], value_set=duplicate_keys).fill_null(False)
