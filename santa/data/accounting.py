@@ -40,10 +40,11 @@ def summarize(work: ray.data.Dataset) -> pa.Table:
     """The accounting columns of a materialized dataset, one block at a time from the
     object store, without another Ray Data execution.
 
-    The result stays in Arrow and is compact: the repeated labels (language, kind, reason,
-    detail) dictionary-encoded and the keys copied out of the blocks, so the driver holds
-    a few tens of bytes per row (pandas' Python strings took ~1.7 KB per row: 3.4 GB at
-    2 M pairs) and no block stays pinned.
+    The result stays in Arrow: the repeated labels (language, kind, reason, detail)
+    dictionary-encoded and the keys copied out of the blocks, so no block stays pinned and
+    the driver holds about the keys' bytes per row (~280 B with CodeSearchNet's paths)
+    instead of pandas' Python objects. At 1 M pairs the preprocess driver's private memory
+    peaked at 621 MB instead of 1,238 MB (bench/scale, issue 56).
     """
     tables = []
     for ref in work.to_arrow_refs():
