@@ -100,3 +100,27 @@ def test_download_dir_of_a_flat_s3_folder_makes_the_local_folder(tmp_path, moto_
     storage.download_dir(f"{bucket}/model", str(target))
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert (target / "model.safetensors").read_bytes() == b"weights"
+
+
+def _chunks_then_fault():
+    yield b"first block\n"
+    raise RuntimeError("the writer failed mid-file")
+
+
+def test_write_chunks_is_whole_or_nothing_locally_and_on_s3(tmp_path, moto_s3):
+    local = tmp_path / "out" / "run.trec"
+    storage.write_chunks(str(local), [b"a\n", b"b\n"])
+    assert local.read_bytes() == b"a\nb\n"
+    with pytest.raises(RuntimeError, match="mid-file"):
+        storage.write_chunks(str(local), _chunks_then_fault())
+    assert local.read_bytes() == b"a\nb\n"  # the old file, and no hidden part left
+    assert [p.name for p in local.parent.iterdir()] == ["run.trec"]
+
+    bucket = moto_s3.create_bucket("write-chunks")
+    uri = storage.join(bucket, "eval", "run.trec")
+    storage.write_chunks(uri, iter([b"x\n", b"y\n"]))
+    assert storage.read_bytes(uri) == b"x\ny\n"
+    failed = storage.join(bucket, "eval", "failed.trec")
+    with pytest.raises(RuntimeError, match="mid-file"):
+        storage.write_chunks(failed, _chunks_then_fault())
+    assert not storage.exists(failed)  # the cut upload is deleted, not left half

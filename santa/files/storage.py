@@ -15,12 +15,14 @@ one that accepts connections and never answers, fails within seconds (the settin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import posixpath
 import re
 import shutil
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -163,21 +165,38 @@ def _relative_parts(path: str, root: str) -> list[str]:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri`` as is, creating parent directories locally. On S3 (as in
-    ``upload_dir``) none: pyarrow's ``create_dir`` there costs requests for each level of
-    the path and leaves an empty ``folder/`` object at each.
+    """Write ``data`` to ``uri`` as is (:func:`write_chunks` with one chunk)."""
+    write_chunks(uri, [data])
 
-    pyarrow would gzip a ``*.gz`` path on its own (``compression="detect"``); bytes are
-    written and read verbatim here.
+
+def write_chunks(uri: str, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``uri`` in order, as is, without holding them together.
+
+    A local file is written beside ``uri`` (hidden) and renamed onto it when complete,
+    its parent directories created. On S3 the object appears when its upload closes
+    (and is deleted if writing fails); no directories: pyarrow's ``create_dir`` there
+    costs requests for each level of the path and leaves an empty ``folder/`` object at
+    each. pyarrow would gzip a ``*.gz`` path on its own (``compression="detect"``);
+    bytes are written and read verbatim here.
     """
     fs, path = resolve(uri)
+    local = not is_s3(uri)
+    folder, name = posixpath.split(path)
+    target = posixpath.join(folder, f".{name}.{uuid.uuid4().hex}") if local else path
     try:
-        if not is_s3(uri):
-            fs.create_dir(posixpath.dirname(path), recursive=True)
-        with fs.open_output_stream(path, compression=None) as stream:
-            stream.write(data)
-    except OSError as error:
-        raise classify_error(error, uri, "write") from None
+        if local:
+            fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(target, compression=None) as stream:
+            for chunk in chunks:
+                stream.write(chunk)
+        if local:
+            fs.move(target, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            fs.delete_file(target)
+        if isinstance(error, OSError):
+            raise classify_error(error, uri, "write") from None
+        raise
 
 
 def read_bytes(uri: str) -> bytes:
