@@ -36,6 +36,7 @@ import logging
 from santa.data.schema import CODE_LANGUAGES
 from santa.eval import DEFAULT_RAY_THRESHOLD, DEFAULT_TOP_K, EvalConfig
 from santa.eval.evaluation import CODE_TEXTS
+from santa.eval.metrics import DEFAULT_BLOCK_SIZE
 from santa.eval.protocols import PROTOCOLS, run_and_publish
 from santa.jobs.errors import exit_with, with_exit_codes
 from santa.jobs.lifecycle import Job
@@ -54,6 +55,7 @@ CODE_TEXT_HELP = (
     "comments (GraphCodeBERT) or without its docstring (as santa trains)"
 )
 RAY_THRESHOLD_HELP = "encode on Ray when there are more texts than this"
+BLOCK_SIZE_HELP = "queries scored and written to the TREC run at a time (bounds memory)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--languages", nargs="*", choices=CODE_LANGUAGES, default=[], help=LANGUAGES_HELP)
     add("--top-k", type=int, default=DEFAULT_TOP_K)
     add("--batch-size", type=int, default=64, help="texts per encoder batch")
+    add("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help=BLOCK_SIZE_HELP)
     add("--max-query-length", type=int, help="query tokens " + LENGTHS_HELP.format(50))
     add("--max-document-length", type=int, help="document tokens " + LENGTHS_HELP.format(240))
     add("--esci-gains", choices=("released", "paper"), default="released", help=GAINS_HELP)
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         code_text=args.code_text,
         top_k=args.top_k,
         batch_size=args.batch_size,
+        block_size=args.block_size,
         use_ray=True if args.ray else None,
         ray_threshold=args.ray_threshold,
         ray_address=args.address,

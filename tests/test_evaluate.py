@@ -382,6 +382,46 @@ def test_graded_evaluation_both_protocols_without_ray(tiny_model, product_beir, 
     assert set(single["timings"]) >= {"retrieval_s", "metrics_s"}
 
 
+def test_evaluation_in_blocks_of_one_query_writes_the_same_outputs(
+    tiny_model, product_beir, tmp_path, monkeypatch
+):
+    """``block_size`` is honoured (ranx and the TREC writer get that many queries at a
+    time) and changes nothing in metrics.json, metrics.md or the run files."""
+    from santa.eval import metrics as metrics_module
+    from santa.eval import runfiles
+
+    seen: dict[str, list[int]] = {"scored": [], "written": []}
+    score, blocks = metrics_module._Judgments.score, runfiles.trec_blocks
+
+    def recording_score(self, relevance, metrics, block_size):
+        seen["scored"].append(block_size)
+        return score(self, relevance, metrics, block_size)
+
+    def recording_blocks(ranking, tag, *, block_size):
+        seen["written"].append(block_size)
+        return blocks(ranking, tag, block_size=block_size)
+
+    monkeypatch.setattr(metrics_module._Judgments, "score", recording_score)
+    monkeypatch.setattr(runfiles, "trec_blocks", recording_blocks)
+    outputs = {}
+    for block_size in (1, 10_000):
+        output = tmp_path / f"eval-{block_size}"
+        config = EvalConfig(
+            output=str(output), protocol="both", block_size=block_size, progress=False
+        )
+        ev.evaluate(tiny_model, product_beir, config)
+        assert set(seen["scored"]) == {block_size} and set(seen["written"]) == {block_size}
+        seen = {"scored": [], "written": []}
+        outputs[block_size] = {
+            name: (output / name).read_bytes()
+            for name in ("metrics.json", "metrics.md", *(f"run.{s}.trec" for s in SYSTEMS))
+        }
+    assert outputs[1] == outputs[10_000]
+
+
+SYSTEMS = ("model", "bm25", "model-rerank", "bm25-rerank")
+
+
 def test_preprocess_then_evaluate_a_checkpoint_with_bm25(csn_beir, tiny_checkpoint, tmp_path):
     assert resolve_model(tiny_checkpoint).model_uri == str(Path(tiny_checkpoint, "model"))
     output = str(tmp_path / "eval")

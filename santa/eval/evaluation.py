@@ -17,7 +17,7 @@ import numpy as np
 
 from santa.data.beir import BeirData, load_beir
 from santa.eval.bm25 import bm25_rerank, bm25_retrieve
-from santa.eval.metrics import compute_metrics, esci_gain_map
+from santa.eval.metrics import DEFAULT_BLOCK_SIZE, compute_metrics, esci_gain_map
 from santa.eval.retrieval import DEFAULT_TOP_K, Ranking, dense_rerank, dense_retrieve
 from santa.eval.runfiles import check_trec_ids, format_markdown, write_trec
 from santa.files import storage
@@ -84,6 +84,9 @@ class EvalConfig:
     """Documents retrieved per query (the full protocol)."""
     batch_size: int = 64
     """Texts per encoder forward pass."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Queries scored by ranx, and written to a TREC run, at a time (bounds the memory
+    those take; the metrics and files do not depend on it)."""
     use_ray: bool | None = None
     """True: encode on a Ray Data actor pool; False: never; None: above ``ray_threshold``."""
     ray_threshold: int = DEFAULT_RAY_THRESHOLD
@@ -113,7 +116,8 @@ class EvalConfig:
             object.__setattr__(self, "protocol", tuple(protocols))
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be 'bm25' or None, got {self.baseline!r}")
-        for name in ("max_query_length", "max_document_length", "top_k", "batch_size", "dim"):
+        positive = ("max_query_length", "max_document_length", "top_k", "batch_size")
+        for name in (*positive, "block_size", "dim"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"EvalConfig.{name} must be positive, got {value}")
@@ -496,6 +500,7 @@ def evaluate(
             graded=beir.graded,
             query_languages=beir.query_languages,
             esci_gains=config.esci_gains,
+            block_size=config.block_size,
         )
         for system, ranking in rankings.items()
     }
@@ -525,24 +530,29 @@ def evaluate(
     }
     logger.info("evaluation info: %s", json.dumps(info))
     if config.output is not None and not config.publish_whole:
-        _write_outputs(config.output, rankings, results, info)
+        _write_outputs(config.output, rankings, results, info, config.block_size)
     elif config.output is not None:
         # Published whole: a re-run replaces the folder (no TREC run of an earlier
         # baseline left beside new metrics), an interrupted one leaves it as it was.
         from santa.files.outputs import staged_output
 
         with staged_output(config.output, tool="evaluate") as staged:
-            _write_outputs(staged.staging, rankings, results, info)
+            _write_outputs(staged.staging, rankings, results, info, config.block_size)
             staged.publish({"info": info, "systems": sorted(results)})
     return results
 
 
 def _write_outputs(
-    output: str, rankings: Mapping[str, Any], results: dict[str, Any], info: dict[str, Any]
+    output: str,
+    rankings: Mapping[str, Any],
+    results: dict[str, Any],
+    info: dict[str, Any],
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> None:
     """The TREC runs, metrics (JSON and markdown) and info of one evaluation into ``output``."""
     for system, ranking in rankings.items():
-        write_trec(storage.join(output, f"run.{system}.trec"), ranking, tag=system)
+        path = storage.join(output, f"run.{system}.trec")
+        write_trec(path, ranking, tag=system, block_size=block_size)
     storage.write_json(storage.join(output, "metrics.json"), results)
     storage.write_bytes(
         storage.join(output, "metrics.md"), format_markdown(results).encode("utf-8")

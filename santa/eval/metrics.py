@@ -44,6 +44,7 @@ from santa.eval.retrieval import RankedLists
 
 __all__ = [
     "CUTOFF",
+    "DEFAULT_BLOCK_SIZE",
     "ESCI_GAINS",
     "EXACT",
     "METRICS",
@@ -65,6 +66,8 @@ ESCI_GAINS: dict[str, dict[int, float]] = {
 """Four-class NDCG gains by label, per ``esci_gains`` (see the module doc)."""
 # ranx stores judgments as int64: gains go in scaled by this (NDCG is scale-invariant).
 GAIN_SCALE = 100
+DEFAULT_BLOCK_SIZE = 2048
+"""Queries scored (and written to a TREC run) at a time: memory stays bounded by a block."""
 
 
 def compute_metrics(
@@ -75,6 +78,7 @@ def compute_metrics(
     query_languages: Mapping[str, str] | None = None,
     metrics: Sequence[str] = METRICS,
     esci_gains: str = "released",
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> dict[str, Any]:
     """ranx metrics of ``ranking`` (ranked lists, best first) against ``qrels``.
 
@@ -85,8 +89,11 @@ def compute_metrics(
     ``[(doc id, score), ...]`` or ``[doc id, ...]``. ``graded=None`` detects ESCI grading
     (a label above 1). Binary metrics take labels ``>= 1`` as relevant, or Exact (3) only
     when graded; graded qrels add ``ndcg@100_4class`` with the gains
-    ``ESCI_GAINS[esci_gains]``. See the module doc.
+    ``ESCI_GAINS[esci_gains]``. See the module doc. ranx scores ``block_size`` queries
+    at a time (the same per-query values whatever the block size).
     """
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
     gains = esci_gain_map(esci_gains)
     runs = _RunArrays(ranking)
     judgments = _Judgments(qrels, runs)
@@ -107,7 +114,7 @@ def compute_metrics(
     # suffix → (rows of the judged queries in qrels order, {metric: per-query values})
     scored: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     for suffix, relevance, metrics in tables:
-        scored[suffix] = judgments.score(relevance, metrics)
+        scored[suffix] = judgments.score(relevance, metrics, block_size)
 
     result = _means(scored, None)
     if query_languages:
@@ -209,10 +216,9 @@ class _Judgments:
             extra: dict[str, int] = {}
             for position in unknown.tolist():
                 self.doc_of[position] = extra.setdefault(docs[position], base + len(extra))
-        self._ranked: np.ndarray | None = None
 
     def score(
-        self, relevance: np.ndarray, metrics: Sequence[str]
+        self, relevance: np.ndarray, metrics: Sequence[str], block_size: int = DEFAULT_BLOCK_SIZE
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """ranx's per-query ``metrics`` for the queries with a judgment of ``relevance > 0``.
 
@@ -223,6 +229,9 @@ class _Judgments:
         -1 and relevance 0, below ranx's relevance level 1, so it never counts. This
         skips building ranx's Qrels/Run dictionaries, whose conversion cost dominated the
         evaluation of small and medium corpora.
+
+        The padded arrays are built ``block_size`` judged queries at a time (ranx scores
+        each query on its own), so they never hold the whole run.
         """
         keep = relevance > 0
         query_of, doc_of, relevance = self.query_of[keep], self.doc_of[keep], relevance[keep]
@@ -231,31 +240,35 @@ class _Judgments:
             return rows, {metric: np.zeros(0) for metric in metrics}
         from ranx import metrics as ranx_metrics
 
-        if self._ranked is None:
-            self._ranked = self.runs.select(self.qids)
-        ranked = self._ranked[rows]
-        run = np.empty((*ranked.shape, 2))
-        run[:, :, 0] = ranked
-        run[:, :, 1] = np.arange(ranked.shape[1], 0, -1, dtype=np.float64)
-
         query_of = np.searchsorted(rows, query_of)  # → row in the judged subset
         order = np.lexsort((-relevance, query_of))
         query_of, doc_of, relevance = query_of[order], doc_of[order], relevance[order]
         counts = np.bincount(query_of, minlength=len(rows))
-        column = np.arange(len(query_of)) - (np.cumsum(counts) - counts)[query_of]
-        qrels = np.zeros((len(rows), int(counts.max()), 2))
-        qrels[:, :, 0] = -1.0
-        qrels[query_of, column, 0] = doc_of
-        qrels[query_of, column, 1] = relevance
+        starts = np.cumsum(counts) - counts  # each judged query's first judgment
+        column = np.arange(len(query_of)) - starts[query_of]
+        width = int(counts.max())
 
-        out: dict[str, np.ndarray] = {}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*unsafe cast.*")
-            for metric in metrics:
-                name, _, cutoff = metric.partition("@")
-                function = getattr(ranx_metrics, _RANX_METRICS[name])
-                out[metric] = np.asarray(function(qrels, run, k=int(cutoff or 0), rel_lvl=1))
-        return rows, out
+        parts: dict[str, list[np.ndarray]] = {metric: [] for metric in metrics}
+        for first in range(0, len(rows), block_size):
+            last = min(first + block_size, len(rows))
+            ranked = self.runs.select([self.qids[row] for row in rows[first:last].tolist()])
+            run = np.empty((*ranked.shape, 2))
+            run[:, :, 0] = ranked
+            run[:, :, 1] = np.arange(ranked.shape[1], 0, -1, dtype=np.float64)
+            span = slice(starts[first], starts[last - 1] + counts[last - 1])
+            qrels = np.zeros((last - first, width, 2))
+            qrels[:, :, 0] = -1.0
+            block_of = query_of[span] - first
+            qrels[block_of, column[span], 0] = doc_of[span]
+            qrels[block_of, column[span], 1] = relevance[span]
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*unsafe cast.*")
+                for metric in metrics:
+                    name, _, cutoff = metric.partition("@")
+                    function = getattr(ranx_metrics, _RANX_METRICS[name])
+                    values = function(qrels, run, k=int(cutoff or 0), rel_lvl=1)
+                    parts[metric].append(np.asarray(values))
+        return rows, {metric: np.concatenate(values) for metric, values in parts.items()}
 
 
 # Metric names → ranx's metric functions (the same ones ranx.evaluate dispatches to).
