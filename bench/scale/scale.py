@@ -251,7 +251,9 @@ def refresh_once(args: argparse.Namespace) -> None:
     resolved = resolve_model(args.run)
     model = DualEncoder.from_pretrained(resolved.model_uri).eval()
     config = SantaConfig.from_dict(resolved.santa_config).with_overrides(
-        ["negatives.per_query=1", "negatives.top_k=100"]
+        # IVF from AUTO_IVF_MIN_DOCUMENTS on (the recipe's default is the released flat
+        # search: over a million queries and documents it ran 16 min here and was stopped).
+        ["negatives.per_query=1", "negatives.top_k=100", "negatives.index=auto"]
     )
     encoder = None if args.encoder == "model" else HashedEncoder(model.embedding_dim)
     table = refresh_table(model, corpus, config, encoder=encoder)
