@@ -147,3 +147,19 @@ def test_rows_sharing_a_row_key_share_its_fate() -> None:
     assert rows["drop_reason"].to_pylist() == ["duplicate", "duplicate", ""]
     assert kept.tolist() == [False, False, True]
     assert pc.unique(removed).to_pylist() == ["p1"]
+
+
+def test_no_rows_and_no_row_kept() -> None:
+    """An input with no rows (`summarize` of an empty dataset) and one whose every row is
+    dropped: nothing kept, nothing to remove, a report of zeros."""
+    empty = pa.table({name: pa.array([], pa.string()) for name in _SUMMARY_COLUMNS})
+    rows, kept, removed = _settle_rows(config("pretrain"), empty)
+    assert kept.tolist() == [] and removed.to_pylist() == []
+    report = build_report(config("pretrain"), rows, Counter(), 3, 0.0)
+    assert report["rows_written"] == 0 and report["dropped"] == {"missing_product": 3}
+    dropped = summary([row("a:1", "h", "too_long"), row("a:2", "h", "too_long")])
+    rows, kept, removed = _settle_rows(config("pretrain"), dropped)
+    assert kept.tolist() == [False, False] and removed.to_pylist() == []
+    assert build_report(config("pretrain"), rows, Counter(), None, 0.0)["dropped"] == {
+        "too_long": 2
+    }
