@@ -92,6 +92,36 @@ def test_ivf_clamps_nlist_for_small_corpora() -> None:
     assert index.search(queries, 5)[0] == exact
 
 
+def test_ivf_cells_default_to_four_root_n_trained_on_a_sample(monkeypatch) -> None:
+    assert [index_module.ivf_cells(n) for n in (0, 1, 10_000, 1_000_000)] == [1, 4, 400, 4000]
+    docs, queries, ids = clustered_data(n=40_000, nq=50, clusters=400)
+    index = EmbeddingIndex.build(docs, ids, kind="ivf")
+    assert index.nlist == 800 and index.nprobe == 32  # 4·√40,000; 40,000 // 39 allows it
+    exact, _ = EmbeddingIndex.build(docs, ids).search(queries, 10)
+    found, _ = index.search(queries, 10)
+    recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(found, exact, strict=True)])
+    assert recall >= 0.9, recall
+    # k-means sees IVF_TRAIN_POINTS_PER_CELL points per cell: a seeded draw, in row order
+    sample = index_module._training_sample(docs, 1_000)
+    again = index_module._training_sample(docs, 1_000)
+    np.testing.assert_array_equal(sample, again)
+    rows = {tuple(row) for row in docs.tolist()}
+    assert sample.shape == (1_000, 32) and all(tuple(row) in rows for row in sample.tolist())
+    assert len({tuple(row) for row in sample.tolist()}) == 1_000
+    assert index_module._training_sample(docs[:500], 1_000).shape == (500, 32)
+    trained = []
+    sampler = index_module._training_sample
+    monkeypatch.setattr(
+        index_module,
+        "_training_sample",
+        lambda vectors, size: (
+            trained.append(sampler(vectors, size).shape[0]) or sampler(vectors, size)
+        ),
+    )
+    EmbeddingIndex.build(docs, ids, kind="ivf", nlist=100)
+    assert trained == [100 * index_module.IVF_TRAIN_POINTS_PER_CELL]
+
+
 def test_ivf_cells_with_too_few_vectors_give_shorter_hit_lists() -> None:
     docs, queries, ids = clustered_data(n=400, nq=20, clusters=10)
     index = EmbeddingIndex.build(docs, ids, kind="ivf", nlist=10, nprobe=1)

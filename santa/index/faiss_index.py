@@ -8,9 +8,11 @@ Kinds:
 
 - ``"flat"``: exact search (``IndexFlatIP``).
 - ``"ivf"``: ``IndexIVFFlat`` with ``nlist`` k-means cells, ``nprobe`` of them searched. It is
-  trained on the first batch added; ``nlist`` is clamped to ``n // 39`` for small batches
-  (faiss wants about 39 training points per cell), so tiny corpora degrade to one cell,
-  which is exact.
+  trained on the first batch added, on at most :data:`IVF_TRAIN_POINTS_PER_CELL` points per
+  cell drawn from it. ``nlist`` defaults to :func:`ivf_cells` of that batch (4·√n, faiss's
+  rule of thumb: a query scans ``nprobe``·√n/4 vectors, so the search grows as √n per
+  query, not n) and is clamped to ``n // 39`` for small batches (faiss wants about 39
+  training points per cell), so tiny corpora degrade to one cell, which is exact.
 - ``"hnsw"``: ``IndexHNSWFlat`` with ``hnsw_m`` links per node (CPU only in faiss).
 
 GPU: ``use_gpu="auto"`` moves flat and IVF indexes to GPU 0 when faiss was built with GPU
@@ -23,16 +25,27 @@ Which of several documents tied at the ``k``-th score make the top ``k`` is fais
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
 
-__all__ = ["AUTO_IVF_MIN_DOCUMENTS", "index_kind", "INDEX_KINDS", "EmbeddingIndex"]
+__all__ = [
+    "AUTO_IVF_MIN_DOCUMENTS",
+    "EmbeddingIndex",
+    "INDEX_KINDS",
+    "IVF_TRAIN_POINTS_PER_CELL",
+    "index_kind",
+    "ivf_cells",
+]
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
 # faiss warns below ~39 training points per k-means centroid.
 _MIN_POINTS_PER_CENTROID = 39
+# k-means points per IVF cell (faiss samples 256 by default): at a million vectors and
+# 4,000 cells, 64 train in a quarter of the time with about the same recall.
+IVF_TRAIN_POINTS_PER_CELL = 64
 # Queries searched per faiss call: bounds the (batch, k) buffers and the id lists built
 # from them, whatever the number of queries.
 SEARCH_BATCH_SIZE = 8192
@@ -40,6 +53,11 @@ SEARCH_BATCH_SIZE = 8192
 
 # ``negatives.index="auto"``: exact search up to this many documents, IVF from here on.
 AUTO_IVF_MIN_DOCUMENTS = 500_000
+
+
+def ivf_cells(documents: int) -> int:
+    """IVF cells for ``documents`` vectors: 4·√n (at least one)."""
+    return max(1, int(4 * math.sqrt(documents)))
 
 
 def index_kind(setting: str, documents: int) -> str:
@@ -84,7 +102,7 @@ class EmbeddingIndex:
         dim: int,
         kind: str = "flat",
         *,
-        nlist: int = 1024,
+        nlist: int | None = None,
         nprobe: int = 32,
         hnsw_m: int = 32,
         use_gpu: str | bool = "auto",
@@ -93,7 +111,7 @@ class EmbeddingIndex:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         if kind not in INDEX_KINDS:
             raise ValueError(f"kind must be one of {INDEX_KINDS}, got {kind!r}")
-        for name, value in (("nlist", nlist), ("nprobe", nprobe), ("hnsw_m", hnsw_m)):
+        for name, value in (("nlist", nlist or 1), ("nprobe", nprobe), ("hnsw_m", hnsw_m)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if use_gpu not in ("auto", True, False):
@@ -187,7 +205,8 @@ class EmbeddingIndex:
         elif self.kind == "hnsw":
             index = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         else:
-            nlist = max(1, min(self.nlist, first_batch.shape[0] // _MIN_POINTS_PER_CENTROID))
+            rows = first_batch.shape[0]
+            nlist = max(1, min(self.nlist or ivf_cells(rows), rows // _MIN_POINTS_PER_CENTROID))
             self.nlist = nlist
             self._quantizer = faiss.IndexFlatIP(self.dim)  # kept alive beside the IVF index
             index = faiss.IndexIVFFlat(self._quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -196,7 +215,7 @@ class EmbeddingIndex:
             self._gpu_resources = faiss.StandardGpuResources()
             index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, index)
         if self.kind == "ivf":
-            index.train(first_batch)
+            index.train(_training_sample(first_batch, self.nlist * IVF_TRAIN_POINTS_PER_CELL))
             index.nprobe = self.nprobe
         return index
 
@@ -305,6 +324,15 @@ class EmbeddingIndex:
     def __repr__(self) -> str:
         where = "gpu" if self.on_gpu else "cpu"
         return f"EmbeddingIndex(kind={self.kind!r}, dim={self.dim}, size={len(self)}, {where})"
+
+
+def _training_sample(vectors: np.ndarray, size: int) -> np.ndarray:
+    """``size`` rows of ``vectors`` drawn without replacement (seeded, in row order), or all
+    of them when there are no more."""
+    if vectors.shape[0] <= size:
+        return vectors
+    rows = np.random.default_rng(0).choice(vectors.shape[0], size, replace=False)
+    return vectors[np.sort(rows)]
 
 
 def _order_ties(distances: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,12 @@ import numpy as np
 
 from santa.files import storage
 from santa.files.outputs import StagedOutput, read_manifest
-from santa.index.faiss_index import INDEX_KINDS, EmbeddingIndex
+from santa.index.faiss_index import (
+    INDEX_KINDS,
+    IVF_TRAIN_POINTS_PER_CELL,
+    EmbeddingIndex,
+    ivf_cells,
+)
 from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpora
 from santa.search.shards import (
     DOCUMENTS_FILE,
@@ -362,9 +367,11 @@ def _build_faiss(
     """The faiss index over every shard, added in chunks; returns it and its dimension."""
     from santa.eval.retrieval import prepare_embeddings
 
-    nlist = config.nlist or max(1, int(4 * math.sqrt(count)))
+    nlist = config.nlist or ivf_cells(count)
     # IVF learns its cells from the first vectors added: give it a large first chunk.
-    first_chunk = max(ADD_CHUNK_ROWS, 64 * nlist) if kind == "ivf" else ADD_CHUNK_ROWS
+    first_chunk = (
+        max(ADD_CHUNK_ROWS, IVF_TRAIN_POINTS_PER_CELL * nlist) if kind == "ivf" else ADD_CHUNK_ROWS
+    )
     index: EmbeddingIndex | None = None
     pending_ids: list[str] = []
     pending: list[np.ndarray] = []
