@@ -390,3 +390,42 @@ def test_a_table_keeps_the_pool_and_training_samples_per_query_from_it(tmp_path)
     assert (moved.per_query, moved.pool, moved.top_k) == (4, 9, 30)
     with pytest.raises(ValueError, match=r"scoder.negatives_top_k is now negatives.top_k"):
         tiny.with_overrides(["scoder.negatives_top_k=50"])
+
+
+@pytest.mark.parametrize("ratio, kept", [("none", False), ("0.95", True)])
+def test_refresh_keeps_the_document_vectors_only_for_the_score_filter(tmp_path, ratio, kept):
+    """The index holds its own copy of the documents' vectors: while the queries are mined,
+    the encoded array is held only when the false-negative filter needs positives' scores."""
+    import tracemalloc
+
+    from santa.config import SantaConfig
+    from santa.negatives.miner import refresh_table
+
+    count, dim = 300, 4096
+    documents = {f"d{i}": f"document {i}" for i in range(count)}
+    queries = {f"q{i}": f"query {i}" for i in range(count)}
+    corpus = mining_corpus(tmp_path, documents, queries, {f"q{i}": {f"d{i}"} for i in range(count)})
+    traced: list[int] = []
+
+    class Encoder:  # seeded vectors per text; notes the memory held when queries are encoded
+        def encode(self, jobs):
+            traced.append(tracemalloc.get_traced_memory()[0])
+            return [
+                np.stack(
+                    [np.random.default_rng([len(t), int(t.split()[-1])]).random(dim) for t in texts]
+                ).astype(np.float32)
+                for texts, _ in jobs
+            ]
+
+    config = SantaConfig().with_overrides(
+        ["negatives.per_query=1", "negatives.top_k=5", f"negatives.max_score_ratio={ratio}"]
+    )
+    tracemalloc.start()
+    try:
+        table = refresh_table(None, corpus, config, encoder=Encoder())
+    finally:
+        tracemalloc.stop()
+    documents_at, queries_at = traced  # one block of documents, then one of queries
+    assert table.negatives.shape == (count, 1)
+    held = queries_at - documents_at  # what the documents' encoding left behind
+    assert (held >= count * dim * 4) is kept, held

@@ -120,9 +120,13 @@ def refresh_table(
     encoded_s = time.perf_counter() - started
     kind = index_kind(settings.index, corpus.num_docs)
     index = EmbeddingIndex.build(doc_vectors, None, kind=kind)
+    score_filter = FalseNegativeFilter(settings.max_score_ratio, settings.min_margin)
+    if not score_filter.active:
+        # The index holds its own copy: without positive scores to compute, the vectors
+        # are not kept twice while the queries are mined (1 GB at 2 M documents of 128).
+        doc_vectors = None
     # Positives and duplicates are dropped after the search: ask for enough extra hits.
     depth = settings.top_k + settings.skip_top + corpus.most_positives
-    score_filter = FalseNegativeFilter(settings.max_score_ratio, settings.min_margin)
     filtered = dict.fromkeys(FILTER_REASONS, 0)
     n = settings.mined_per_query
     negatives = np.full((corpus.num_queries, n), NO_NEGATIVE, dtype=np.int64)
