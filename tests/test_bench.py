@@ -143,6 +143,7 @@ def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
         "8",
         "--max-files",
         "25",
+        "--in-process",
         "--output",
         str(output),
         timeout=1500,
@@ -196,7 +197,7 @@ def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
         "quality/versus_st_quality.py",
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
-        *("--bootstrap", "200", "--output", str(output)),
+        *("--bootstrap", "200", "--in-process", "--output", str(output)),
     )
     result = json.loads(output.read_text())
     (cosqa,) = result["results"].values()
@@ -225,6 +226,7 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
         *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
         *("--systems", "cosqa,stdlib-large", "--stdlib-data", stdlib, "--bootstrap", "200"),
+        "--in-process",
         *("--output", str(output)),
     )
     result = json.loads(output.read_text())
@@ -253,7 +255,7 @@ def test_ablation_bench(tmp_path: Path) -> None:
     output = tmp_path / "ablation.json"
     stdout = run_bench(
         "quality/ablation.py",
-        *("--steps", "3", "--max-files", "25", "--bootstrap", "200"),
+        *("--steps", "3", "--max-files", "25", "--bootstrap", "200", "--in-process"),
         *("--set", "train.max_document_length=64", "--set", "model.tiny_vocab_size=500"),
         *("--output", str(output)),
     )

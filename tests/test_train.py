@@ -63,12 +63,11 @@ def stdlib_splits(tmp_path_factory):
 
 def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(pairs, moto_s3, tmp_path):
     """One Ray Train run, a worker on each node of the two-node cluster, its run on S3: the
-    same losses step by step as the plain loop on one process (one global order, MEP the
+    same losses step by step as the run in one process without Ray (one global order, MEP the
     global batch's mean: where the workers run changes nothing), every logged step in the
     run's history on S3, its TensorBoard curves copied there, and a checkpoint that loads
     back from S3."""
-    from santa.train.loop_config import LoopConfig
-    from tests.training import train_on_ranks
+    from santa.train.in_process import fit_in_process
 
     bucket = moto_s3.create_bucket("santa-train")
     overrides = ["model.tiny_dropout=0", "train.max_steps=6", "train.log_every=1"]
@@ -86,17 +85,18 @@ def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(pairs, mot
     assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
     events = storage.list_files(f"{bucket}/runs/s3run/tensorboard")
     assert any("events.out.tfevents" in uri for uri in events)
-    # The plain loop from the run's own initial model, on one process.
+    # The same run in one process without Ray (what the quality benches train with), from
+    # the Ray run's own initial model.
     init = tmp_path / "init"
     storage.download_dir(f"{bucket}/runs/s3run/init_model", str(init))
-    loop = LoopConfig(
-        santa=config, init_model=str(init), data_uri=pairs["train"], row_cache=str(tmp_path / "r")
+    local = fit_in_process(
+        config.with_overrides(["train.num_workers=1"]),
+        RunSpec.of(data=pairs["train"], storage=str(tmp_path), name="local", warm_start=str(init)),
     )
-    (plain,) = train_on_ranks(1, loop, str(tmp_path / "plain"), str(tmp_path / "out"))
+    plain = [json.loads(line) for line in (tmp_path / "local" / "metrics.jsonl").open()]
+    assert local.metrics["step"] == 6 and [h["step"] for h in plain] == [1, 2, 3, 4, 5, 6]
     for key in ("loss_sda", "loss_mep"):
-        assert [h[key] for h in history] == pytest.approx(
-            [r[key] for r in plain["reports"]], rel=1e-4
-        ), key
+        assert [h[key] for h in history] == pytest.approx([r[key] for r in plain], rel=1e-4), key
     path = result.checkpoint.path
     uri = path if path.startswith("s3://") else f"s3://{path}"
     model = DualEncoder.from_pretrained(storage.join(uri, "model"))

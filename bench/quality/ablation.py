@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train each variant in this process on one worker (santa.train.fit_in_process: "
+        "the same loop and model as a one-worker Ray run, without Ray Train's start-up)",
+    )
     parser.add_argument("--max-files", type=int, default=0, help="stdlib files (0: all)")
     parser.add_argument("--bootstrap", type=int, default=10_000, help="resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
     from santa.files import storage
+    from santa.train.in_process import fit_in_process
     from santa.train.trainer import RunSpec, fit, prepare_initial_model
 
     bench = common.BenchRun(__file__, argv)
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     data, test, sizes = build_corpus(work, args.max_files)
     base = get_recipe("tiny").with_overrides(
         [
-            f"train.num_workers={args.workers}",
+            f"train.num_workers={1 if args.in_process else args.workers}",
             f"train.max_steps={args.steps}",
             f"train.checkpoint_every={args.steps}",
             *args.overrides,
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         mask, overrides = variant
         print(f"[{name}] {args.steps} steps on {mask}-masked pairs", flush=True)
         clock = time.time()
-        result = fit(
+        result = (fit_in_process if args.in_process else fit)(
             base.with_overrides(overrides),
             RunSpec.of(
                 data=data[mask],

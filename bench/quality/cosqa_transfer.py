@@ -46,6 +46,7 @@ if not __package__:  # run as a file (python bench/quality/x.py): the repo root 
 
 from bench import common
 from bench.quality.scoring import bootstrap, format_interval, per_query_rr
+from bench.quality.versus_st_quality import IN_PROCESS_HELP
 
 RESULTS = common.RESULTS_DIR / "cosqa_transfer.json"
 ZERO = "zero-shot"
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="stdlib-large: preprocessed pairs (ray_jobs.preprocess --output, local)",
     )
+    parser.add_argument("--in-process", action="store_true", help=IN_PROCESS_HELP)
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.corpora import stdlib_pair_rows, write_pairs
     from bench.perf.versus_st import RECIPE, pq_rows
-    from bench.quality.versus_st_quality import train
+    from bench.quality.versus_st_quality import santa_system, train
     from santa.cluster.ray_utils import init_ray
     from santa.config.recipes import get_recipe, minilm_path
     from santa.data.cosqa import cosqa_beir, read_cosqa
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         data = pairs if isinstance(pairs, str) else write_pairs(work / f"pairs-{tag}", pairs)
         count = pq_rows(data) if isinstance(pairs, str) else len(pairs)
         print(f"training {name} ({tag}): {count} pairs, lr {learning_rate:g}", flush=True)
-        model, spent = train("santa-ray", options, data, work / f"train-{tag}")
+        model, spent = train(santa_system(args), options, data, work / f"train-{tag}")
         seconds[name] = seconds.get(name, 0.0) + spent
         print(f"  {spent:.0f} s", flush=True)
         return model

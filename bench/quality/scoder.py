@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-files", type=int, default=0, help="stdlib files (0: all)")
     parser.add_argument("--soft-labels", choices=("offline", "online"), default="offline")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train every stage in this process on one worker (RunSpec.in_process: the same "
+        "loop as a one-worker Ray run, without Ray Train's start-up)",
+    )
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus_s = time.time() - started
     config = get_recipe(args.recipe).with_overrides(
         [
-            "train.num_workers=2",
+            f"train.num_workers={1 if args.in_process else 2}",
             f"train.global_batch_size={args.batch}",
             "train.log_every=10",
             f"scoder.iterations={args.iterations}",
@@ -117,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     layout = RunLayout(str(work / "runs" / "scoder"))
     report = run_algorithm(
-        config, data=pairs, layout=layout, recipe=args.recipe, cpus_per_worker=0.5
+        config,
+        data=pairs,
+        layout=layout,
+        recipe=args.recipe,
+        cpus_per_worker=0.5,
+        in_process=args.in_process,
     )
     scoder_s = report["total_s"]
 
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             name="in-batch",
             cpus_per_worker=0.5,
             warm_start=report["warmup"]["model"],
+            in_process=args.in_process,
         ),
     )
     baseline_s = time.time() - clock

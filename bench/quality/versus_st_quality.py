@@ -44,6 +44,18 @@ PAIRS = (("santa", "sentence-transformers"), ("santa", "zero-shot"))
 PAIRS += (("sentence-transformers", "zero-shot"),)
 
 
+IN_PROCESS_HELP = (
+    "train santa in one process on one worker (bench/perf/versus_st.py's santa-local: the "
+    "same loop and model as a one-worker Ray run, without Ray Train's start-up)"
+)
+
+
+def santa_system(args: argparse.Namespace) -> str:
+    """bench/perf/versus_st.py's child that trains santa: on Ray Train (2 workers, as
+    users run it) or, with ``--in-process``, the worker loop in the child's process."""
+    return "santa-local" if getattr(args, "in_process", False) else "santa-ray"
+
+
 def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple[str, float]:
     """Fine-tune with bench/perf/versus_st.py's child for ``system``; the model and seconds."""
     command = [
@@ -128,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-length", type=int, default=240)
     parser.add_argument("--bootstrap", type=int, default=10_000, help="resamples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--in-process", action="store_true", help=IN_PROCESS_HELP)
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -145,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = build_eval_sets(args, work)
     models = {"zero-shot": minilm_path()}
     seconds = {"zero-shot": 0.0}
-    for name, system in (("santa", "santa-ray"), ("sentence-transformers", "st-mnrl")):
+    for name, system in (("santa", santa_system(args)), ("sentence-transformers", "st-mnrl")):
         print(f"training {name}: {args.steps} steps x {args.batch} pairs", flush=True)
         models[name], seconds[name] = train(system, args, data, work / system)
         print(f"  {seconds[name]:.0f} s", flush=True)

@@ -47,9 +47,11 @@ def run_algorithm(
     cpus_per_worker: float = 0.0,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,  # gets the manifest
     tracking: dict[str, Any] | None = None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Algorithm 2 on the current Ray cluster, resuming what the run folder ``layout``
-    holds already."""
+    holds already (``in_process``: each training stage in this process on one worker,
+    :attr:`santa.train.trainer.RunSpec.in_process`)."""
     started = time.time()
     # Before the warm-up: a dual encoder the cluster can never hold fails in one line.
     from santa.cluster.resources import check_plan
@@ -77,6 +79,7 @@ def run_algorithm(
             cpus_per_worker=cpus_per_worker,
             on_iteration=on_iteration,
             tracking=tracking or {},
+            in_process=in_process,
         )
 
 
@@ -93,8 +96,11 @@ def _run_algorithm(
     cpus_per_worker: float,
     on_iteration: Callable[[dict[str, Any]], None] | None,
     tracking: dict[str, Any],
+    in_process: bool,
 ) -> dict[str, Any]:
-    warmup = _warmup(config, data, layout, eval_data, eval_split, cpus_per_worker, tracking)
+    warmup = _warmup(
+        config, data, layout, eval_data, eval_split, cpus_per_worker, tracking, in_process
+    )
     finished.append("the warm-up")
     dual_encoder = warmup["model"]
     discriminators = _initial_discriminators(config, data, layout)
@@ -116,6 +122,7 @@ def _run_algorithm(
                 eval_split=eval_split,
                 cpus_per_worker=cpus_per_worker,
                 tracking=tracking,
+                in_process=in_process,
             )
             storage.write_json(manifest_uri, manifest)  # last: the iteration is done
         dual_encoder, discriminators = manifest["dual_encoder"], manifest["discriminators"]
@@ -142,7 +149,14 @@ def _run_algorithm(
 
 
 def _warmup(
-    config, data, layout: RunLayout, eval_data, eval_split, cpus_per_worker, tracking=None
+    config,
+    data,
+    layout: RunLayout,
+    eval_data,
+    eval_split,
+    cpus_per_worker,
+    tracking=None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Line 2 of Algorithm 2: the in-batch-negative warm-up (done once, then recorded)."""
     record_uri = layout.warmup_record
@@ -164,6 +178,7 @@ def _warmup(
         eval_data=eval_data,
         eval_split=eval_split,
         tracking=tracking or {},
+        in_process=in_process,
     )
     result = fit(warm_config, spec)
     final = _checked(result, "the warm-up")
@@ -220,6 +235,7 @@ def run_iteration(
     eval_split: str,
     cpus_per_worker: float,
     tracking: dict[str, Any] | None = None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """One iteration (lines 5-13): mine, discriminators, soft labels, dual encoder."""
     from santa.negatives.corpus import load_mining_corpus
@@ -270,6 +286,7 @@ def run_iteration(
         cpus_per_worker=cpus_per_worker,
         cache=layout.shared_cache.root,
         tracking=tracking,
+        in_process=in_process,
     )
     trained = _checked(result, "discriminator training")
     new_discriminators = storage.join(stage.checkpoint_uri(result.checkpoint), DISCRIMINATORS_DIR)
@@ -303,6 +320,7 @@ def run_iteration(
         cpus_per_worker=cpus_per_worker,
         cache=layout.shared_cache.root,
         tracking=tracking,
+        in_process=in_process,
         discriminators=new_discriminators if scoder.soft_labels == "online" else "",
         eval_data=eval_data,
         eval_split=eval_split,
@@ -349,6 +367,7 @@ def _fit_stage(
     eval_split: str = "test",
     cache: str = "",
     tracking: dict[str, Any] | None = None,
+    in_process: bool = False,
 ):
     """One stage of an iteration as a run of santa's one worker loop (resumed when its run
     folder holds checkpoints); dev metrics, when asked for, at the end only."""
@@ -369,6 +388,7 @@ def _fit_stage(
         eval_split=eval_split,
         cache=cache,  # the run's: Algorithm 2's stages share compiled graphs
         tracking=tracking or {},
+        in_process=in_process,
     )
     return fit(stage_config, spec)
 

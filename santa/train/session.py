@@ -192,6 +192,8 @@ class LocalSession:
         self.checkpoint_root = checkpoint_root
         self.rank, self.world_size = rank, world_size
         self.reports: list[dict[str, float]] = []
+        # The checkpoint folders this session copied, with the metrics reported beside each.
+        self.saved: list[tuple[str, dict[str, float]]] = []
 
     def checkpoints(self) -> list[str]:
         """The checkpoint folders under the root, newest first."""
@@ -230,6 +232,7 @@ class LocalSession:
         if checkpoint_dir is not None and self.checkpoint_root:
             target = Path(self.checkpoint_root) / f"checkpoint_{int(metrics['step']):06d}"
             shutil.copytree(checkpoint_dir, target, dirs_exist_ok=True)
+            self.saved.append((str(target), dict(metrics)))
         if self.world_size > 1:
             import torch.distributed as dist
 

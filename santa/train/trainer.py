@@ -105,6 +105,9 @@ class RunSpec:
     one beside the run (``RunLayout.cache``). Nested runs pass their parent's."""
     tracking: dict[str, Any] = field(default_factory=dict)
     """MLflow / W&B settings (``santa.train.tracking.Tracking.to_dict``); empty: none."""
+    in_process: bool = False
+    """Train in this process on one worker, without Ray Train
+    (:func:`santa.train.in_process.fit_in_process`): benchmarks and tests on one machine."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
@@ -287,8 +290,52 @@ def last_logged_step(metrics_uri: str) -> int:
     return max(steps, default=0)
 
 
+def loop_config(
+    config: SantaConfig,
+    spec: RunSpec,
+    *,
+    init_model: str,
+    torch_threads: int,
+    startup: dict[str, float],
+    tracked: Tracking,
+    miner_name: str = "",
+) -> LoopConfig:
+    """What every worker of the run ``spec`` is handed: the recipe, the initial model, the
+    run's files and what happened before the workers started."""
+    layout = spec.layout
+    return LoopConfig(
+        santa=config,
+        init_model=init_model,
+        objective=spec.objective,
+        discriminators=spec.discriminators,
+        row_cache=spec.row_cache,
+        torch_threads=torch_threads,
+        tensorboard_dir=layout.tensorboard_dir,
+        # On S3 the events are written on the rank-0 node and copied into the run at
+        # every checkpoint: the autoscaler may remove that node once the run is done.
+        tensorboard_uri=layout.tensorboard_copy,
+        metrics_uri=layout.metrics,
+        stop_at_step=spec.stop_at_step,
+        data_uri=spec.data,
+        miner_name=miner_name,
+        eval_data=spec.eval_data,
+        eval_split=spec.eval_split,
+        registered_checkpoints=tuple(registered_checkpoints(layout.root)),
+        cache_root=spec.cache_layout.root,
+        startup=startup,
+        submitted_at=time.time(),
+        logged_before=last_logged_step(layout.metrics),
+        tracking=tracked.to_dict(),
+    )
+
+
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
-    """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``."""
+    """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``
+    (``spec.in_process``: in this process, an :class:`~santa.train.in_process.InProcessResult`)."""
+    if spec.in_process:
+        from santa.train.in_process import fit_in_process
+
+        return fit_in_process(config, spec)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -347,29 +394,14 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     storage_path, storage_filesystem = storage.for_ray(layout.storage_path)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=LoopConfig(
-            santa=config,
+        train_loop_config=loop_config(
+            config,
+            spec,
             init_model=init_model,
-            objective=spec.objective,
-            discriminators=spec.discriminators,
-            row_cache=spec.row_cache,
             torch_threads=max(1, int(cpus)),
-            tensorboard_dir=layout.tensorboard_dir,
-            # On S3 the events are written on the rank-0 node and copied into the run at
-            # every checkpoint: the autoscaler may remove that node once the run is done.
-            tensorboard_uri=layout.tensorboard_copy,
-            metrics_uri=layout.metrics,
-            stop_at_step=spec.stop_at_step,
-            data_uri=spec.data,
             miner_name=miner_name,
-            eval_data=spec.eval_data,
-            eval_split=spec.eval_split,
-            registered_checkpoints=tuple(registered_checkpoints(layout.root)),
-            cache_root=spec.cache_layout.root,
             startup=startup,
-            submitted_at=time.time(),
-            logged_before=last_logged_step(layout.metrics),
-            tracking=tracked.to_dict(),
+            tracked=tracked,
         ).to_dict(),
         scaling_config=ScalingConfig(
             # Elastic (--num-workers MIN-MAX): Ray Train goes on with the workers that fit.

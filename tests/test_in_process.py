@@ -1,0 +1,71 @@
+"""fit_in_process: a run of santa.train.fit trained in this process, without Ray (the same
+worker loop on one LocalSession); its checkpoints, resume, history and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from santa.files.layout import RUN_SNAPSHOT_FILE
+from santa.train.in_process import InProcessResult, fit_in_process
+from santa.train.loop_config import LoopConfig
+from santa.train.trainer import RunSpec, fit
+from tests.training import stdlib_pair_rows, tiny_config, train_on_ranks, write_pairs
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> str:
+    return write_pairs(tmp_path_factory.mktemp("pairs") / "train", stdlib_pair_rows()[:64])
+
+
+def history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_in_process_run_trains_the_loops_model_keeps_checkpoints_and_resumes(pairs, tmp_path):
+    config = tiny_config(max_steps=6, log_every=1, checkpoint_every=2, seed=3)
+    spec = RunSpec.of(
+        data=pairs, storage=str(tmp_path / "runs"), name="local", stop_at_step=4, in_process=True
+    )
+    result = fit(config, spec)  # RunSpec.in_process: fit hands the run to fit_in_process
+    assert isinstance(result, InProcessResult)
+    run = tmp_path / "runs" / "local"
+    assert result.error is None and result.path == str(run) and result.metrics["step"] == 4
+    assert [h["step"] for h in history(run)] == [1, 2, 3, 4]
+    assert [metrics["step"] for _, metrics in result.best_checkpoints] == [2, 4]
+    assert result.checkpoint.path == result.best_checkpoints[-1][0].path
+    assert (Path(result.checkpoint.path) / "model" / "config.json").is_file()
+    # The worker loop itself, from the run's initial model: the same losses step by step.
+    loop = LoopConfig(
+        santa=config,
+        init_model=str(run / "init_model"),
+        data_uri=pairs,
+        stop_at_step=4,
+        row_cache=str(tmp_path / "rows"),
+    )
+    (plain,) = train_on_ranks(1, loop, str(tmp_path / "plain"), str(tmp_path / "out"))
+    assert [h["loss"] for h in history(run)] == pytest.approx(
+        [r["loss"] for r in plain["reports"]], rel=1e-5
+    )
+    # The same call without the stop resumes from step 4's checkpoint to the end.
+    spec = RunSpec.of(data=pairs, storage=str(tmp_path / "runs"), name="local")
+    resumed = fit_in_process(config, spec)
+    assert resumed.metrics["step"] == 6
+    assert [h["step"] for h in history(run)] == [1, 2, 3, 4, 5, 6]
+    assert [metrics["step"] for _, metrics in resumed.best_checkpoints] == [6]
+
+
+def test_in_process_run_refuses_what_only_a_ray_run_does(pairs, tmp_path):
+    spec = RunSpec.of(data=pairs, storage=str(tmp_path / "runs"), name="r")
+    with pytest.raises(ValueError, match="one worker; train.num_workers is 2"):
+        fit_in_process(tiny_config(num_workers=2), spec)
+    with pytest.raises(ValueError, match="async needs the miner actor"):
+        fit_in_process(tiny_config(negatives={"source": "async", "per_query": 1}), spec)
+    with pytest.raises(ValueError, match="not s3://bucket/runs/r"):
+        fit_in_process(tiny_config(), RunSpec.of(data=pairs, storage="s3://bucket/runs", name="r"))
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / RUN_SNAPSHOT_FILE).write_text("{}")
+    with pytest.raises(ValueError, match="holds a Ray run"):
+        fit_in_process(tiny_config(), spec)
