@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 from santa.config import SantaConfig
@@ -63,10 +64,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--soft-labels", choices=("offline", "online"), default=None)
     parser.add_argument("--force", action="store_true", help="take over a stale run lock")
     parser.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train every stage in this process on one worker, without Ray Train (one "
+        "machine: the same loop and model; Ray still mines and scores)",
+    )
     with_exit_codes(parser)
     args = parser.parse_args(argv)
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be a positive number of steps")
+    given = argv if argv is not None else sys.argv[1:]
+    if args.in_process and any(a.split("=")[0] == "--num-workers" for a in given):
+        parser.error("--in-process trains on one worker: drop --num-workers")
     return args
 
 
@@ -83,6 +93,8 @@ def scoder_config(args: argparse.Namespace) -> SantaConfig:
         then.append(f"scoder.iterations={args.iterations}")
     if args.soft_labels:
         then.append(f"scoder.soft_labels={args.soft_labels}")
+    if args.in_process:
+        then.append("train.num_workers=1")
     return recipe_config(args, then=then)
 
 
@@ -114,6 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             eval_split=args.eval_split,
             cpus_per_worker=args.cpus_per_worker,
             tracking=tracking,
+            in_process=args.in_process,
         )
 
 

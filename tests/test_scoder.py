@@ -190,8 +190,9 @@ def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
         "tiny",
         "--max-steps",
         "4",
-        "--num-workers",
-        "2",
+        # Every stage in the test's process (fit_in_process, one worker): what Algorithm 2
+        # does is tested here; its stages on Ray Train in tests/test_sweep.py's SCodeR trial.
+        "--in-process",
         "--cpus-per-worker",
         "0.5",
         *[item for key in sets for item in ("--set", key)],
@@ -272,6 +273,11 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert scoder.main(bad_lambda) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["santa: error: ScoderConfig.adversarial_weight must be in [0, 1], got 1.5"]
+    two_in_process = ["--data", str(tmp_path), *base, "--in-process", "--num-workers=2"]
+    with pytest.raises(SystemExit) as exited:
+        scoder.main(two_in_process)
+    assert exited.value.code == 2
+    assert "--in-process trains on one worker: drop --num-workers" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
