@@ -284,3 +284,23 @@ def test_cpu_scaling_bench(tmp_path: Path) -> None:
     (round_,) = result["rounds"]
     assert round_["one"]["processes"] == 1 and len(round_["two"]["seconds"]) == 2
     assert round_["speedup"] > 0
+
+
+def test_ivf_cells_bench_measures_each_setting_against_the_exact_search(tmp_path: Path) -> None:
+    from santa.index.faiss_index import ivf_cells
+
+    output = tmp_path / "ivf.json"
+    stdout = run_bench(
+        "perf/ivf_cells.py",
+        *("--vectors", "6000", "--queries", "100", "-k", "10", "--data", "random"),
+        *("--settings", "0:64:2:1000,8:39:8", "--output", str(output)),
+    )
+    result = json.loads(output.read_text())
+    default_few, default_all, eight = result["results"]
+    assert default_few["cells"] == default_all["cells"] == ivf_cells(6000) == 309
+    assert (default_few["probes"], default_all["probes"], eight["cells"]) == (2, 1000, 8)
+    assert default_all["recall@10"] == 1.0  # every cell probed: the exact top 10
+    assert 0 < default_few["recall@10"] < 1 and eight["points_per_cell"] == 39
+    assert result["flat_search_ms_per_query"] > 0 and default_few["train_s"] >= 0
+    (table,) = parse_tables(stdout)
+    assert [row["probes"] for row in table] == ["2", "1000", "8"]
