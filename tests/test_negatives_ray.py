@@ -66,7 +66,8 @@ def test_offline_mining_then_finetuning_on_the_table(
     init = tmp_path / "ckpt"
     warm = fit(
         tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
-        RunSpec.of(data=train_data, storage=str(init), name="warm"),
+        # The warm start in this process (the mining and the finetune job are the test).
+        RunSpec.of(data=train_data, storage=str(init), name="warm", in_process=True),
     )
     assert warm.error is None
     checkpoint = warm.checkpoint.path
