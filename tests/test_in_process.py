@@ -1,4 +1,4 @@
-"""fit_in_process: a run of santa.train.fit trained in this process, without Ray (the same
+"""santa.train.trainer.fit_in_process: a run of santa.train.fit trained in this process, without Ray (the same
 worker loop on one LocalSession); its checkpoints, resume, history and refusals."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from santa.files.layout import RUN_SNAPSHOT_FILE
-from santa.train.in_process import InProcessResult, fit_in_process
 from santa.train.loop_config import LoopConfig
-from santa.train.trainer import RunSpec, fit
+from santa.train.trainer import InProcessResult, RunSpec, fit, fit_in_process
 from tests.training import stdlib_pair_rows, tiny_config, train_on_ranks, write_pairs
 
 

@@ -67,7 +67,7 @@ def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(pairs, mot
     global batch's mean: where the workers run changes nothing), every logged step in the
     run's history on S3, its TensorBoard curves copied there, and a checkpoint that loads
     back from S3."""
-    from santa.train.in_process import fit_in_process
+    from santa.train.trainer import fit_in_process
 
     bucket = moto_s3.create_bucket("santa-train")
     overrides = ["model.tiny_dropout=0", "train.max_steps=6", "train.log_every=1"]

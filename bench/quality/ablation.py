@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from santa.config.recipes import get_recipe
     from santa.eval import EvalConfig, evaluate
     from santa.files import storage
-    from santa.train.in_process import fit_in_process
-    from santa.train.trainer import RunSpec, fit, prepare_initial_model
+    from santa.train.trainer import RunSpec, fit, fit_in_process, prepare_initial_model
 
     bench = common.BenchRun(__file__, argv)
     work = Path(tempfile.mkdtemp(prefix="santa-ablation-"))

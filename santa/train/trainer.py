@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from santa.cluster.placement import placement_retries, placement_wait_s
@@ -29,7 +30,7 @@ from santa.cluster.resources import (
 from santa.config import SantaConfig
 from santa.data.published import pair_files
 from santa.files import storage
-from santa.files.layout import CacheLayout, RunLayout
+from santa.files.layout import RUN_SNAPSHOT_FILE, CacheLayout, RunLayout
 from santa.files.outputs import read_manifest
 from santa.jobs import interrupts
 from santa.jobs.interrupts import call_in_thread
@@ -107,7 +108,7 @@ class RunSpec:
     """MLflow / W&B settings (``santa.train.tracking.Tracking.to_dict``); empty: none."""
     in_process: bool = False
     """Train in this process on one worker, without Ray Train
-    (:func:`santa.train.in_process.fit_in_process`): benchmarks and tests on one machine."""
+    (:func:`fit_in_process`): benchmarks and tests on one machine."""
 
     def __post_init__(self) -> None:
         # Relative local paths would be resolved by Ray's processes in their own folders
@@ -331,10 +332,8 @@ def loop_config(
 
 def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     """Run (or resume) training on the current Ray cluster; returns the ``ray.train.Result``
-    (``spec.in_process``: in this process, an :class:`~santa.train.in_process.InProcessResult`)."""
+    (``spec.in_process``: in this process, an :class:`InProcessResult`)."""
     if spec.in_process:
-        from santa.train.in_process import fit_in_process
-
         return fit_in_process(config, spec)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
@@ -483,3 +482,91 @@ def _warn_if_negatives_never_came(config: SantaConfig, result, miner) -> None:
     line = negatives_warning(config, dict(result.metrics or {}), info)
     if line:
         print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class InProcessResult:
+    """What :func:`fit_in_process` returns: the fields of ``ray.train.Result`` that santa's
+    callers read."""
+
+    path: str
+    """The run's folder."""
+    checkpoint: Any
+    """The newest checkpoint (a ``LocalCheckpoint``), or None when the run reported none."""
+    metrics: dict[str, Any]
+    """The last report's metrics."""
+    error: BaseException | None = None
+    """The error the run ended with (raised too: kept for the callers of ``fit``)."""
+    best_checkpoints: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+    """Every checkpoint with the metrics it was reported with, oldest first."""
+
+
+def fit_in_process(config: SantaConfig, spec: RunSpec, *, device: str = "") -> InProcessResult:
+    """Train the run ``spec`` of ``config`` in this process (one worker; ``device``: the
+    session's, by default ``cuda`` when ``train.use_gpu`` and ``cpu`` otherwise).
+
+    The same worker loop (:class:`~santa.train.loop.WorkerTrainer`: the objective, the reader,
+    the step, the optimizer and its schedule, the window metrics and checkpoints) on one worker
+    through :class:`~santa.train.session.LocalSession`: what a benchmark, a notebook or a test
+    on one machine needs when the cluster's part (a controller, worker actors, the async miner,
+    recovery) is not what it is about. It computes the model a one-worker Ray run computes:
+    same initial model, same global order, same steps.
+
+    Checkpoints are folders ``checkpoint_<step>`` under the run's folder, every one kept; a
+    second call on the same folder resumes from the newest, as a Ray run resumes from its
+    storage. A folder holds runs of one kind: an in-process run does not resume a Ray run's
+    checkpoints, nor the other way round.
+
+    Raises ``ValueError`` for what only a Ray run does: several or elastic workers, the
+    ``async`` miner (a Ray actor), a run folder on S3 or one a Ray run wrote."""
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.session import LocalCheckpoint, LocalSession
+
+    train = config.train
+    layout = spec.layout
+    where = f"the in-process run {layout.name!r}"
+    if train.num_workers != 1 or train.elastic:
+        raise ValueError(f"{where} trains on one worker; train.num_workers is {train.num_workers}")
+    if config.negatives.source == "async":
+        raise ValueError(f"{where}: negatives.source=async needs the miner actor, a Ray run")
+    if storage.is_s3(layout.root):
+        raise ValueError(f"{where} keeps its checkpoints on this machine, not {layout.root}")
+    if Path(layout.root, RUN_SNAPSHOT_FILE).exists():
+        raise ValueError(f"{layout.root} holds a Ray run: resume it with santa.train.fit")
+    training_data(
+        LoopConfig(santa=config, init_model="", objective=spec.objective, data_uri=spec.data)
+    )
+    started = time.time()
+    init_model = prepare_initial_model(config, spec)
+    startup = {"startup_initial_model_s": time.time() - started}
+    tracked = Tracking.from_dict(spec.tracking).begin(
+        run_uri=layout.root, name=layout.name, params=config.to_dict()
+    )
+    loop = loop_config(
+        config,
+        spec,
+        init_model=init_model,
+        # Threads as the spec's CPUs per worker; a share of one (a Ray worker's 0.5) or
+        # none named: this process's CPUs.
+        torch_threads=int(spec.cpus_per_worker)
+        if spec.cpus_per_worker >= 1
+        else len(os.sched_getaffinity(0)),
+        startup=startup,
+        tracked=tracked,
+    )
+    session = LocalSession(
+        device=device or ("cuda" if train.use_gpu else "cpu"), checkpoint_root=layout.root
+    )
+    try:
+        run_worker(WorkerTrainer(loop, session))
+    except BaseException as error:
+        tracked.end_early("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    result = InProcessResult(
+        path=layout.root,
+        checkpoint=session.checkpoint(),
+        metrics=dict(session.reports[-1]) if session.reports else {},
+        best_checkpoints=[(LocalCheckpoint(path), metrics) for path, metrics in session.saved],
+    )
+    finish_tracking(tracked, result, config, layout)
+    return result
