@@ -37,6 +37,7 @@ NOT_COMPUTATIONAL: dict[str, str] = {
     "train.distributed_backend": "the collectives' transport (NCCL or gloo)",
     "train.fused_rms_norm": "the same RMS norm as one fused kernel",
     "train.input_threads": "threads that tokenize the next batches: the same batches",
+    "train.token_cache": "token ids kept on the node's disk: the same ids",
     "negatives.encoder_actors": "how many actors share the mining",
     "negatives.encoder_gpus": "the miner's device (a GPU encoder runs under bf16 autocast)",
     "negatives.encoder_cpus": "CPUs reserved per mining actor",

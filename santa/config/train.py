@@ -139,6 +139,12 @@ class TrainConfig:
     current step trains (the tokenizers release the GIL): more when one thread does not
     keep up with the device (``bench/scale``: pairs tokenized per second per core)."""
 
+    token_cache: bool = True
+    """Keep each training row's token ids in the node's token cache
+    (:mod:`santa.train.tokens`, beside the row file): a row is tokenized once per data
+    version, tokenizer and lengths, not once per epoch and run; False tokenizes every batch
+    as it is collated."""
+
     eval_every: int | None = None
     """With a dev set (``RunSpec.eval_data``): report dev MRR/NDCG every this many steps;
     ``None``: at every checkpoint and at the end."""

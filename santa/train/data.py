@@ -7,6 +7,9 @@ arrays. Nothing is tokenized before the first step, and nothing is kept after it
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import sys
 import tempfile
 from typing import Any
 
@@ -82,7 +85,6 @@ class JsonTokenizer:
 
 def _json_tokenizer(folder: str, append_eos: bool = False) -> JsonTokenizer | None:
     """The folder's tokenizer without transformers, when its class allows; else None."""
-    import json
     import os
 
     files = [os.path.join(folder, name) for name in ("tokenizer.json", "tokenizer_config.json")]
@@ -294,13 +296,74 @@ def pairs_source(data_uri: str) -> RowSource:
 
 
 class PairCollator:
-    """A batch of pair rows (a Table) → the model's id arrays (:func:`tokenize_pairs`)."""
+    """A batch of pair rows (a Table) → the model's id arrays (:func:`tokenize_pairs`).
+
+    Its :meth:`cache_key` names what it computes, so that the node's token cache
+    (:mod:`santa.train.tokens`) keeps its ids across epochs and runs; the id columns are
+    passed through from the rows.
+    """
+
+    passthrough = ID_COLUMNS
 
     def __init__(self, tokenizer_path: str, settings: dict[str, Any]) -> None:
         self.tokenizer_path, self.settings = tokenizer_path, settings
 
     def __call__(self, rows: pa.Table) -> dict[str, np.ndarray]:
         return tokenize_pairs(rows, tokenizer_path=self.tokenizer_path, **self.settings)
+
+    def cache_key(self) -> str | None:
+        """What this collator computes from a row: the tokenizer as loaded, the settings
+        (lengths, prefixes, case) and the code that collates; None for a tokenizer that
+        cannot be named (a slow one), which is not cached."""
+        tokenizer = load_tokenizer(self.tokenizer_path, self.settings.get("append_eos", False))
+        named = tokenizer_fingerprint(tokenizer)
+        if named is None:
+            return None
+        payload = {"tokenizer": named, "settings": self.settings, "code": _collating_code()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """A digest of everything that decides ``tokenizer``'s ids and masks (its vocabulary,
+    normalizer, pre-tokenizer, post-processor, special tokens, padding and truncation
+    sides), or None when it has no serialized form (a slow tokenizer)."""
+    if isinstance(tokenizer, JsonTokenizer):
+        backend, pad = tokenizer._tokenizer, tokenizer.pad_token
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        pad = tokenizer.pad_token
+    described = json.dumps(
+        [
+            type(tokenizer).__name__,
+            pad,
+            tokenizer.padding_side,
+            tokenizer.truncation_side,
+        ]
+    )
+    # Truncation and padding as the last call left them on the backend are not the
+    # tokenizer's: each encode sets its own (the sides are named above).
+    serialized = json.loads(backend.to_str())
+    serialized.pop("truncation", None)
+    serialized.pop("padding", None)
+    digest = hashlib.sha256(json.dumps(serialized, sort_keys=True).encode())
+    digest.update(described.encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _collating_code() -> str:
+    """A digest of the source that turns rows into ids (this module, the rows' kinds): an
+    edit there is another token cache, never stale ids."""
+    import inspect
+
+    from santa.data import kinds
+
+    digest = hashlib.sha256()
+    for module in (sys.modules[__name__], kinds):
+        digest.update(inspect.getsource(module).encode())
+    return digest.hexdigest()
 
 
 def query_groups(files: tuple[str, ...]):

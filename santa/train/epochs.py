@@ -23,6 +23,7 @@ import numpy as np
 
 from santa.train.order import EpochPlan
 from santa.train.rows import RowFile, RowSource, open_rows
+from santa.train.tokens import TokenCache
 
 __all__ = ["PREFETCH_BATCHES", "BackgroundRows", "EpochReader", "pin_batch"]
 
@@ -84,6 +85,8 @@ class EpochReader:
     batches; errors of reading or collating are raised there. Up to ``prefetch`` batches
     wait ahead, collated by ``threads`` threads. With ``pin_memory`` (training on a GPU)
     each batch's token ids go to pinned memory (:func:`pin_batch`), off the training thread.
+    With ``tokens`` (the node's :class:`~santa.train.tokens.TokenCache`) rows collated
+    before are read from it, and the others collated and kept there.
     """
 
     def __init__(
@@ -99,8 +102,10 @@ class EpochReader:
         prefetch: int = PREFETCH_BATCHES,
         threads: int = 1,
         pin_memory: bool = False,
+        tokens: TokenCache | None = None,
     ) -> None:
         self.rows, self.plan, self._collate = rows, plan, collate
+        self.tokens = tokens
         self._rank, self._world_size = rank, world_size
         self._pin = pin_memory
         self._epoch, self._skip = start_epoch, skip
@@ -127,7 +132,10 @@ class EpochReader:
         """Worker ``rank``'s slice of global batch ``batch``: read, collated (a dict batch
         also gets its ``row`` numbers: what hard negatives are looked up by), pinned."""
         rows = order.batch_rows(batch, self._rank, self._world_size)
-        collated = self._collate(self.rows.take(rows))
+        if self.tokens is not None:
+            collated = self.tokens.collate(self.rows, rows, self._collate)
+        else:
+            collated = self._collate(self.rows.take(rows))
         if isinstance(collated, dict):
             collated["row"] = np.asarray(rows, dtype=np.int64)  # (batch,)
         return pin_batch(collated) if self._pin else collated

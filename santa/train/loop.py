@@ -61,6 +61,7 @@ from santa.train.state import (
     seed_everything,
     total_steps,
 )
+from santa.train.tokens import open_token_cache
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ class WorkerTrainer:
             skip=self.state["batches_in_epoch"],
             threads=config.train.input_threads,
             pin_memory=self.use_gpu,
+            tokens=self.tokens,
         )
         # The parts the loop composes (santa.train.metrics): the metrics' record and the
         # dev evaluation.
@@ -258,6 +260,11 @@ class WorkerTrainer:
         self.row_file = self.rows.result()
         self.startup["startup_rows_wait_s"] = time.time() - waited
         self.startup["startup_rows_build_s"] = self.row_file.build_s
+        self.tokens = (
+            open_token_cache(self.row_file, self.data.collate, self.loop.row_cache)
+            if self.config.train.token_cache
+            else None
+        )
         train = self.config.train
         groups = self.row_file.groups if self.data.units == "groups" else None
         return EpochPlan(
@@ -448,6 +455,9 @@ class WorkerTrainer:
         batch = self.config.train.global_batch_size
         metrics["pairs_per_s"] = batch * steps / elapsed if elapsed else 0.0
         metrics["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if self.tokens is not None:  # this worker's rows so far: tokenized, or read cached
+            metrics["token_cache_misses"] = float(self.tokens.rows_collated)
+            metrics["token_cache_hits"] = float(self.tokens.rows_cached)
         return metrics
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool) -> None:
@@ -470,6 +480,8 @@ class WorkerTrainer:
         """Close the reader, the metrics' record (publishing its last TensorBoard events
         unless ``publish`` is false: the storage just did not answer), then the objective."""
         self.reader.close()
+        if self.tokens is not None:
+            self.tokens.close()
         try:
             self.record.close(publish)
         finally:

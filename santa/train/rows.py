@@ -48,6 +48,8 @@ __all__ = [
     "RowFile",
     "RowSource",
     "count_rows",
+    "evict_cache_files",
+    "locked",
     "open_rows",
     "row_cache_dir",
 ]
@@ -137,11 +139,15 @@ class RowFile:
         """Columns ``names`` of every row, as a Table over the mapped file (no copy)."""
         return pa.Table.from_batches([batch.select(names) for batch in self._batches])
 
-    def take(self, rows: np.ndarray) -> pa.Table:
-        """The rows numbered ``rows`` (any order, repeats allowed), in that order."""
+    def take(self, rows: np.ndarray, columns: list[str] | None = None) -> pa.Table:
+        """The rows numbered ``rows`` (any order, repeats allowed), in that order; only
+        ``columns`` of them when given."""
         rows = np.asarray(rows, dtype=np.int64)
+        schema = (
+            self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        )
         if rows.size == 0:
-            return self.schema.empty_table()
+            return schema.empty_table()
         if rows.min() < 0 or rows.max() >= self.num_rows:
             raise IndexError(
                 f"rows must be in [0, {self.num_rows}), got {rows.min()}..{rows.max()}"
@@ -154,8 +160,10 @@ class RowFile:
         for start, end in zip([0, *bounds], [*bounds, len(ordered)], strict=True):
             chunk = int(chunks[start])
             local = ordered[start:end] - chunk * ROWS_PER_BATCH
-            parts.append(self._batches[chunk].take(pa.array(local)))
-        table = pa.Table.from_batches(parts, schema=self.schema)
+            batch = self._batches[chunk]
+            batch = batch if columns is None else batch.select(columns)
+            parts.append(batch.take(pa.array(local)))
+        table = pa.Table.from_batches(parts, schema=schema)
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         taken = table.take(pa.array(inverse)).combine_chunks()
@@ -193,7 +201,7 @@ def open_rows(source: RowSource, cache_dir: str = "") -> RowFile:
     os.makedirs(folder, exist_ok=True)
     key = source.key()
     path = os.path.join(folder, f"{key}.arrow")
-    with _locked(os.path.join(folder, f"{key}.lock"), fcntl.LOCK_EX):
+    with locked(os.path.join(folder, f"{key}.lock"), fcntl.LOCK_EX):
         if os.path.exists(path):
             os.utime(path)  # newest used: kept by the eviction
             return RowFile(path)
@@ -204,12 +212,13 @@ def open_rows(source: RowSource, cache_dir: str = "") -> RowFile:
         read, kept = _build(source, path)
         seconds = time.perf_counter() - started
         logger.info("row file %s: %d of %d rows in %.1f s", path, kept, read, seconds)
-    _evict(folder, keep=KEEP_ROW_FILES)
+    evict_cache_files(folder, ".arrow", keep=KEEP_ROW_FILES)
     return RowFile(path, build_s=seconds, built=True)
 
 
 @contextlib.contextmanager
-def _locked(path: str, how: int) -> Iterator[None]:
+def locked(path: str, how: int) -> Iterator[None]:
+    """Hold ``flock`` ``how`` on the lock file ``path`` (made if missing) for the block."""
     with open(path, "a") as handle:
         fcntl.flock(handle, how)
         try:
@@ -319,16 +328,17 @@ def _write_groups(temporary: str, source: RowSource) -> None:
         np.savez(handle, offsets=offsets, members=members)
 
 
-def _evict(folder: str, keep: int) -> None:
-    """Delete all but the ``keep`` newest row files (a file a worker has mapped stays
-    readable to it: its pages live until it is unmapped)."""
+def evict_cache_files(folder: str, suffix: str, keep: int) -> None:
+    """Delete all but the ``keep`` newest files of ``folder`` named ``*suffix`` (row files,
+    token files) with what stands beside them (a file a worker has mapped stays readable to
+    it: its pages live until it is unmapped)."""
     files = sorted(
-        (entry for entry in os.scandir(folder) if entry.name.endswith(".arrow")),
+        (entry for entry in os.scandir(folder) if entry.name.endswith(suffix)),
         key=lambda entry: entry.stat().st_mtime,
         reverse=True,
     )
     for entry in files[keep:]:
-        key = entry.name.removesuffix(".arrow")
+        key = entry.name.removesuffix(suffix)
         lock = os.path.join(folder, f"{key}.lock")
         with open(lock, "a") as handle:
             try:
