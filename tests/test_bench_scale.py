@@ -69,3 +69,23 @@ def test_growth_and_the_largest_process_of_each_figure() -> None:
     assert rows[1]["largest_private"] == ("preprocess:driver", 150.0)
     assert growth(rows, "worker_rss_mb") == ["-", "1.00x"]
     assert growth(rows, "preprocess_rows_s") == ["-", "10.00x"]
+
+
+def test_the_tokenize_rate_reads_a_warm_token_cache(tmp_path) -> None:
+    """``scale.py tokenize``: pairs per second per core tokenized and read from the token
+    cache, on a small tokenizer (the bench itself builds a T5-sized one)."""
+    import argparse
+
+    from bench.corpora import stdlib_pair_rows
+    from bench.scale.scale import tokenize_rate
+    from santa.models.tokenizer import train_tokenizer
+
+    rows = stdlib_pair_rows()[:200]
+    texts = [row["query"] for row in rows] + [row["document"] for row in rows]
+    train_tokenizer(texts, vocab_size=400).save_pretrained(tmp_path / "tokenizer")
+    folder = str(tmp_path / "tokenizer")
+    result = tokenize_rate(argparse.Namespace(tokenizer=folder, seconds=0.5, pairs=300))
+    assert result["rows"] == 300 and result["batch"] == 128
+    assert result["pairs_per_s_per_core"] > 0 and result["cached_pairs_per_s_per_core"] > 0
+    # ids as int32 and masks as bytes: query 50, masked document 240, target 35
+    assert result["token_record_bytes"] == 50 * 5 + 240 * 5 + 35 * 4
