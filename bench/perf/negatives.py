@@ -105,9 +105,10 @@ def bench_training(steps: int, refresh_every: int, pairs: int, batch: int) -> di
         "log_every": 10,
         "global_batch_size": batch,
     }
+    # The table's model: a short warm start, trained in this process (not measured).
     warm = fit(
         tiny_config(max_steps=2, checkpoint_every=2, global_batch_size=8, stage="finetune"),
-        RunSpec.of(data=data, storage=str(work), name="warm"),
+        RunSpec.of(data=data, storage=str(work), name="warm", in_process=True),
     )
     table_dir = work / "table"
     mine_negatives.main(

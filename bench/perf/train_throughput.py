@@ -92,11 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/santa-train-bench"))
     parser.add_argument("--output", type=Path, default=common.RESULTS_DIR / "train_throughput.json")
     parser.add_argument("--skip-minilm", action="store_true")
+    parser.add_argument("--batch", type=int, default=128, help="global batch")
+    parser.add_argument("--pairs", type=int, default=8000, help="standard-library pairs")
     args = parser.parse_args(argv)
     bench = common.BenchRun(__file__, argv)
-    data = write_stdlib_pairs(args.workdir)
+    data = write_stdlib_pairs(args.workdir, limit=args.pairs)
     config = get_recipe("tiny").with_overrides(
-        ["train.global_batch_size=128", "train.num_workers=2"]
+        [f"train.global_batch_size={args.batch}", "train.num_workers=2"]
     )
     # A new initial model each time: a cached one may come from an older recipe.
     init_model = prepare_initial_model(
