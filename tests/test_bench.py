@@ -115,7 +115,7 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     output = tmp_path / "train.json"
     run_bench(
         "perf/train_throughput.py",
-        *("--steps", "4", "--window", "2", "--skip-minilm"),
+        *("--steps", "4", "--window", "2", "--skip-minilm", "--batch", "16", "--pairs", "200"),
         *("--workdir", str(tmp_path / "work"), "--output", str(output)),
     )
     result = json.loads(output.read_text())
