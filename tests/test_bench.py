@@ -33,6 +33,18 @@ def run_bench(script: str, *args: str, timeout: int = 600) -> str:
     return proc.stdout
 
 
+def cosqa_sample(shared_fixtures: Path, tmp_path: Path, records: int = 160) -> tuple[str, int]:
+    """The first ``records`` of CoSQA dev (../shared's, or its stand-in) as a file of their
+    own, and how many judged queries they hold: the quality benches score on it in a
+    quarter of the whole file's encoding."""
+    from santa.data.cosqa import cosqa_beir
+
+    rows = json.loads((shared_fixtures / "cosqa" / "cosqa-dev.json").read_text())[:records]
+    path = tmp_path / "cosqa-sample.json"
+    path.write_text(json.dumps(rows))
+    return str(path), len(cosqa_beir(rows).queries)
+
+
 @pytest.mark.slow
 def test_evaluate_bench(tmp_path: Path) -> None:
     output = tmp_path / "evaluate.json"
@@ -127,10 +139,11 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
 @pytest.mark.long(seconds=110)
 def test_scoder_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "scoder.json"
+    cosqa, _ = cosqa_sample(shared_fixtures, tmp_path)
     stdout = run_bench(
         "quality/scoder.py",
         "--cosqa",
-        str(shared_fixtures / "cosqa" / "cosqa-dev.json"),
+        cosqa,
         "--recipe",
         "tiny-ci-scoder",
         "--warmup-steps",
@@ -193,15 +206,16 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
 @pytest.mark.long(seconds=75)
 def test_versus_st_quality_bench(tmp_path: Path, shared_fixtures: Path) -> None:
     output = tmp_path / "quality.json"
+    sample, queries = cosqa_sample(shared_fixtures, tmp_path)
     stdout = run_bench(
         "quality/versus_st_quality.py",
-        *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
+        *("--cosqa", sample),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
         *("--bootstrap", "200", "--in-process", "--output", str(output)),
     )
     result = json.loads(output.read_text())
     (cosqa,) = result["results"].values()
-    assert cosqa["queries"] == 313
+    assert cosqa["queries"] == queries
     assert list(cosqa["systems"]) == ["zero-shot", "santa", "sentence-transformers"]
     for row in cosqa["systems"].values():
         assert 0 < row["ci_low"] <= row["mean"] <= row["ci_high"] <= 1
@@ -221,16 +235,17 @@ def test_cosqa_transfer_bench_cross_fits(tmp_path: Path, shared_fixtures: Path) 
 
     output = tmp_path / "transfer.json"
     stdlib = write_pairs(tmp_path / "stdlib", stdlib_pair_rows()[:12])
+    sample, queries = cosqa_sample(shared_fixtures, tmp_path)
     stdout = run_bench(
         "quality/cosqa_transfer.py",
-        *("--cosqa", str(shared_fixtures / "cosqa" / "cosqa-dev.json")),
+        *("--cosqa", sample),
         *("--steps", "2", "--batch", "4", "--query-length", "16", "--doc-length", "32"),
         *("--systems", "cosqa,stdlib-large", "--stdlib-data", stdlib, "--bootstrap", "200"),
         "--in-process",
         *("--output", str(output)),
     )
     result = json.loads(output.read_text())
-    assert result["queries"] == 313 and sum(result["fold_queries"]) == 313
+    assert result["queries"] == queries and sum(result["fold_queries"]) == queries
     # Each fold's model trains on the other fold's labelled pairs only.
     assert result["train_pairs"]["CoSQA web queries, cross-fitted"] == result["fold_queries"][::-1]
     assert result["train_pairs"]["stdlib docstrings, no pair repeated"] == 12

@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     folds = function_folds(beir.qrels, args.folds, args.seed)
     every_query = set().union(*folds)
     whole = write_fold_beir(beir, every_query, str(work / "beir-all"))
-    print(init_ray(), flush=True)
+    if not args.in_process:  # the santa-ray children join this cluster
+        print(init_ray(), flush=True)
     recipe_lr = get_recipe(RECIPE).train.learning_rate
     print(
         f"{len(every_query)} queries over {len(beir.corpus)} functions; folds of "

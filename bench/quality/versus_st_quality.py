@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="santa-versus-quality-"))
     rows = stdlib_pair_rows()
     data = write_pairs(work / "pairs", rows)
-    print(init_ray(), flush=True)
+    if not args.in_process:  # the santa-ray child joins this cluster, as on a user's
+        print(init_ray(), flush=True)
     sets = build_eval_sets(args, work)
     models = {"zero-shot": minilm_path()}
     seconds = {"zero-shot": 0.0}
