@@ -209,10 +209,12 @@ def checkpoints_written(runs: str) -> dict[str, int]:
 @pytest.mark.long(seconds=100)
 @pytest.mark.timeout(900)
 def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_path, capsys):
-    """Kill the sweep's driver mid-trial; the same command again finishes the sweep on S3."""
+    """Kill the sweep's driver mid-trial; the same command again finishes the sweep on S3,
+    its trial going on from its own checkpoint (one trial: that the trials not yet started
+    run after a resume is the Ctrl-C test's, tests/test_interrupts_ray.py)."""
     bucket = moto_s3.create_bucket("santa-sweeps")
     name = f"killed-{uuid.uuid4().hex[:6]}"
-    args = sweep_args(data, f"{bucket}/sweeps", name, "--num-samples", "2", "--max-steps", "12")
+    args = sweep_args(data, f"{bucket}/sweeps", name, "--num-samples", "1", "--max-steps", "12")
     args += ["--eval-every", "2", "--scheduler", "fifo", "--address", ray_cluster.address]
     root = f"{bucket}/sweeps/{name}"
     log = tmp_path / "driver.log"
@@ -246,7 +248,7 @@ def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_p
     best = storage.read_json(f"{root}/best.json")
     assert best["checkpoint"].startswith(f"s3://santa-sweeps/sweeps/{name}/runs/")
     assert best["step"] == 12
-    assert len(checkpoints_written(f"{root}/runs")) == 2  # both trials, no third
+    assert len(checkpoints_written(f"{root}/runs")) == 1  # the one trial, no second
     # The interrupted trial went on from its own latest checkpoint, under the same run name.
     final = latest_checkpoint(f"{root}/runs/{interrupted}")
     state = storage.read_json(f"{final.checkpoint_uri}/trainer_state.json")
@@ -254,7 +256,7 @@ def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_p
     model = load(root)  # santa.load follows best.json on S3
     assert model.model_config.kind == "t5"
     files = storage.list_files(root)  # Tune's per-trial event files went to S3 too
-    assert len([uri for uri in files if "events.out.tfevents" in uri]) >= 2
+    assert len([uri for uri in files if "events.out.tfevents" in uri]) >= 1
     for run in Path("~/santa-runs").expanduser().glob(f"{name}-*"):
         shutil.rmtree(run)  # the trainer's own TensorBoard of S3 runs is kept locally
 
