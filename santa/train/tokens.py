@@ -65,7 +65,7 @@ def cache_key(row_file: RowFile, collate_key: str) -> str:
     return f"tokens-{digest[:24]}"
 
 
-def _stored_type(name: str, values: np.ndarray) -> np.dtype:
+def _stored_type(name: str) -> np.dtype:
     """How a collated column is stored: masks in a byte, other integers in 32 bits."""
     if name.endswith("attention_mask"):
         return np.dtype(np.uint8)
@@ -288,7 +288,7 @@ def _layout_of(
                 f"collated column {name!r} is not a (rows, width) integer array: the token "
                 "cache holds only those (name the others as passed through)"
             )
-        layout.append((name, values.dtype.str, _stored_type(name, values).str, values.shape[1]))
+        layout.append((name, values.dtype.str, _stored_type(name).str, values.shape[1]))
     return layout
 
 
