@@ -124,8 +124,10 @@ def test_results_table_is_sorted_by_the_metric():
 def test_sweep_writes_best_json_tensorboard_and_resumes(
     ray_cluster, data, tmp_path, capsys, monkeypatch, caplog
 ):
+    # One trial (several trials, their order and resume: the Ctrl-C sweep's test, and the
+    # results table's sort order: test_results_table_is_sorted_by_the_metric).
     args = sweep_args(
-        data, tmp_path, "tiny-sweep", "--num-samples", "2", "--max-steps", "4", "--eval-every", "2"
+        data, tmp_path, "tiny-sweep", "--num-samples", "1", "--max-steps", "4", "--eval-every", "2"
     )
     store = f"file://{tmp_path / 'mlruns'}"
     args += ["--address", ray_cluster.address, "--mlflow", store]
@@ -137,7 +139,7 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(
     # Each trial's worker group was shown to the sweep's warden (tests/test_warden.py: a
     # trial stopped early leaves none behind), and none was left when the sweep ended.
     (groups,) = [r.args for r in caplog.records if r.msg == "worker groups: %s"]
-    assert groups["registered"] >= 2 and groups["watched"] == 0, groups
+    assert groups["registered"] >= 1 and groups["watched"] == 0, groups
     root = tmp_path / "tiny-sweep"
     best = json.loads((root / "best.json").read_text())
     assert best["metric"] == "dev_mrr" and 0 <= best["value"] <= 1
@@ -152,10 +154,10 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(
     assert model.tokenizer is not None and model.model_config.kind == "t5"
 
     trials = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("train_trial"))
-    assert len(trials) == 2
+    assert len(trials) == 1
     # Each trial's run folder (.santa-cache beside them: the runs' tokenizer and compile cache)
     runs = sorted(p for p in (root / "runs").iterdir() if not p.name.startswith("."))
-    assert len(runs) == 2
+    assert len(runs) == 1
     for run in runs:  # the training loop's own event files, one folder per trial
         assert list((run / "tensorboard").glob("events.out.tfevents.*")), run
     for trial in trials:  # and Tune's, beside each trial's params/results
@@ -181,7 +183,7 @@ def test_sweep_writes_best_json_tensorboard_and_resumes(
     client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name("santa")
     tracked = client.search_runs([experiment.experiment_id])
-    assert len(tracked) == 2
+    assert len(tracked) == 1
     assert max(run.data.metrics["dev_mrr"] for run in tracked) == pytest.approx(best["value"])
 
     # The same command again: the finished experiment is restored, nothing runs again.
