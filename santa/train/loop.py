@@ -162,6 +162,12 @@ class WorkerTrainer:
             learning_rate=self.objective.learning_rate(),
         )
         self.plan = self._epoch_plan()  # waits for the row file
+        # The node's token cache beside it: rows tokenized before are read, not tokenized.
+        self.tokens = (
+            open_token_cache(self.row_file, self.data.collate, loop.row_cache)
+            if config.train.token_cache
+            else None
+        )
         self.steps = total_steps(config, self.plan.batches_per_epoch)
         warmup = int(math.ceil(config.train.warmup_ratio * self.steps))
         self.scheduler = linear_warmup_schedule(self.optimizer, warmup, self.steps)
@@ -260,11 +266,6 @@ class WorkerTrainer:
         self.row_file = self.rows.result()
         self.startup["startup_rows_wait_s"] = time.time() - waited
         self.startup["startup_rows_build_s"] = self.row_file.build_s
-        self.tokens = (
-            open_token_cache(self.row_file, self.data.collate, self.loop.row_cache)
-            if self.config.train.token_cache
-            else None
-        )
         train = self.config.train
         groups = self.row_file.groups if self.data.units == "groups" else None
         return EpochPlan(
