@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ray_jobs.train_cli import build_parser, run
+from ray_jobs.train_cli import build_parser, parse_args, run
 from santa.jobs.errors import exit_with, run_job
 
 
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="warm start: a model folder or checkpoint's model/ (local or s3://)",
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     return run_job(lambda: run(args, stage="finetune", warm_start=args.init_checkpoint), argv)
 
 

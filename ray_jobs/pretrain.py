@@ -5,14 +5,14 @@ python -m ray_jobs.pretrain --recipe tiny --data runs/stdlib --storage runs/ckpt
 
 from __future__ import annotations
 
-from ray_jobs.train_cli import build_parser, run
+from ray_jobs.train_cli import build_parser, parse_args, run
 from santa.jobs.errors import exit_with, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → fit → report."""
     parser = build_parser("python -m ray_jobs.pretrain", __doc__)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     return run_job(lambda: run(args, stage="pretrain"), argv)
 
 

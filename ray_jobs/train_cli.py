@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from santa.files import storage
 from santa.files.layout import RunLayout
@@ -40,7 +41,24 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--negatives-per-query", type=int, default=1, help="hard negatives per query (n)"
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train in this process on one worker, without Ray (one machine, a debugger: "
+        "the same loop, the model a one-worker Ray run computes)",
+    )
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments; ``--in-process`` with ``--num-workers`` other than 1 is a
+    usage error (exit 2)."""
+    args = parser.parse_args(argv)
+    given = argv if argv is not None else sys.argv[1:]
+    named = any(a.split("=")[0] == "--num-workers" for a in given)
+    if args.in_process and named and args.num_workers != 1:
+        parser.error("--in-process trains on one worker: drop --num-workers")
+    return args
 
 
 def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
@@ -54,7 +72,8 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             f"negatives.source={args.hard_negatives}",
             f"negatives.per_query={args.negatives_per_query}",
         ]
-    config = recipe_config(args, overrides)  # a bad value is one line, exit 2 (run_job)
+    then = ["train.num_workers=1"] if args.in_process else []  # (parse_args checked it)
+    config = recipe_config(args, overrides, then=then)  # a bad value: one line, exit 2
     # Cheap checks before any Ray work, and before importing torch and Ray (seconds): each
     # failure is one line naming the URI.
     eval_data = storage.absolute(args.eval_data)
@@ -89,10 +108,12 @@ def run(args: argparse.Namespace, stage: str, warm_start: str = "") -> int:
             eval_data=args.eval_data,
             eval_split=args.eval_split,
             tracking=tracking.to_dict(),
+            in_process=args.in_process,
         )
-        job.start_ray(
-            args.address, verbose=args.verbose, progress=args.progress, preload=FIT_IMPORTS
-        )
+        if not args.in_process:
+            job.start_ray(
+                args.address, verbose=args.verbose, progress=args.progress, preload=FIT_IMPORTS
+            )
         result = fit(config, spec)
     # A short table, not every metric: the whole history is in the run's metrics.jsonl.
     print("\n".join(final_metrics_lines(result.metrics or {}, spec.layout.metrics)))

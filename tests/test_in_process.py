@@ -68,3 +68,27 @@ def test_in_process_run_refuses_what_only_a_ray_run_does(pairs, tmp_path):
     (tmp_path / "runs" / "r" / RUN_SNAPSHOT_FILE).write_text("{}")
     with pytest.raises(ValueError, match="holds a Ray run"):
         fit_in_process(tiny_config(), spec)
+
+
+def test_the_training_jobs_in_process_flag_trains_here_without_ray(pairs, tmp_path, capsys):
+    """``ray_jobs.pretrain --in-process``: the job's checks and outputs, the run trained in
+    this process (no Ray started); with ``--num-workers 2`` a usage error in one line.
+    (That it computes the one-worker Ray run's losses bit for bit: the Ctrl-C and
+    killed-worker tests, against ``pretrain_reference``.)"""
+    import ray
+
+    from ray_jobs import pretrain
+
+    base = ["--recipe", "tiny-ci", "--data", pairs, "--storage", str(tmp_path / "runs")]
+    base += ["--max-steps", "3", "--set", "train.log_every=1", "--in-process"]
+    assert pretrain.main([*base, "--name", "here"]) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 3" in out and "checkpoint: " in out
+    assert not ray.is_initialized()
+    assert [h["step"] for h in history(tmp_path / "runs" / "here")] == [1, 2, 3]
+    assert (tmp_path / "runs" / "here" / "checkpoint_000003" / "model").is_dir()
+    with pytest.raises(SystemExit) as exited:
+        pretrain.main([*base, "--name", "two", "--num-workers", "2"])
+    assert exited.value.code == 2
+    assert "--in-process trains on one worker: drop --num-workers" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "two").exists()
