@@ -54,10 +54,14 @@ def _start_cluster(attempts: int = 2):
     raise AssertionError("unreachable")
 
 
-def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
+def scenario(
+    mode: str, data: str, storage: str, result_file: str = "", placement_wait_s: float = 20.0
+) -> dict:
     """Run in its own process: a head and a worker node (2 CPUs each; a 1.5-CPU trainer
     fits once per node), the pretrain job joined to it, the worker node removed at step 5
-    and (``elastic``) a node added back a little later."""
+    and (``elastic``) a node added back a little later. ``placement_wait_s``: Ray Train's
+    wait for a worker group's placement (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``), twice
+    (one retry) before a fixed-size run gives up."""
     cluster, node = _start_cluster()
     elastic = mode.startswith("elastic")
     workers = "1-2" if elastic else "2"
@@ -67,8 +71,8 @@ def scenario(mode: str, data: str, storage: str, result_file: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
     env.update(
         PYTHONPATH=str(REPO),
-        RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="20",  # one wait for the workers
-        SANTA_PLACEMENT_RETRIES="1",  # two waits in all: 40 s
+        RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=f"{placement_wait_s:g}",  # one wait
+        SANTA_PLACEMENT_RETRIES="1",  # two waits in all (40 s by default)
         SANTA_RESIZE_INTERVAL_S="5",  # an elastic run looks for room every 5 s
     )
     args = ["ray_jobs.pretrain", "--data", data, "--storage", storage, "--name", mode, *TINY]
