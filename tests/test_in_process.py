@@ -72,11 +72,9 @@ def test_in_process_run_refuses_what_only_a_ray_run_does(pairs, tmp_path):
 
 def test_the_training_jobs_in_process_flag_trains_here_without_ray(pairs, tmp_path, capsys):
     """``ray_jobs.pretrain --in-process``: the job's checks and outputs, the run trained in
-    this process (no Ray started); with ``--num-workers 2`` a usage error in one line.
+    this process (not a Ray Train run); with ``--num-workers 2`` a usage error in one line.
     (That it computes the one-worker Ray run's losses bit for bit: the Ctrl-C and
     killed-worker tests, against ``pretrain_reference``.)"""
-    import ray
-
     from ray_jobs import pretrain
 
     base = ["--recipe", "tiny-ci", "--data", pairs, "--storage", str(tmp_path / "runs")]
@@ -84,7 +82,8 @@ def test_the_training_jobs_in_process_flag_trains_here_without_ray(pairs, tmp_pa
     assert pretrain.main([*base, "--name", "here"]) == 0
     out = capsys.readouterr().out
     assert "finished at step 3" in out and "checkpoint: " in out
-    assert not ray.is_initialized()
+    # Not a Ray Train run: no controller snapshot, the local session's checkpoint names.
+    assert not (tmp_path / "runs" / "here" / RUN_SNAPSHOT_FILE).exists()
     assert [h["step"] for h in history(tmp_path / "runs" / "here")] == [1, 2, 3]
     assert (tmp_path / "runs" / "here" / "checkpoint_000003" / "model").is_dir()
     with pytest.raises(SystemExit) as exited:
