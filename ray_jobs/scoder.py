@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Any
 
 from santa.config import SantaConfig
@@ -33,7 +32,7 @@ from santa.config.recipes import check_scoder_recipe
 from santa.files import storage
 from santa.files.layout import RunLayout
 from santa.jobs.errors import exit_with, run_job, with_exit_codes
-from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.flags import recipe_config, refuse_workers_in_process, run_parser
 from santa.jobs.lifecycle import Job
 from santa.jobs.preflight import check_beir, check_pairs
 from santa.train.tracking import Tracking
@@ -74,9 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be a positive number of steps")
-    given = argv if argv is not None else sys.argv[1:]
-    if args.in_process and any(a.split("=")[0] == "--num-workers" for a in given):
-        parser.error("--in-process trains on one worker: drop --num-workers")
+    refuse_workers_in_process(parser, args, argv)
     return args
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 from santa.files import storage
 from santa.files.layout import RunLayout
 from santa.jobs.errors import with_exit_codes
-from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.flags import recipe_config, refuse_workers_in_process, run_parser
 from santa.jobs.lifecycle import Job
 from santa.jobs.preflight import check_beir, check_model, check_negatives_table, check_pairs
 from santa.train.kept import RESUME_HINT, final_metrics_lines, kept_checkpoint
@@ -54,10 +53,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     """``parser``'s arguments; ``--in-process`` with ``--num-workers`` other than 1 is a
     usage error (exit 2)."""
     args = parser.parse_args(argv)
-    given = argv if argv is not None else sys.argv[1:]
-    named = any(a.split("=")[0] == "--num-workers" for a in given)
-    if args.in_process and named and args.num_workers != 1:
-        parser.error("--in-process trains on one worker: drop --num-workers")
+    refuse_workers_in_process(parser, args, argv)
     return args
 
 

@@ -6,6 +6,7 @@ Each command builds its parser with ``parents=[run_parser(...)]`` and adds its o
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from santa.config import SantaConfig
@@ -118,3 +119,14 @@ def recipe_config(
             [*cluster, *overrides, *args.overrides, *then]
         ),
     )
+
+
+def refuse_workers_in_process(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+) -> None:
+    """``--in-process`` with a ``--num-workers`` other than 1 on the command line is a usage
+    error (exit 2): an in-process run trains on one worker."""
+    given = argv if argv is not None else sys.argv[1:]
+    named = any(a.split("=")[0] == "--num-workers" for a in given)
+    if args.in_process and named and args.num_workers != 1:
+        parser.error("--in-process trains on one worker: drop --num-workers")
