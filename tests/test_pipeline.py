@@ -19,6 +19,7 @@ from santa.method.masking import fill_sentinels
 from tests.conftest import needs_tagger
 from tests.datagen import (
     stdlib_python_records,
+    stdlib_records,
     write_advtest,
     write_bad_input,
     write_csn_layout,
@@ -112,6 +113,30 @@ def test_bad_input_is_counted_by_reason(tmp_path):
     assert sorted(read_pairs(str(tmp_path / "out")).column("doc_id").to_pylist()) == sorted(
         r["url"] for r in good
     )
+
+
+def test_pairs_are_written_in_input_order_whatever_finishes_first(tmp_path):
+    """Many small blocks over two actors on two nodes finish in any order; the pairs are
+    written in the order of the input files and their lines (a training run orders its
+    epochs over row positions: another order would train another model)."""
+    records = stdlib_records(360)
+    for record in records:
+        record["partition"] = ""
+    # Enough work that both actors (one per node, each reading its own files) are busy.
+    files = [records[index * 60 : (index + 1) * 60] for index in range(6)]
+    for index, part in enumerate(files):  # names sort as they are numbered
+        write_jsonl_gz(tmp_path / "in" / f"part{index}.jsonl.gz", part)
+    expected = [r["url"] for part in files for r in part]
+    config = PreprocessConfig(
+        dataset="codesearchnet",
+        input=str(tmp_path / "in"),
+        output=str(tmp_path / "out"),
+        lines_per_block=3,
+        batch_size=3,
+    )
+    report = run_preprocess(config)
+    assert report["rows_written"] == len(expected)
+    assert read_pairs(str(tmp_path / "out")).column("doc_id").to_pylist() == expected
 
 
 def test_a_cut_short_file_is_named_in_the_report(tmp_path):
@@ -421,12 +446,14 @@ def test_large_files_are_read_in_parts_with_their_line_numbers(tmp_path):
     assert len(records) == 400
     big, small = tmp_path / "train.jsonl.gz", tmp_path / "valid.jsonl"
     write_jsonl_gz(big, records)
-    small.write_text("".join(json.dumps(r) + "\n" for r in records[:30]))
-    # The gzip file is most of the bytes: it gets most of the 6 tasks.
+    small.write_text("".join(json.dumps(r) + "\n" for r in records[:5]))
+    # The gzip file is most of the bytes: it is read in parts, the small file in one.
+    part_bytes = big.stat().st_size // 3 + 1
+    assert small.stat().st_size < part_bytes
     source = JsonLinesDatasource(
-        [str(big), str(small)], root=str(tmp_path), lines_per_block=50, target_tasks=6
+        [str(big), str(small)], root=str(tmp_path), lines_per_block=50, part_bytes=part_bytes
     )
-    assert source.parts[0] >= 2 and source.num_read_tasks == sum(source.parts) <= 6
+    assert source.parts == [3, 1] and source.num_read_tasks == 4
     dataset = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
     rows = dataset.materialize()
     blocks = [ray.get(ref) for ref in rows.to_arrow_refs()]
@@ -443,17 +470,17 @@ def test_large_files_are_read_in_parts_with_their_line_numbers(tmp_path):
     )
     got_big = [(n, json.loads(raw)) for p, n, raw in lines if p == str(big)]
     assert got_big == list(enumerate(records, start=1))
-    assert [n for p, n, _ in lines if p == str(small)] == list(range(1, 31))
+    assert [n for p, n, _ in lines if p == str(small)] == list(range(1, 6))
     assert set(table["split"].to_pylist()) == {"train", "valid"}
 
 
-def test_plan_parts_is_proportional_and_capped():
+def test_plan_parts_follows_the_file_sizes_alone_and_is_capped():
     from santa.data.readers import plan_parts
 
-    assert plan_parts([100, 100, 100, 100], target_tasks=2, max_parts=8) == [1, 1, 1, 1]
-    assert plan_parts([300, 100], target_tasks=8, max_parts=8) == [6, 2]
-    assert plan_parts([1000, 1], target_tasks=100, max_parts=8) == [8, 1]
-    assert plan_parts([0, 0], target_tasks=4, max_parts=8) == [1, 1]
+    assert plan_parts([100, 100, 100, 100], part_bytes=100, max_parts=8) == [1, 1, 1, 1]
+    assert plan_parts([300, 101], part_bytes=50, max_parts=8) == [6, 3]
+    assert plan_parts([1000, 1], part_bytes=10, max_parts=8) == [8, 1]
+    assert plan_parts([0, 0], part_bytes=10, max_parts=8) == [1, 1]
 
 
 def test_parsers_read_their_own_input(csn_root, tmp_path):
@@ -481,6 +508,7 @@ def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
                 input=str(tmp_path / "in"),
                 output=str(output),
                 lines_per_block=20,
+                read_part_bytes=4096,  # the one small file read in parts, as a large one
                 rows_per_file=rows_per_file,
             )
         )

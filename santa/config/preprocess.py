@@ -64,10 +64,11 @@ class PreprocessConfig:
     batch_size: int = 256
     lines_per_block: int = 1_000
     """JSON lines per block read, and per parser call."""
-    read_tasks_per_cpu: int = 4
-    """JSON lines inputs are read in about this many tasks per cluster CPU (one per file,
-    more for large files; see ``JsonLinesDatasource``): enough that the last tasks balance
-    the parsers' load, few enough that each parser call is large."""
+    read_part_bytes: int = 4 << 20
+    """A JSON lines file is read in one task per this many bytes of it (at most 8; see
+    ``JsonLinesDatasource``), so that a few large files keep every parser busy. The parts
+    depend on the input alone, not on the cluster: the pairs are written in the same
+    order on any cluster, and train the same model."""
     rows_per_file: int = 50_000
     """Pair rows per Parquet file written, at least (the last file may hold fewer):
     small read blocks would otherwise each become a small file, one write task each.
@@ -127,10 +128,10 @@ class PreprocessConfig:
             raise ValueError(f"product_entities must be one of {PRODUCT_ENTITY_RULES}")
         if not 0 < self.esci_dev_fraction < 1:
             raise ValueError(f"esci_dev_fraction must be in (0, 1), got {self.esci_dev_fraction}")
-        sizes = (self.batch_size, self.lines_per_block, self.read_tasks_per_cpu)
+        sizes = (self.batch_size, self.lines_per_block, self.read_part_bytes)
         if min(*sizes, self.block_bytes, self.rows_per_file) < 1:
             raise ValueError(
-                "batch_size, lines_per_block, read_tasks_per_cpu, block_bytes and "
+                "batch_size, lines_per_block, read_part_bytes, block_bytes and "
                 "rows_per_file must be positive"
             )
         object.__setattr__(self, "languages", tuple(self.languages))

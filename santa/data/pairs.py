@@ -171,8 +171,7 @@ def run_pairs_preprocess(
     the report (rows read, written, dropped by reason; queries, positives, negatives)."""
     import ray.data
 
-    from santa.cluster.ray_utils import cluster_cpus
-    from santa.data.readers import JsonLinesDatasource, reject_json_arrays
+    from santa.data.readers import JsonLinesDatasource, in_input_order, reject_json_arrays
     from santa.negatives.table import write_id_table
 
     started = time.time()
@@ -182,25 +181,21 @@ def run_pairs_preprocess(
     if not files:
         raise FileNotFoundError(f"no .jsonl/.jsonl.gz files under {input_uri}")
     reject_json_arrays(files)
-    source = JsonLinesDatasource(
-        files,
-        root=input_uri,
-        lines_per_block=lines_per_block,
-        target_tasks=4 * max(1, int(cluster_cpus())),
-    )
-    work = (
-        ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
-        .map_batches(
-            build_pair_rows,
-            fn_kwargs={
-                "max_query_chars": max_query_chars,
-                "max_document_chars": max_document_chars,
-            },
-            batch_format="pyarrow",
-            batch_size=None,
+    source = JsonLinesDatasource(files, root=input_uri, lines_per_block=lines_per_block)
+    with in_input_order():  # the rows written in the order of the input's lines
+        work = (
+            ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
+            .map_batches(
+                build_pair_rows,
+                fn_kwargs={
+                    "max_query_chars": max_query_chars,
+                    "max_document_chars": max_document_chars,
+                },
+                batch_format="pyarrow",
+                batch_size=None,
+            )
+            .materialize()
         )
-        .materialize()
-    )
     dropped: Counter = Counter()
     rows_read = 0
     negatives: dict[str, list[str]] = {}

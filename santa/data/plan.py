@@ -44,6 +44,7 @@ from santa.data.operators import (
 from santa.data.readers import (
     JsonLinesDatasource,
     first_record_language,
+    in_input_order,
     language_from_path,
     reject_json_arrays,
     relative_path,
@@ -256,7 +257,7 @@ def _code_work_dataset(
             files,
             root=config.input,
             lines_per_block=config.lines_per_block,
-            target_tasks=config.read_tasks_per_cpu * _cluster_cpus(),
+            part_bytes=config.read_part_bytes,
         )
         with _read_block_size(config.block_bytes):
             raw = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
@@ -351,7 +352,7 @@ def run_plan(config: PreprocessConfig) -> dict[str, Any]:
     The output is staged and published whole (:mod:`santa.files.outputs`): an interrupted
     or failed run leaves the previous output as it was.
     """
-    with staged_output(config.output, tool="preprocess") as staged:
+    with staged_output(config.output, tool="preprocess") as staged, in_input_order():
         report = _run_into(config, staged.staging)
         return staged.publish(report)
 

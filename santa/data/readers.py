@@ -7,8 +7,10 @@ rows by reason.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
 import os
 import posixpath
 import re
@@ -16,6 +18,7 @@ import zlib
 from collections.abc import Iterator
 
 import pyarrow as pa
+import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
@@ -45,11 +48,17 @@ def language_from_path(path: str) -> str:
     return ""
 
 
+# A JSON lines file is read in one task per this many bytes of it (``part_bytes``).
+PART_BYTES = 4 << 20
+
+
 class JsonLinesDatasource(Datasource):
     """Reads ``.jsonl``/``.jsonl.gz`` files as raw lines, in blocks of ``lines_per_block``.
 
-    One read task per file, or per part of a large file so that there are about
-    ``target_tasks`` tasks in all. Part ``k`` of ``n`` keeps the blocks ``k, k + n,
+    One read task per ``part_bytes`` of a file (on disk; at least one, at most
+    ``MAX_PARTS_PER_FILE``): a function of the input alone, so that with
+    :func:`in_input_order` the rows come out in the same order on any cluster. Part ``k``
+    of ``n`` keeps the blocks ``k, k + n,
     k + 2n, ...`` of its file: line numbers stay those of the whole file, and a gzip
     stream needs no seeking (each part decompresses the file; parts are capped at
     ``MAX_PARTS_PER_FILE`` so that this stays a small fraction of the parsing work).
@@ -68,14 +77,14 @@ class JsonLinesDatasource(Datasource):
         *,
         root: str,
         lines_per_block: int = 1_000,
-        target_tasks: int = 1,
+        part_bytes: int = PART_BYTES,
     ):
         super().__init__()
         self.paths = list(paths)
         self.root = root
         self.lines_per_block = lines_per_block
         self.sizes = storage.file_sizes(self.paths)
-        self.parts = plan_parts(self.sizes, target_tasks, self.MAX_PARTS_PER_FILE)
+        self.parts = plan_parts(self.sizes, part_bytes, self.MAX_PARTS_PER_FILE)
 
     @property
     def num_read_tasks(self) -> int:
@@ -105,14 +114,27 @@ class JsonLinesDatasource(Datasource):
         return tasks
 
 
-def plan_parts(sizes: list[int], target_tasks: int, max_parts: int) -> list[int]:
-    """Read tasks per file: about ``target_tasks`` in all, in proportion to file size,
-    at least one and at most ``max_parts`` per file."""
-    total = sum(sizes)
-    if not total:
-        return [1] * len(sizes)
-    per_task = total / max(1, target_tasks)
-    return [min(max_parts, max(1, round(size / per_task))) for size in sizes]
+def plan_parts(sizes: list[int], part_bytes: int, max_parts: int) -> list[int]:
+    """Read tasks per file: one per ``part_bytes`` of it, at least one and at most
+    ``max_parts``."""
+    return [min(max_parts, max(1, math.ceil(size / part_bytes))) for size in sizes]
+
+
+@contextlib.contextmanager
+def in_input_order():
+    """Datasets created inside keep their blocks in input order through every operator
+    (Ray Data's ``preserve_order``): rows are written in the order of the read tasks (the
+    input files, sorted, and their parts) whatever block finishes first. Without it the
+    written order followed the actors' timing, and a training run, which orders its
+    epochs over row positions, computed another model from the same input. The
+    process-wide context is left as it was."""
+    options = ray.data.DataContext.get_current().execution_options
+    saved = options.preserve_order
+    options.preserve_order = True
+    try:
+        yield
+    finally:
+        options.preserve_order = saved
 
 
 def read_lines_part(
