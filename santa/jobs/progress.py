@@ -105,14 +105,25 @@ class ProgressLines:
 
 @contextlib.contextmanager
 def counted(
-    progress: ProgressLines, read: Callable[[], int], poll_s: float = 1.0
+    progress: ProgressLines,
+    read: Callable[[], int],
+    poll_s: float = 1.0,
+    final: Callable[[], int] | None = None,
 ) -> Iterator[ProgressLines]:
     """Feed ``progress`` from ``read()`` (the units done so far, e.g. a Ray actor's count
-    that workers add to) every ``poll_s`` while the block runs, then once more and close it:
-    the block itself only waits (a Ray Data execution). A ``read`` that fails costs a line,
-    never the work."""
+    that workers add to) every ``poll_s`` while the block runs, then close it: the block
+    itself only waits (a Ray Data execution). A ``read`` that fails costs a line, never the
+    work.
+
+    The closing line's count is ``final()`` where the block ended without an error and
+    ``final`` is given (the count the finished work itself tells: workers' additions to a
+    counter actor may still be on their way), else one more ``read()``. A phase too
+    short for any line (:meth:`ProgressLines.finish`) does not wait for a read in flight:
+    a counter actor still starting (a new worker process) would cost a short job seconds.
+    """
     stop = threading.Event()
     seen = 0
+    closed = False
     lock = threading.Lock()
 
     def poll() -> None:
@@ -122,8 +133,9 @@ def counted(
         except Exception:  # noqa: BLE001 - progress must never stop the work
             return
         with lock:
-            progress.advance(now - seen)
-            seen = now
+            if not closed:
+                progress.advance(now - seen)
+                seen = now
 
     def watch() -> None:
         while not stop.wait(poll_s):
@@ -131,10 +143,20 @@ def counted(
 
     watcher = threading.Thread(target=watch, name="santa-progress", daemon=True)
     watcher.start()
+    completed = False
     try:
         yield progress
+        completed = True
     finally:
         stop.set()
-        watcher.join(15)
-        poll()
+        exact = final is not None and completed
+        if not exact and (
+            progress.lines or progress.clock() - progress.started >= progress.every_s
+        ):
+            watcher.join(15)
+            poll()  # the closing line's count
+        with lock:
+            closed = True  # a read still in flight no longer counts
+            if exact:
+                progress.done = int(final())
         progress.finish()
