@@ -194,6 +194,12 @@ class ProductPairBuilder:
         return rows_to_table(rows)
 
 
+def build_product_pairs(batch: pa.Table, **builder_args: Any) -> pa.Table:
+    """Ray Data function: :class:`ProductPairBuilder` (built from ``builder_args``) on one
+    batch; as Ray tasks, as :func:`build_code_pairs` (the tagger is loaded once a process)."""
+    return ProductPairBuilder(**builder_args)(batch)
+
+
 class ProductJudgmentBuilder:
     """Ray Data operator: ESCI products → one row per (query, product) judgment.
 

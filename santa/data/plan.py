@@ -34,10 +34,10 @@ from santa.data.datasets import run_preprocess  # noqa: F401 (re-exported: any d
 from santa.data.operators import (
     HELDOUT_MARK,
     ProductJudgmentBuilder,
-    ProductPairBuilder,
     ProductPaperPairBuilder,
     ProgressCounter,
     build_code_pairs,
+    build_product_pairs,
     extract_source_records,
     select_output_rows,
 )
@@ -97,8 +97,8 @@ def _cluster_cpus() -> int:
 
 
 def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
-    """Map arguments for a pool of ESCI pair-builder actors (each holds the judgments it
-    joins the products with), one per cluster CPU by default."""
+    """Map arguments for a pool of ESCI judgment-join actors (each holds the judgments it
+    joins the products with, for the job's length), one per cluster CPU by default."""
     # The pool may grow to what the cluster can grow to (its autoscaler's declared max);
     # it starts with ``min_actors``, and Ray Data asks the autoscaler for the rest.
     per_actor = config.num_cpus_per_actor
@@ -113,9 +113,10 @@ def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
     }
 
 
-def _parser_tasks(config: PreprocessConfig) -> dict[str, Any]:
-    """Map arguments for the code pair builders, as Ray tasks of ``num_cpus_per_actor``
-    CPUs each (at most ``max_actors`` at once when set), one block per call.
+def _parser_tasks(config: PreprocessConfig, batch_size: int | None = None) -> dict[str, Any]:
+    """Map arguments for the stateless pair builders (code pairs, ESCI's product pairs), as
+    Ray tasks of ``num_cpus_per_actor`` CPUs each (at most ``max_actors`` at once when
+    set), ``batch_size`` rows a call (None: a whole block, which a read fuses with).
 
     Tasks, not an actor pool (:func:`santa.data.operators.build_code_pairs`): no process
     starts or exits with the job on a running cluster, and a JSON lines read fuses into
@@ -124,7 +125,7 @@ def _parser_tasks(config: PreprocessConfig) -> dict[str, Any]:
     """
     args: dict[str, Any] = {
         "num_cpus": config.num_cpus_per_actor,
-        "batch_size": None,
+        "batch_size": batch_size,
         "batch_format": "pyarrow",
     }
     if config.max_actors:
@@ -393,9 +394,9 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
                 "comparable_to_table5": False,
             }
             work = products.map_batches(
-                ProductPairBuilder,
-                fn_constructor_kwargs={"options": options, "locale": config.locale},
-                **_actor_pool(config),
+                build_product_pairs,
+                fn_kwargs={"options": options, "locale": config.locale},
+                **_parser_tasks(config, batch_size=config.batch_size),
             )
         else:
             paper_pairs = config.stage == "pretrain"
