@@ -164,17 +164,6 @@ def worker_nodes(ray) -> set[str]:
     }
 
 
-def tasks(name: str) -> dict[str, str]:
-    """Task id → node id of every task whose name holds ``name`` (state API)."""
-    from ray.util.state import list_tasks
-
-    return {
-        task.task_id: task.node_id
-        for task in list_tasks(detail=True, limit=10_000)
-        if name in task.name and task.node_id
-    }
-
-
 def actors(class_name: str) -> dict[str, str]:
     """Actor id → node id of every actor whose class name holds ``class_name`` (state API)."""
     from ray.util.state import list_actors
@@ -198,11 +187,10 @@ def test_jobs_start_on_the_head_alone_and_run_on_added_workers(autoscaling_clust
     capacity = cluster_capacity()
     assert capacity["CPU"] == 1 + MAX_WORKERS * WORKER_CPUS, capacity
 
-    # Preprocessing: more 1-CPU parser tasks (a block per file) than a 1-CPU head runs at
-    # once; Ray Data asks the autoscaler for CPUs while they wait.
+    # Preprocessing: a pool that wants three 1-CPU actors on a 1-CPU head.
     sources = tmp_path / "stdlib"
     sources.mkdir()
-    for path in sorted(Path(default_source_root()).glob("*.py"))[:30]:
+    for path in sorted(Path(default_source_root()).glob("*.py"))[:12]:
         (sources / path.name).write_bytes(path.read_bytes())
     report = run_preprocess(
         PreprocessConfig(
@@ -210,14 +198,14 @@ def test_jobs_start_on_the_head_alone_and_run_on_added_workers(autoscaling_clust
             input=str(sources),
             output=str(tmp_path / "pairs"),
             languages=("python",),
-            block_bytes=1,
+            min_actors=3,
         )
     )
     assert report["rows_written"] > 0, report
     added = worker_nodes(ray)
     assert added, "the autoscaler added no worker node for preprocessing"
-    parsers = tasks("build_code_pairs")
-    assert set(parsers.values()) & added, parsers
+    builders = actors("MapWorker")
+    assert set(builders.values()) & added, builders
 
     # Training: two 1-CPU workers; the head has one CPU, so a worker lands on an added node.
     config = tiny_config(max_steps=2, log_every=1, num_workers=2)

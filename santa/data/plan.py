@@ -33,11 +33,11 @@ from santa.data.beir import write_beir
 from santa.data.datasets import run_preprocess  # noqa: F401 (re-exported: any dataset)
 from santa.data.operators import (
     HELDOUT_MARK,
+    CodePairBuilder,
     ProductJudgmentBuilder,
+    ProductPairBuilder,
     ProductPaperPairBuilder,
     ProgressCounter,
-    build_code_pairs,
-    build_product_pairs,
     extract_source_records,
     select_output_rows,
 )
@@ -85,8 +85,8 @@ ESCI_EXAMPLE_COLUMNS = [
 # ----------------------------------------------------------------------------- driver
 
 
-# Reads of their own (source files, ESCI's Parquet) are I/O and decompression: they take no
-# CPU slot, so that the parsers (one per CPU) can never starve them, a bounded number at once.
+# Reads are I/O and decompression: they take no CPU slot, so that the parser actors (one per
+# CPU) can never starve them, with a bounded number in flight.
 _READ_ARGS = {"num_cpus": 0, "concurrency": 2}
 # How many actors Ray 2.60's Parquet reader starts to read the files' footers (default 32).
 FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
@@ -96,41 +96,28 @@ def _cluster_cpus() -> int:
     return max(1, int(cluster_cpus()))
 
 
-def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
-    """Map arguments for a pool of ESCI judgment-join actors (each holds the judgments it
-    joins the products with, for the job's length), one per cluster CPU by default."""
+def _actor_pool(
+    config: PreprocessConfig, start_all: bool = False, whole_blocks: bool = False
+) -> dict[str, Any]:
+    """Map arguments for a pool of pair-builder actors, one per cluster CPU by default.
+
+    ``start_all`` starts the whole pool at once (actor start-up takes seconds); only safe
+    when nothing upstream needs a CPU slot: zero-CPU readers, or reads fused into the pool.
+    ``whole_blocks`` gives each call a whole block (no ``batch_size``), which a read needs
+    to fuse into the pool.
+    """
     # The pool may grow to what the cluster can grow to (its autoscaler's declared max);
-    # it starts with ``min_actors``, and Ray Data asks the autoscaler for the rest.
+    # it starts with what is here now, and Ray Data asks the autoscaler for the rest.
     per_actor = config.num_cpus_per_actor
     max_size = config.max_actors or max(1, int(capacity_of("CPU") / per_actor))
+    present = max(1, int(_cluster_cpus() / per_actor))
+    min_size = min(max(present, config.min_actors) if start_all else config.min_actors, max_size)
     return {
-        "compute": ray.data.ActorPoolStrategy(
-            min_size=min(config.min_actors, max_size), max_size=max_size
-        ),
-        "num_cpus": per_actor,
-        "batch_size": config.batch_size,
-        "batch_format": "pyarrow",
-    }
-
-
-def _parser_tasks(config: PreprocessConfig, batch_size: int | None = None) -> dict[str, Any]:
-    """Map arguments for the stateless pair builders (code pairs, ESCI's product pairs), as
-    Ray tasks of ``num_cpus_per_actor`` CPUs each (at most ``max_actors`` at once when
-    set), ``batch_size`` rows a call (None: a whole block, which a read fuses with).
-
-    Tasks, not an actor pool (:func:`santa.data.operators.build_code_pairs`): no process
-    starts or exits with the job on a running cluster, and a JSON lines read fuses into
-    them (each task parses what it read: ``ReadJsonLines->MapBatches(build_code_pairs)``).
-    Ray Data asks an autoscaling cluster for more CPUs while tasks wait for one.
-    """
-    args: dict[str, Any] = {
+        "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
         "num_cpus": config.num_cpus_per_actor,
-        "batch_size": batch_size,
+        "batch_size": None if whole_blocks else config.batch_size,
         "batch_format": "pyarrow",
     }
-    if config.max_actors:
-        args["concurrency"] = config.max_actors
-    return args
 
 
 def _code_files(config: PreprocessConfig) -> list[str]:
@@ -258,8 +245,9 @@ def _code_work_dataset(
             batch_size=16,
             batch_format="pyarrow",
         )
+        pool = _actor_pool(config)
         progress = ProgressLines("preprocess", "source files parsed", len(files), unit="files")
-        work = raw.map_batches(build_code_pairs, fn_kwargs=builder_args, **_parser_tasks(config))
+        work = raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
         return work, progress
     else:
         # Files whose name says another split are not read; files of unknown split are
@@ -273,12 +261,13 @@ def _code_work_dataset(
         )
         with _read_block_size(config.block_bytes):
             raw = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
-    # The read fuses into the parser tasks (each parses the block it read): it has no
-    # resources or concurrency of its own, and they take whole blocks.
+        # The read fuses into the actor pool (each actor reads its own input) as long as
+        # it has no resources or concurrency of its own and the pool takes whole blocks.
+        # Nothing upstream then needs a CPU, so the whole pool can start at once.
+        pool = _actor_pool(config, start_all=True, whole_blocks=True)
     builder_args["counter"] = counter
     progress = ProgressLines("preprocess", "records read", unit="rows")
-    work = raw.map_batches(build_code_pairs, fn_kwargs=builder_args, **_parser_tasks(config))
-    return work, progress
+    return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool), progress
 
 
 def _materialize(work: ray.data.Dataset, progress: ProgressLines | None, counter: Any):
@@ -394,9 +383,9 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
                 "comparable_to_table5": False,
             }
             work = products.map_batches(
-                build_product_pairs,
-                fn_kwargs={"options": options, "locale": config.locale},
-                **_parser_tasks(config, batch_size=config.batch_size),
+                ProductPairBuilder,
+                fn_constructor_kwargs={"options": options, "locale": config.locale},
+                **_actor_pool(config),
             )
         else:
             paper_pairs = config.stage == "pretrain"
