@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     add("--code-text", choices=CODE_TEXTS, default=None, help=CODE_TEXT_HELP)
     add("--mep-targets", choices=MEP_TARGETS, default=None, help=MEP_TARGETS_HELP)
     add("--recipe", choices=sorted(TABLE_RECIPES), default=None, help=RECIPE_HELP)
-    add("--max-actors", type=int, default=0, help="parser actors (default: one per CPU)")
+    add("--max-actors", type=int, default=0, help="parsers at once (default: one per CPU)")
     add("--batch-size", type=int, default=256, help="records per parser call (ESCI, source)")
     add("--address", help="Ray address (default: RAY_ADDRESS or local)")
     add("--debug", action="store_true", help="tracebacks on errors")

@@ -116,13 +116,13 @@ def test_bad_input_is_counted_by_reason(tmp_path):
 
 
 def test_pairs_are_written_in_input_order_whatever_finishes_first(tmp_path):
-    """Many small blocks over two actors on two nodes finish in any order; the pairs are
+    """Many small blocks over parser tasks on two nodes finish in any order; the pairs are
     written in the order of the input files and their lines (a training run orders its
     epochs over row positions: another order would train another model)."""
     records = stdlib_records(360)
     for record in records:
         record["partition"] = ""
-    # Enough work that both actors (one per node, each reading its own files) are busy.
+    # Enough work that both nodes' parsers (each reading its own blocks) are busy.
     files = [records[index * 60 : (index + 1) * 60] for index in range(6)]
     for index, part in enumerate(files):  # names sort as they are numbered
         write_jsonl_gz(tmp_path / "in" / f"part{index}.jsonl.gz", part)
@@ -484,15 +484,41 @@ def test_plan_parts_follows_the_file_sizes_alone_and_is_capped():
 
 
 def test_parsers_read_their_own_input(csn_root, tmp_path):
-    """The JSON lines read fuses into the parser actor pool: no reader tasks of their own
-    (their worker processes cost CPU on every node), and no deadlock: unfused, the read
-    tasks would wait for a CPU that the whole-cluster pool holds."""
+    """The JSON lines read fuses into the parser tasks: each parses the block it read (no
+    lines through the object store between a reader and a parser), and no actor pool
+    (whose worker processes start and exit with every job)."""
     from santa.data.plan import _code_work_dataset
 
     root, _ = csn_root
     config = PreprocessConfig(dataset="codesearchnet", input=str(root), output=str(tmp_path))
     stats = _code_work_dataset(config)[0].materialize().stats()
-    assert "ReadJsonLines->MapBatches(CodePairBuilder)" in stats, stats
+    assert "Operator 1 ReadJsonLines->MapBatches(build_code_pairs):" in stats, stats
+    assert "Operator 2" not in stats and "actor" not in stats.lower(), stats
+
+
+def test_parsers_are_tasks_unless_min_actors_asks_for_more_than_the_cluster_holds():
+    """A pool only where it buys something: a ``min_actors`` above the CPUs present on a
+    cluster that can grow (the autoscaler adds nodes for the actors waiting; test_autoscaling
+    runs it). The session cluster (2 nodes of 1 CPU) cannot grow: tasks, whatever the
+    ``min_actors``, unless ``max_actors`` says the pool may be larger than the cluster."""
+    from santa.data.operators import CodePairBuilder, build_code_pairs
+    from santa.data.plan import _parsers
+
+    def parsers(**fields):
+        config = PreprocessConfig(dataset="codesearchnet", input="in", output="out", **fields)
+        return _parsers(config, build_code_pairs, CodePairBuilder, {"split": "train"})
+
+    tasks = parsers()  # the session cluster: 2 nodes of 1 CPU
+    assert tasks["fn"] is build_code_pairs and tasks["fn_kwargs"] == {"split": "train"}
+    assert "compute" not in tasks and "concurrency" not in tasks, tasks
+    assert parsers(min_actors=2, max_actors=2)["concurrency"] == 2
+    assert parsers(min_actors=3)["fn"] is build_code_pairs
+    pool = parsers(min_actors=3, max_actors=4)
+    assert pool["fn"] is CodePairBuilder and pool["fn_constructor_kwargs"] == {"split": "train"}
+    assert pool["compute"].min_size == 3 and pool["num_cpus"] == 1.0, pool
+    assert pool["batch_size"] is None  # whole blocks: the read still fuses into the pool
+    # Two 2-CPU parsers do not fit on two 1-CPU nodes: a pool of two.
+    assert parsers(min_actors=2, max_actors=2, num_cpus_per_actor=2.0)["fn"] is CodePairBuilder
 
 
 def test_small_blocks_are_written_as_few_parquet_files(tmp_path):

@@ -217,7 +217,7 @@ def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
     own_moto, tmp_path, monkeypatch
 ):
     """Issue 40: ray_jobs.preprocess reading s3:// JSON lines, moto stopped once Ray Data's
-    readers (fused into the parser actors) start: with santa's default timeouts (connect 5 s,
+    readers (fused into the parser tasks) start: with santa's default timeouts (connect 5 s,
     read 10 s, 2 attempts) the job ends within (5 + 10) x 2 s and a few more, exit 1, its
     last line the santa line naming the file read; nothing is published."""
     import psutil
@@ -238,7 +238,7 @@ def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
     while stopped is None and proc.poll() is None and time.monotonic() < deadline:
         for child in psutil.Process(proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "CodePairBuilder" in " ".join(child.cmdline()):  # the readers' actors
+                if "build_code_pairs" in " ".join(child.cmdline()):  # a read task running
                     os.kill(own_moto.process.pid, signal.SIGSTOP)
                     stopped = time.monotonic()
                     break

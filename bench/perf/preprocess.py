@@ -13,9 +13,10 @@ Ray runs start on a running cluster, as a job sent with ``ray job submit`` does:
 starts a fresh local Ray (``ray.init``, reported, not timed) and runs one tiny Ray Data
 job on it first (``warmup``, reported, not timed), which starts Ray Data's detached
 helper actors (stats, autoscaling coordinator): a cluster starts them once, in its first
-Ray Data job. The pipeline's own workers (parser actors, which read their own input, and
-writers) still start inside the timed part, as they do in every job. The timed part is
-``run_preprocess``: its actor pool's start, both of its executions and its accounting. ``--cold`` times the first job instead.
+Ray Data job. The timed part is ``run_preprocess``: both of its executions (parser tasks,
+which read their own input, then the writers) and its accounting; the task workers that
+the warm-up started are reused, as a running cluster's are. ``--cold`` times the first
+job instead.
 
 Each repeat runs every mode at every size, interleaved, so that a slow spell of the
 machine (this VM's speed varies by tens of percent from minute to minute) hits every mode

@@ -723,7 +723,7 @@ def build_more_running_faults(work: Path, pausable, pausable_url: str) -> list[F
             read,
             1,
             env=s3,
-            action=_when(_descendant("CodePairBuilder"), stop_s3),
+            action=_when(_descendant("build_code_pairs"), stop_s3),
             after=resume_s3,
             check=lambda: not (work / "s3-read-out").exists(),
             running=True,

@@ -80,10 +80,15 @@ class PreprocessConfig:
     merge the lines of a whole JSON lines file, or many source files, into one block: a
     few large parser calls, and a whole file in a parser's memory at once."""
     num_cpus_per_actor: float = 1.0
+    """CPUs of each parser: a pair builder task, or an ESCI judgment-join actor."""
     min_actors: int = 1
-    """Lower bound of the pool (Ray Data scales it up to ``max_actors`` as CPUs free up)."""
+    """Lower bound of ESCI's judgment-join actor pool (Ray Data scales it up to
+    ``max_actors`` as CPUs free up). The other pairs are built by Ray tasks, with no pool,
+    unless this asks for more parsers than the cluster holds now: then they are a pool of
+    this many actors at least, which an autoscaling cluster adds nodes for."""
     max_actors: int = 0
-    """Upper bound of the parser actor pool; 0 means one per cluster CPU."""
+    """At most this many parsers at once (pair builder tasks, judgment-join actors); 0
+    means one per cluster CPU."""
     options: dict[str, Any] = field(default_factory=dict)
     code_text: str = "raw"
     """Code pairs' texts (:data:`santa.data.records.CODE_TEXTS`): ``raw`` (santa's: code

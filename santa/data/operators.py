@@ -126,11 +126,24 @@ class CodePairBuilder:
         return rows_to_table(rows)
 
 
+def build_code_pairs(batch: pa.Table, **builder_args: Any) -> pa.Table:
+    """Ray Data function: :class:`CodePairBuilder` (built from ``builder_args``) on one batch.
+
+    The pipeline maps this as Ray tasks rather than an actor pool: the builder holds no
+    state worth keeping (its parsers and the tagger are cached per process, and task
+    workers are reused from task to task), and a pool costs every job one worker process
+    per CPU to start, and every operator after it another, as the actors' processes exit
+    with the pool (seconds a job on a small cluster; most of a small job). The class itself
+    is the pool's operator where ``min_actors`` asks for more parsers than the cluster
+    holds (``santa.data.plan._parsers``).
+    """
+    return CodePairBuilder(**builder_args)(batch)
+
+
 def extract_source_records(batch: pa.Table, root: str, repo: str, counter: Any = None) -> pa.Table:
     """Ray Data function: source files → CodeSearchNet-format JSON lines (raw rows).
 
-    A plain function (run as Ray tasks, not actors): an actor pool here next to the pair
-    builders' pool would hold every CPU of a small node and starve the file reads.
+    A plain function, run as Ray tasks (fused with :func:`build_code_pairs`).
     """
     columns = batch.to_pydict()
     out: dict[str, list] = {name: [] for name in RAW_SCHEMA.names}
@@ -181,6 +194,12 @@ class ProductPairBuilder:
             row["row_key"] = str(product.get("product_id"))
             rows.append(row)
         return rows_to_table(rows)
+
+
+def build_product_pairs(batch: pa.Table, **builder_args: Any) -> pa.Table:
+    """Ray Data function: :class:`ProductPairBuilder` (built from ``builder_args``) on one
+    batch; as Ray tasks, as :func:`build_code_pairs` (the tagger is loaded once a process)."""
+    return ProductPairBuilder(**builder_args)(batch)
 
 
 class ProductJudgmentBuilder:

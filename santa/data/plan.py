@@ -38,6 +38,8 @@ from santa.data.operators import (
     ProductPairBuilder,
     ProductPaperPairBuilder,
     ProgressCounter,
+    build_code_pairs,
+    build_product_pairs,
     extract_source_records,
     select_output_rows,
 )
@@ -85,8 +87,8 @@ ESCI_EXAMPLE_COLUMNS = [
 # ----------------------------------------------------------------------------- driver
 
 
-# Reads are I/O and decompression: they take no CPU slot, so that the parser actors (one per
-# CPU) can never starve them, with a bounded number in flight.
+# Reads of their own (source files, ESCI's Parquet) are I/O and decompression: they take no
+# CPU slot, so that the parsers (one per CPU) can never starve them, a bounded number at once.
 _READ_ARGS = {"num_cpus": 0, "concurrency": 2}
 # How many actors Ray 2.60's Parquet reader starts to read the files' footers (default 32).
 FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
@@ -96,28 +98,57 @@ def _cluster_cpus() -> int:
     return max(1, int(cluster_cpus()))
 
 
-def _actor_pool(
-    config: PreprocessConfig, start_all: bool = False, whole_blocks: bool = False
-) -> dict[str, Any]:
-    """Map arguments for a pool of pair-builder actors, one per cluster CPU by default.
-
-    ``start_all`` starts the whole pool at once (actor start-up takes seconds); only safe
-    when nothing upstream needs a CPU slot: zero-CPU readers, or reads fused into the pool.
-    ``whole_blocks`` gives each call a whole block (no ``batch_size``), which a read needs
-    to fuse into the pool.
-    """
+def _actor_pool(config: PreprocessConfig) -> dict[str, Any]:
+    """Map arguments for a pool of ESCI judgment-join actors (each holds the judgments it
+    joins the products with, for the job's length), one per cluster CPU by default."""
     # The pool may grow to what the cluster can grow to (its autoscaler's declared max);
-    # it starts with what is here now, and Ray Data asks the autoscaler for the rest.
+    # it starts with ``min_actors``, and Ray Data asks the autoscaler for the rest.
     per_actor = config.num_cpus_per_actor
     max_size = config.max_actors or max(1, int(capacity_of("CPU") / per_actor))
-    present = max(1, int(_cluster_cpus() / per_actor))
-    min_size = min(max(present, config.min_actors) if start_all else config.min_actors, max_size)
     return {
-        "compute": ray.data.ActorPoolStrategy(min_size=min_size, max_size=max_size),
-        "num_cpus": config.num_cpus_per_actor,
-        "batch_size": None if whole_blocks else config.batch_size,
+        "compute": ray.data.ActorPoolStrategy(
+            min_size=min(config.min_actors, max_size), max_size=max_size
+        ),
+        "num_cpus": per_actor,
+        "batch_size": config.batch_size,
         "batch_format": "pyarrow",
     }
+
+
+def _parsers(
+    config: PreprocessConfig,
+    function: Any,
+    builder: type,
+    builder_args: dict[str, Any],
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """``map_batches`` arguments for the stateless pair builders (code pairs, ESCI's product
+    pairs): ``function`` as Ray tasks of ``num_cpus_per_actor`` CPUs each (at most
+    ``max_actors`` at once when set), ``batch_size`` rows a call (None: a whole block, which
+    a read fuses with: ``ReadJsonLines->MapBatches(build_code_pairs)``).
+
+    Tasks, not an actor pool: no worker process starts or exits with the job on a running
+    cluster (an actor pool costs seconds a job on a small cluster). One exception: a
+    ``min_actors`` above the parsers the cluster holds now, on a cluster that can grow
+    (its autoscaler's declared max), asks for a pool of ``builder`` actors of that size,
+    whose waiting actors the autoscaler adds nodes for (Ray Data's own requests for tasks
+    come late, or not at all, for a short job).
+    """
+    per_parser = config.num_cpus_per_actor
+    pool = _actor_pool(config)
+    if pool["compute"].min_size > int(_cluster_cpus() / per_parser):
+        pool["batch_size"] = batch_size
+        return {"fn": builder, "fn_constructor_kwargs": builder_args, **pool}
+    args: dict[str, Any] = {
+        "fn": function,
+        "fn_kwargs": builder_args,
+        "num_cpus": per_parser,
+        "batch_size": batch_size,
+        "batch_format": "pyarrow",
+    }
+    if config.max_actors:
+        args["concurrency"] = config.max_actors
+    return args
 
 
 def _code_files(config: PreprocessConfig) -> list[str]:
@@ -245,9 +276,8 @@ def _code_work_dataset(
             batch_size=16,
             batch_format="pyarrow",
         )
-        pool = _actor_pool(config)
         progress = ProgressLines("preprocess", "source files parsed", len(files), unit="files")
-        work = raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool)
+        work = raw.map_batches(**_parsers(config, build_code_pairs, CodePairBuilder, builder_args))
         return work, progress
     else:
         # Files whose name says another split are not read; files of unknown split are
@@ -261,13 +291,12 @@ def _code_work_dataset(
         )
         with _read_block_size(config.block_bytes):
             raw = ray.data.read_datasource(source, override_num_blocks=source.num_read_tasks)
-        # The read fuses into the actor pool (each actor reads its own input) as long as
-        # it has no resources or concurrency of its own and the pool takes whole blocks.
-        # Nothing upstream then needs a CPU, so the whole pool can start at once.
-        pool = _actor_pool(config, start_all=True, whole_blocks=True)
+    # The read fuses into the parser tasks (each parses the block it read): it has no
+    # resources or concurrency of its own, and they take whole blocks.
     builder_args["counter"] = counter
     progress = ProgressLines("preprocess", "records read", unit="rows")
-    return raw.map_batches(CodePairBuilder, fn_constructor_kwargs=builder_args, **pool), progress
+    work = raw.map_batches(**_parsers(config, build_code_pairs, CodePairBuilder, builder_args))
+    return work, progress
 
 
 def _materialize(work: ray.data.Dataset, progress: ProgressLines | None, counter: Any):
@@ -382,10 +411,15 @@ def _run_into(config: PreprocessConfig, output: str) -> dict[str, Any]:
                 "paper_table5_pairs": esci.TABLE5_PRODUCT_PAIRS,
                 "comparable_to_table5": False,
             }
+            builder_args = {"options": options, "locale": config.locale}
             work = products.map_batches(
-                ProductPairBuilder,
-                fn_constructor_kwargs={"options": options, "locale": config.locale},
-                **_actor_pool(config),
+                **_parsers(
+                    config,
+                    build_product_pairs,
+                    ProductPairBuilder,
+                    builder_args,
+                    batch_size=config.batch_size,
+                )
             )
         else:
             paper_pairs = config.stage == "pretrain"

@@ -63,10 +63,10 @@ class JsonLinesDatasource(Datasource):
     stream needs no seeking (each part decompresses the file; parts are capped at
     ``MAX_PARTS_PER_FILE`` so that this stays a small fraction of the parsing work).
 
-    Read without resources or concurrency of its own, it fuses into a parser actor pool
-    downstream that takes whole blocks (``ReadJsonLines->MapBatches(...)``): the actors
-    read their own input, and no separate reader processes start, copy every line into
-    the object store and compete with the parsers for the CPUs.
+    Read without resources or concurrency of its own, it fuses into the parser tasks
+    downstream, which take whole blocks (``ReadJsonLines->MapBatches(...)``): each task
+    parses what it read, and no lines are copied into the object store between a reader
+    and a parser.
     """
 
     MAX_PARTS_PER_FILE = 8
