@@ -4,6 +4,7 @@ worker loop on one LocalSession); its checkpoints, resume, history and refusals.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,41 @@ def test_the_training_jobs_in_process_flag_trains_here_without_ray(pairs, tmp_pa
     assert exited.value.code == 2
     assert "--in-process trains on one worker: drop --num-workers" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "two").exists()
+
+
+def test_an_interrupt_mid_in_process_run_names_the_checkpoint_it_kept(pairs, tmp_path):
+    """While an in-process run trains, the line an interrupt would print (``santa:
+    interrupted: ...``, tests/test_interrupts.py) names its newest checkpoint folder, as a
+    Ray run's does; the run over, the line names nothing."""
+    import threading
+    import time
+
+    from santa.jobs import interrupts
+
+    config = tiny_config(max_steps=8, log_every=1, checkpoint_every=2)
+    spec = RunSpec.of(data=pairs, storage=str(tmp_path / "runs"), name="cut", in_process=True)
+    run = tmp_path / "runs" / "cut"
+    said: list[str] = []
+
+    def read_the_line_after_a_checkpoint() -> None:
+        deadline = time.monotonic() + 120
+        while not list(run.glob("checkpoint_*")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        said.append(interrupts.interrupted_line())
+
+    watcher = threading.Thread(target=read_the_line_after_a_checkpoint, daemon=True)
+    watcher.start()
+    fit_in_process(config, spec)
+    watcher.join(timeout=30)
+    (line,) = said
+    kept = re.fullmatch(
+        rf"santa: interrupted: run {run} kept its checkpoint at step (\d+) "
+        rf"\({run}/checkpoint_(\d+)\)",
+        line,
+    )
+    assert kept and int(kept[1]) == int(kept[2]) and int(kept[1]) in (2, 4, 6, 8), line
+    assert interrupts.interrupted_line() == "santa: interrupted"
+    # Each checkpoint folder appeared whole, by a rename: no copy left half-way.
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == [
+        f"checkpoint_{step:06d}" for step in (2, 4, 6, 8)
+    ]

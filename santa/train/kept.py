@@ -1,8 +1,9 @@
 """What an interrupted training run kept: its newest registered checkpoint and step.
 
 The line a job prints after Ctrl-C or ``ray job stop`` (``santa: interrupted: ...``) is
-built here for Ray Train runs, from Ray's own record of registered checkpoints (a folder an
-interrupted upload left behind is never counted).
+built here: for Ray Train runs from Ray's own record of registered checkpoints (a folder an
+interrupted upload left behind is never counted); for in-process runs from their checkpoint
+folders (each appears whole, by a rename).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from santa.models.checkpoints import _snapshot_candidates
 
 __all__ = [
     "KeptCheckpoint",
+    "describe_local_run",
     "describe_run",
     "final_metrics_lines",
     "kept_checkpoint",
@@ -86,6 +88,18 @@ def kept_checkpoint(result: Any, train: Any) -> KeptCheckpoint:
     return KeptCheckpoint(
         result.checkpoint, int(step) if isinstance(step, int | float) else None, None, None
     )
+
+
+def describe_local_run(root: str) -> str:
+    """:func:`describe_run` of an in-process run (``fit_in_process``), whose checkpoints are
+    the folders ``checkpoint_<step>`` under its root (:class:`~santa.train.session.LocalSession`)."""
+    from pathlib import Path
+
+    found = sorted(Path(root).glob("checkpoint_*"), reverse=True) if Path(root).is_dir() else []
+    if not found:
+        return f"run {root} has no checkpoint yet (it starts over)"
+    step = found[0].name.removeprefix("checkpoint_")
+    return f"run {root} kept its checkpoint at step {int(step)} ({found[0]})"
 
 
 def describe_run(run_uri: str, what: str = "run") -> str:

@@ -227,11 +227,18 @@ class LocalSession:
 
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
         """Keep the metrics; rank 0 copies the checkpoint folder when there is a root to
-        keep it in (the ranks meet here, as at Ray Train's report)."""
+        keep it in (the ranks meet here, as at Ray Train's report). The copy appears whole
+        or not at all: written under a hidden name, then renamed, so that a run interrupted
+        mid-copy resumes from (and names) the checkpoint before it."""
         self.reports.append(dict(metrics))
         if checkpoint_dir is not None and self.checkpoint_root:
             target = Path(self.checkpoint_root) / f"checkpoint_{int(metrics['step']):06d}"
-            shutil.copytree(checkpoint_dir, target, dirs_exist_ok=True)
+            partial = target.with_name(f".{target.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, partial)
+            if target.exists():
+                shutil.rmtree(target)
+            partial.rename(target)
             self.saved.append((str(target), dict(metrics)))
         if self.world_size > 1:
             import torch.distributed as dist

@@ -36,7 +36,7 @@ from santa.jobs import interrupts
 from santa.jobs.interrupts import call_in_thread
 from santa.models.checkpoints import resolve_model
 from santa.train.entry import train_loop_per_worker
-from santa.train.kept import describe_run
+from santa.train.kept import describe_local_run, describe_run
 from santa.train.loop_config import LoopConfig, objective_entry, training_data
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
 from santa.train.tracking import Tracking, finish_tracking
@@ -558,7 +558,8 @@ def fit_in_process(config: SantaConfig, spec: RunSpec, *, device: str = "") -> I
         device=device or ("cuda" if train.use_gpu else "cpu"), checkpoint_root=layout.root
     )
     try:
-        run_worker(WorkerTrainer(loop, session))
+        with interrupts.keeping(lambda: describe_local_run(layout.root)):
+            run_worker(WorkerTrainer(loop, session))
     except BaseException as error:
         tracked.end_early("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
