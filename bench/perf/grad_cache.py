@@ -122,14 +122,15 @@ def run_child(args: argparse.Namespace) -> dict:
 
     from santa.config import SantaConfig, TrainConfig
     from santa.method.distributed import identity_gather
+    from santa.train.optim import build_optimizer
     from santa.train.santa_objective import compute_losses, santa_grad_cache_step
 
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.gpu else "cpu")
     model, shape = build_model(args)
     model.to(device).train()
-    config = SantaConfig(train=TrainConfig(global_batch_size=args.batch))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.gpu or None)
+    config = SantaConfig(train=TrainConfig(global_batch_size=args.batch, learning_rate=1e-4))
+    optimizer = build_optimizer(model.parameters(), config.train, fused=args.gpu)
     batch = random_batch(args, shape["vocab"], device)
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)

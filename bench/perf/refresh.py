@@ -46,6 +46,7 @@ from santa.models.tokenizer import train_tokenizer
 from santa.negatives.corpus import MiningCorpus, load_mining_corpus
 from santa.negatives.encoders import EncoderPool
 from santa.negatives.miner import refresh_table
+from santa.train.optim import build_optimizer
 
 RESULTS = common.RESULTS_DIR / "refresh.json"
 WORDS = [
@@ -181,7 +182,7 @@ def step_times_during_refresh(
 
     torch.set_num_threads(1)
     model = DualEncoder.from_pretrained(model_dir)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = build_optimizer(model.parameters(), settings.train, learning_rate=1e-4)
     queries = corpus.query_texts(range(32))
     documents = corpus.doc_texts([int(corpus.positives(q)[0]) for q in range(32)])
     query_batch = model.tokenize(queries, settings.train.max_query_length)
