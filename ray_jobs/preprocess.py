@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     add("--mep-targets", choices=MEP_TARGETS, default=None, help=MEP_TARGETS_HELP)
     add("--recipe", choices=sorted(TABLE_RECIPES), default=None, help=RECIPE_HELP)
     add("--max-actors", type=int, default=0, help="parsers at once (default: one per CPU)")
+    add(
+        "--min-actors",
+        type=int,
+        default=None,
+        help="parsers to hold from the start (default 1); more than the cluster's CPUs, on an "
+        "autoscaling cluster, asks it for nodes at once (a pool of parser actors)",
+    )
     add("--batch-size", type=int, default=256, help="records per parser call (ESCI, source)")
     add("--address", help="Ray address (default: RAY_ADDRESS or local)")
     add("--debug", action="store_true", help="tracebacks on errors")

@@ -521,6 +521,15 @@ def test_parsers_are_tasks_unless_min_actors_asks_for_more_than_the_cluster_hold
     assert parsers(min_actors=2, max_actors=2, num_cpus_per_actor=2.0)["fn"] is CodePairBuilder
 
 
+def test_the_preprocess_command_passes_the_parsers_bounds_on():
+    from ray_jobs.preprocess import parse_args
+
+    base = ["--dataset", "source", "--input", "in", "--output", "out"]
+    config, _, _ = parse_args([*base, "--min-actors", "6", "--max-actors", "8"])
+    assert (config.min_actors, config.max_actors) == (6, 8)
+    assert parse_args(base)[0].min_actors == 1  # the config's default
+
+
 def test_small_blocks_are_written_as_few_parquet_files(tmp_path):
     """Many small read blocks must not become one small Parquet file each."""
     records = stdlib_python_records()
