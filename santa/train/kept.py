@@ -90,16 +90,13 @@ def kept_checkpoint(result: Any, train: Any) -> KeptCheckpoint:
     )
 
 
-def describe_local_run(root: str) -> str:
-    """:func:`describe_run` of an in-process run (``fit_in_process``), whose checkpoints are
-    the folders ``checkpoint_<step>`` under its root (:class:`~santa.train.session.LocalSession`)."""
-    from pathlib import Path
-
-    found = sorted(Path(root).glob("checkpoint_*"), reverse=True) if Path(root).is_dir() else []
-    if not found:
+def describe_local_run(root: str, checkpoints: list[str]) -> str:
+    """:func:`describe_run` of an in-process run (``fit_in_process``) from its checkpoint
+    folders ``checkpoint_<step>``, newest first (``LocalSession.checkpoints()``)."""
+    if not checkpoints:
         return f"run {root} has no checkpoint yet (it starts over)"
-    step = found[0].name.removeprefix("checkpoint_")
-    return f"run {root} kept its checkpoint at step {int(step)} ({found[0]})"
+    step = int(checkpoints[0].rsplit("checkpoint_", 1)[1])
+    return f"run {root} kept its checkpoint at step {step} ({checkpoints[0]})"
 
 
 def describe_run(run_uri: str, what: str = "run") -> str:

@@ -558,7 +558,7 @@ def fit_in_process(config: SantaConfig, spec: RunSpec, *, device: str = "") -> I
         device=device or ("cuda" if train.use_gpu else "cpu"), checkpoint_root=layout.root
     )
     try:
-        with interrupts.keeping(lambda: describe_local_run(layout.root)):
+        with interrupts.keeping(lambda: describe_local_run(layout.root, session.checkpoints())):
             run_worker(WorkerTrainer(loop, session))
     except BaseException as error:
         tracked.end_early("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
