@@ -226,20 +226,35 @@ class LocalSession:
         return DistributedDataParallel(model, find_unused_parameters=find_unused_parameters)
 
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
-        """Keep the metrics; rank 0 copies the checkpoint folder when there is a root to
-        keep it in (the ranks meet here, as at Ray Train's report). The copy appears whole
-        or not at all: written under a hidden name, then renamed, so that a run interrupted
-        mid-copy resumes from (and names) the checkpoint before it."""
+        """Keep the metrics; copy the checkpoint folder when there is a root to keep it in
+        (rank 0's, or every rank's part of a sharded one, merged). The ranks meet here, as
+        at Ray Train's report. The copy appears whole or not at all: written under a hidden
+        name, then renamed, so that a run interrupted mid-copy resumes from (and names) the
+        checkpoint before it."""
         self.reports.append(dict(metrics))
-        if checkpoint_dir is not None and self.checkpoint_root:
+        target = partial = None
+        if self.checkpoint_root:
             target = Path(self.checkpoint_root) / f"checkpoint_{int(metrics['step']):06d}"
             partial = target.with_name(f".{target.name}.partial")
+        # Rank 0 holds a checkpoint whenever one is reported; the other ranks may hold none
+        # (only rank 0 saves an unsharded model), so every rank meets at every report.
+        keeps = partial is not None and self.rank == 0 and checkpoint_dir is not None
+        if keeps:
             shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(checkpoint_dir, partial)
+        self._barrier()
+        if partial is not None and checkpoint_dir is not None:
+            # The ranks write disjoint files (a sharded checkpoint's parts), so they merge.
+            shutil.copytree(checkpoint_dir, partial, dirs_exist_ok=True)
+        self._barrier()
+        if keeps:
             if target.exists():
                 shutil.rmtree(target)
             partial.rename(target)
             self.saved.append((str(target), dict(metrics)))
+        self._barrier()
+
+    def _barrier(self) -> None:
+        """Wait for the other ranks (nothing to wait for alone)."""
         if self.world_size > 1:
             import torch.distributed as dist
 
