@@ -17,7 +17,7 @@ from santa.config.preprocess import SPLITS, STAGES, PreprocessConfig
 from santa.config.table_recipes import TABLE_RECIPES
 from santa.data import esci
 from santa.data.datasets import DATASETS, check_inputs, dataset, run_preprocess
-from santa.data.records import CODE_TEXTS, MEP_TARGETS
+from santa.data.records import CODE_TEXT_HELP, CODE_TEXTS, MEP_TARGETS, MEP_TARGETS_HELP
 from santa.data.schema import CODE_LANGUAGES
 from santa.jobs.errors import exit_with, with_exit_codes
 from santa.jobs.lifecycle import Job
@@ -29,13 +29,9 @@ DATASET_HELP = "; ".join(f"{entry.name}: {entry.about}" for entry in DATASETS.va
 DEV_FRACTION_HELP = "ESCI: share of train queries carved out as --split valid (SANTA: 0.125)"
 ENTITY_HELP = "ESCI entities: proper nouns as SANTA's scripts (scripts), or title nouns"
 SPLIT_HELP = "default: train (eval: test); train+test merges a code dataset's two for training"
-CODE_TEXT_HELP = (
-    "code pairs' texts: raw (code without its docstring; default) or tokens (the joined code "
-    "and docstring tokens, as SANTA's released code and CodeXGLUE's evaluation)"
-)
-MEP_TARGETS_HELP = (
-    "identifiers code pretraining masks: all (default) or released (SANTA's per-language "
-    "sample: Python all, JavaScript 10 %%, others 50 %%; a trailing sentinel)"
+MIN_ACTORS_HELP = (
+    "parsers to hold from the start (default 1); more than the cluster's CPUs, on an "
+    "autoscaling cluster, asks it for nodes at once (a pool of parser actors)"
 )
 RECIPE_HELP = "a table recipe whose data options (--code-text, --mep-targets, --split) apply"
 MERGED_SPLIT_WARNING = (
@@ -81,13 +77,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[PreprocessConfig, str | N
     add("--mep-targets", choices=MEP_TARGETS, default=None, help=MEP_TARGETS_HELP)
     add("--recipe", choices=sorted(TABLE_RECIPES), default=None, help=RECIPE_HELP)
     add("--max-actors", type=int, default=0, help="parsers at once (default: one per CPU)")
-    add(
-        "--min-actors",
-        type=int,
-        default=None,
-        help="parsers to hold from the start (default 1); more than the cluster's CPUs, on an "
-        "autoscaling cluster, asks it for nodes at once (a pool of parser actors)",
-    )
+    add("--min-actors", type=int, default=None, help=MIN_ACTORS_HELP)
     add("--batch-size", type=int, default=256, help="records per parser call (ESCI, source)")
     add("--address", help="Ray address (default: RAY_ADDRESS or local)")
     add("--debug", action="store_true", help="tracebacks on errors")

@@ -122,6 +122,15 @@ MEP_TARGETS = ("all", "released")
 (SANTA's ``build_code_entity.py``: every one in Python; in the other languages the names of
 a seeded random sample of the occurrences, ``int(max(ratio·(n − 1), 1))`` of ``n``, ratio 0.1
 for JavaScript and 0.5 otherwise; the target ends with a trailing sentinel)."""
+# The two choices as the preprocess job's --help says them (argparse: %% is a percent sign).
+CODE_TEXT_HELP = (
+    "code pairs' texts: raw (code without its docstring; default) or tokens (the joined code "
+    "and docstring tokens, as SANTA's released code and CodeXGLUE's evaluation)"
+)
+MEP_TARGETS_HELP = (
+    "identifiers code pretraining masks: all (default) or released (SANTA's per-language "
+    "sample: Python all, JavaScript 10 %%, others 50 %%; a trailing sentinel)"
+)
 RELEASED_MASK_RATIO = {"python": 1.0, "javascript": 0.1}
 RELEASED_MASK_RATIO_OTHERS = 0.5
 
