@@ -33,10 +33,10 @@ import argparse
 import logging
 from typing import Any
 
-from santa.config.recipes import PIPELINE_STAGES
 from santa.jobs.errors import exit_with, run_job, with_exit_codes
-from santa.jobs.flags import cluster_overrides, run_parser
+from santa.jobs.flags import cluster_overrides, refuse_workers_in_process, run_parser
 from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
+from santa.pipeline.stages import checked_stages
 from santa.train.tracking import Tracking
 
 logger = logging.getLogger("santa.pipeline")
@@ -45,6 +45,10 @@ logger = logging.getLogger("santa.pipeline")
 STAGES_HELP = (
     "comma-separated stages to run, in order (default: pretrain,finetune,ance; the default "
     "MiniLM run: pretrain,finetune)"
+)
+IN_PROCESS_HELP = (
+    "train every stage in this process on one worker, without Ray Train (the model a "
+    "one-worker Ray run computes); the corpus, mining and evaluation as without it"
 )
 NEGATIVES_HELP = (
     "ance stage: mine once with the fine-tuned model (table, the paper) or re-mine while "
@@ -80,21 +84,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--force", action="store_true", help="take over a stale run lock")
     add("--no-index", action="store_true", help="skip indexing the held-out corpus at the end")
     add("--verbose", action="store_true", help="show Ray's own logs")
+    add("--in-process", action="store_true", help=IN_PROCESS_HELP)
     parser.set_defaults(recipe=DEFAULT_RECIPE)
     with_exit_codes(parser)
     args = parser.parse_args(argv)
+    refuse_workers_in_process(parser, args, argv)
+    if args.in_process and args.hard_negatives == "async":
+        parser.error("--in-process mines once (--hard-negatives table): async needs Ray Train")
     if bool(args.data) != bool(args.eval_data):
         parser.error("--data and --eval-data go together (or neither: build the default corpus)")
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be a positive number of steps")
     if args.stages is not None:  # None: the recipe's default stages (PipelineSpec decides)
-        stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
-        unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
-        if unknown or not stages:
-            parser.error(f"--stages takes {', '.join(PIPELINE_STAGES)}; got {args.stages!r}")
-        if stages != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(stages):
-            parser.error(f"--stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
-        args.stages = stages
+        try:
+            args.stages = checked_stages(s.strip() for s in args.stages.split(",") if s.strip())
+        except ValueError as error:
+            parser.error(f"--{error}")
     return args
 
 
@@ -104,7 +109,7 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         name=args.name,
         storage=args.storage,
         recipe=args.recipe,
-        stages=None if args.stages is None else tuple(args.stages),
+        stages=args.stages,
         input=args.input or "",
         data=args.data,
         finetune_data=args.finetune_data,
@@ -113,11 +118,12 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         hard_negatives=args.hard_negatives,
         baseline=args.baseline,
         max_steps=args.max_steps,
-        num_workers=args.num_workers,
+        num_workers=1 if args.in_process else args.num_workers,
         cpus_per_worker=args.cpus_per_worker,
         cluster_overrides=tuple(cluster_overrides(args)),
         overrides=tuple(args.overrides),
         index=not args.no_index,
+        in_process=args.in_process,
         tracking=Tracking.from_args(args).to_dict(),
     )
 

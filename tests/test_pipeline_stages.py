@@ -81,3 +81,43 @@ def test_the_interrupt_line_names_only_what_a_rerun_reuses(options, hint):
     """The default MiniLM run has no ANCE stage: its line said "the mined table ... reused"."""
     spec = PipelineSpec(recipe="minilm", **options)
     assert resume_hint(spec) == f"run the same command to resume ({hint})"
+
+
+def test_an_in_process_pipeline_trains_its_stages_here_and_refuses_what_needs_ray(tmp_path):
+    """``in_process``: each stage's run is the in-process one on one worker; several workers,
+    the async miner and S3 storage are refused before anything runs. (That it computes the
+    Ray run's losses bit for bit: the three-stage test of tests/test_train.py.)"""
+    from santa.pipeline.stages import stage_run
+
+    spec = PipelineSpec(storage=str(tmp_path), recipe="tiny-ci", num_workers=1, in_process=True)
+    assert stage_config(spec, "pretrain").train.num_workers == 1
+    run = stage_run(spec, spec.layout.stage("pretrain"), "/data/pairs", "", "")
+    assert run.in_process and run.layout.root == f"{tmp_path}/default/pretrain"
+    assert not stage_run(PipelineSpec(storage=str(tmp_path)), run.layout, "/d", "", "").in_process
+    refused = {
+        "num_workers=2": {"num_workers": 2},
+        "async": {"num_workers": 1, "stages": ("pretrain", "finetune", "ance")}
+        | {"hard_negatives": "async"},
+        "s3://b/runs": {"num_workers": 1, "storage": "s3://b/runs"},
+    }
+    for said, options in refused.items():
+        with pytest.raises(ValueError, match=said):
+            PipelineSpec(recipe="tiny-ci", in_process=True, **options)
+
+
+def test_the_pipeline_command_checks_its_stages_and_in_process_flags(capsys):
+    from ray_jobs.pipeline import parse_args
+
+    common = ["--data", "/d", "--eval-data", "/e"]
+    assert parse_args([*common, "--stages", "pretrain, ance"]).stages == ("pretrain", "ance")
+    assert parse_args([*common, "--in-process", "--num-workers", "1"]).in_process
+    refused = {
+        "--stages must be in the order pretrain,finetune,ance": ["--stages", "finetune,pretrain"],
+        "--stages must be among pretrain, finetune, ance; got foo": ["--stages", "foo"],
+        "--in-process trains on one worker": ["--in-process", "--num-workers", "2"],
+        "async needs Ray Train": ["--in-process", "--hard-negatives", "async"],
+    }
+    for said, argv in refused.items():
+        with pytest.raises(SystemExit) as exited:
+            parse_args([*common, *argv])
+        assert exited.value.code == 2 and said in capsys.readouterr().err, argv

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from santa.negatives.offline import mine_negatives
 from santa.negatives.table import published_table
 from santa.pipeline.report import format_report, is_number, read_history
 
-__all__ = ["DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]
+__all__ = ["DEFAULT_STEPS", "PipelineSpec", "checked_stages", "run_pipeline", "stage_config"]
 
 # The default run: sized to finish in under 10 minutes on a 2-core laptop.
 DEFAULT_STEPS = {
@@ -95,6 +96,10 @@ class PipelineSpec:
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """The user's ``section.field=value`` overrides: after everything else."""
     index: bool = True
+    in_process: bool = False
+    """Train every stage in this process on one worker, without Ray Train (the model a
+    one-worker Ray run computes; :attr:`santa.train.trainer.RunSpec.in_process`): the
+    corpus, mining, evaluation and the index go as they do without it."""
     tracking: dict[str, Any] = field(default_factory=dict)
     """MLflow / W&B (``santa.train.tracking.Tracking.to_dict``): each stage is a tracked
     run, closed with its model's evaluation."""
@@ -106,26 +111,42 @@ class PipelineSpec:
         if self.stages is None:
             default = DEFAULT_STAGES.get(self.recipe) if self.max_steps is None else None
             object.__setattr__(self, "stages", default or PIPELINE_STAGES)
-        stages = tuple(self.stages)
-        unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
-        if unknown or not stages:
-            raise ValueError(f"stages must be among {', '.join(PIPELINE_STAGES)}; got {stages}")
-        if list(stages) != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(
-            stages
-        ):
-            raise ValueError(f"stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
-        object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "stages", checked_stages(self.stages))
         if bool(self.data) != bool(self.eval_data):
             raise ValueError("data and eval_data go together (or neither: the default corpus)")
         if self.hard_negatives not in HARD_NEGATIVE_MODES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be a positive number of steps")
+        if self.in_process:
+            self._check_in_process()
+
+    def _check_in_process(self) -> None:
+        """What an in-process run cannot do, said before anything runs."""
+        if self.num_workers != 1:
+            raise ValueError(f"in_process trains on one worker, not num_workers={self.num_workers}")
+        if "ance" in self.stages and self.hard_negatives == "async":
+            raise ValueError("hard_negatives=async re-mines in a Ray actor: not in_process")
+        if storage.is_s3(self.storage):
+            raise ValueError(f"in_process keeps checkpoints on this machine, not {self.storage}")
 
     @functools.cached_property
     def layout(self) -> RunLayout:
         """The run folder (built once: the spec is frozen)."""
         return RunLayout.of(self.storage, self.name)
+
+
+def checked_stages(stages: Sequence[str]) -> tuple[str, ...]:
+    """``stages`` as a tuple, if they are some of the pipeline's, in its order, each once."""
+    stages = tuple(stages)
+    unknown = [stage for stage in stages if stage not in PIPELINE_STAGES]
+    if unknown or not stages:
+        raise ValueError(
+            f"stages must be among {', '.join(PIPELINE_STAGES)}; got {','.join(stages) or 'none'}"
+        )
+    if list(stages) != sorted(stages, key=PIPELINE_STAGES.index) or len(set(stages)) < len(stages):
+        raise ValueError(f"stages must be in the order {','.join(PIPELINE_STAGES)}, each once")
+    return stages
 
 
 def stage_config(spec: PipelineSpec, stage: str, negatives: str = "none") -> SantaConfig:
@@ -224,6 +245,8 @@ def check_resources(spec: PipelineSpec, configs: dict[str, SantaConfig]) -> None
     from santa.train.trainer import run_plan
 
     announced = False  # what the run waits for is said once
+    if spec.in_process:  # the stages ask Ray for nothing
+        return
     for stage, config in configs.items():
         if stage == "ance" and spec.hard_negatives == "async":
             config = stage_config(spec, stage, "async")
@@ -428,7 +451,7 @@ def train_stage(
     dev_uri: str,
     warm_start: str,
 ) -> dict[str, Any]:
-    """One stage as its own Ray Train run ``RUN/<stage>``, warm-started from the last one;
+    """One stage as its own training run ``RUN/<stage>``, warm-started from the last one;
     a stage that finished in an earlier run with the same settings is not entered again."""
     from santa.train.kept import kept_checkpoint
     from santa.train.trainer import fit
@@ -513,7 +536,8 @@ def _plain(value: Any) -> Any:
 def stage_run(
     spec: PipelineSpec, stage_layout: RunLayout, data: str, dev_uri: str, warm_start: str
 ):
-    """The Ray Train run of a stage: in the stage's folder of the pipeline run, as is."""
+    """The training run of a stage (Ray Train's, or in this process with ``in_process``):
+    in the stage's folder of the pipeline run, as is."""
     from santa.train.trainer import RunSpec
 
     return RunSpec(
@@ -524,6 +548,7 @@ def stage_run(
         eval_split="valid",
         warm_start=warm_start,
         tracking=spec.tracking,
+        in_process=spec.in_process,
     )
 
 
