@@ -36,7 +36,7 @@ from typing import Any
 from santa.jobs.errors import exit_with, run_job, with_exit_codes
 from santa.jobs.flags import cluster_overrides, refuse_workers_in_process, run_parser
 from santa.pipeline import DEFAULT_RECIPE, PipelineSpec, run_pipeline
-from santa.pipeline.stages import checked_stages
+from santa.pipeline.spec import checked_stages
 from santa.train.tracking import Tracking
 
 logger = logging.getLogger("santa.pipeline")

@@ -103,7 +103,8 @@ def test_a_run_spec_keeps_the_layout_it_is_given(tmp_path) -> None:
 
 
 def test_a_pipeline_stage_trains_in_the_stage_layout_the_pipeline_made(tmp_path) -> None:
-    from santa.pipeline.stages import PipelineSpec, stage_run
+    from santa.pipeline.spec import PipelineSpec
+    from santa.pipeline.stages import stage_run
 
     spec = PipelineSpec(storage=str(tmp_path / "runs"), name="p", recipe="tiny")
     for stage in ("pretrain", "finetune", "ance"):

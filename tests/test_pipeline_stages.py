@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from santa.pipeline.stages import PipelineSpec, resume_hint, stage_config, train_stage
+from santa.pipeline.spec import PipelineSpec, stage_config
+from santa.pipeline.stages import resume_hint, train_stage
 
 
 def _fake_fit(layout_root: str, calls: list):

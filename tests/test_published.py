@@ -135,7 +135,7 @@ def test_ray_data_reader_reads_the_same_rows(tmp_path, ray_cluster):
 
 
 def test_the_tokenizer_sample_reads_queries_then_documents_file_by_file(tmp_path):
-    from santa.train.trainer import read_texts
+    from santa.train.initial_model import read_texts
 
     uri, whole = _two_file_pairs(tmp_path / "pairs")
     first = whole.slice(0, 6)

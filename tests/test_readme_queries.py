@@ -127,7 +127,7 @@ def test_the_readme_queries_find_their_function_first_in_the_default_index(
     queries were chosen on CPython 3.11, the Python CI runs (531 held-out functions).
     """
     from santa.config.recipes import minilm_path
-    from santa.pipeline.stages import PipelineSpec, stage_config
+    from santa.pipeline.spec import PipelineSpec, stage_config
     from santa.search.indexing import IndexConfig, build_index
     from santa.search.searcher import Searcher
 

@@ -9,7 +9,8 @@ import santa.models.tokenizer as tokenizer_module
 from santa.files import storage
 from santa.files.layout import RunLayout
 from santa.pipeline.report import startup_table
-from santa.train.trainer import RunSpec, prepare_initial_model, tokenizer_key
+from santa.train.initial_model import tokenizer_key
+from santa.train.trainer import RunSpec, prepare_initial_model
 from tests.training import stdlib_pair_rows, tiny_config, write_pairs
 
 
@@ -85,3 +86,54 @@ def test_the_time_section_names_each_stages_phases_before_its_first_step() -> No
     assert lines[4] == "| pretrain | 95 | 61.2 | 10.0 | 20.5 | 12.0 | 9.5 |"
     assert lines[5] == "| finetune | 40 | 30.0 | - | - | - | - |"
     assert startup_table([{"stage": "x", "final_metrics": {}}]) == []
+
+
+def test_a_ray_run_leaves_the_tiny_model_to_its_rank_0_worker(pairs, tmp_path) -> None:
+    """The driver only names the tiny model's folder (importing the model's libraries for
+    it cost ~7 s of every job's start on 2 cores); rank 0 of the workers builds it there
+    once, and another worker group (a restart) finds it built."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from santa.train.loop import build_initial_model
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
+    from santa.train.trainer import initial_model
+
+    probe = (
+        "import json, sys\n"
+        "from santa.train.trainer import RunSpec, initial_model\n"
+        "from tests.training import tiny_config\n"
+        f"spec = RunSpec.of(data={pairs!r}, storage={str(tmp_path)!r}, name='r')\n"
+        "uri, missing = initial_model(tiny_config(), spec)\n"
+        "print(json.dumps([uri, missing, 'transformers' in sys.modules]))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    uri, missing, imported = json.loads(done.stdout)
+    assert (uri, missing, imported) == (f"{tmp_path}/r/init_model", True, False)
+    assert not storage.exists(uri)  # named, not built
+
+    spec = RunSpec.of(data=pairs, storage=str(tmp_path), name="r")
+    loop = LoopConfig(
+        santa=tiny_config(),
+        init_model=uri,
+        build_init_model=True,
+        data_uri=pairs,
+        cache_root=spec.cache_layout.root,
+    )
+    build_initial_model(loop, LocalSession(rank=1))  # not rank 0: builds nothing
+    assert not storage.exists(uri)
+    build_initial_model(loop, LocalSession())
+    built = storage.read_bytes(storage.join(uri, "model.safetensors"))
+    assert initial_model(tiny_config(), spec) == (uri, False)
+    build_initial_model(loop, LocalSession())  # built already: left as it is
+    assert storage.read_bytes(storage.join(uri, "model.safetensors")) == built
+    # The driver's build (in-process runs, the async miner's start) makes the same model.
+    again = prepare_initial_model(
+        tiny_config(), RunSpec.of(data=pairs, storage=str(tmp_path), name="d")
+    )
+    assert storage.read_bytes(storage.join(again, "model.safetensors")) == built

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
-    from santa.train.trainer import read_texts
+    from santa.train.initial_model import read_texts
 
     recipe = get_recipe("tiny-decoder-finetune").with_overrides(
         ["train.learning_rate=5e-4", "train.global_batch_size=32", "train.log_every=50"]

@@ -2,12 +2,7 @@
 Python: :func:`run_pipeline` with a :class:`PipelineSpec`; ``ray_jobs.pipeline`` is its
 command line."""
 
-from santa.pipeline.stages import (
-    DEFAULT_RECIPE,
-    DEFAULT_STEPS,
-    PipelineSpec,
-    run_pipeline,
-    stage_config,
-)
+from santa.pipeline.spec import DEFAULT_RECIPE, DEFAULT_STEPS, PipelineSpec, stage_config
+from santa.pipeline.stages import run_pipeline
 
 __all__ = ["DEFAULT_RECIPE", "DEFAULT_STEPS", "PipelineSpec", "run_pipeline", "stage_config"]

@@ -102,6 +102,16 @@ def run_worker(trainer: WorkerTrainer) -> None:
     trainer.close()
 
 
+def build_initial_model(loop: LoopConfig, session: Session) -> None:
+    """The tiny recipe's new model (``loop.build_init_model``): built by rank 0 unless a
+    worker group before this one built it, while the other ranks wait for it."""
+    if session.rank == 0 and not storage.exists(storage.join(loop.init_model, "config.json")):
+        from santa.train.initial_model import build_tiny_model
+
+        build_tiny_model(loop.santa, loop.data_uri, CacheLayout(loop.cache_root), loop.init_model)
+    session.barrier()
+
+
 class WorkerTrainer:
     """One worker's part of a run: setup and resume, steps, reports with checkpoints."""
 
@@ -123,6 +133,13 @@ class WorkerTrainer:
         if entered_at is not None and loop.submitted_at:
             self.startup["startup_worker_start_s"] = max(0.0, entered_at - loop.submitted_at)
             self.startup["startup_imports_s"] = imported_at - entered_at
+        if loop.build_init_model:
+            build_initial_model(loop, session)
+            built = time.time() - imported_at
+            self.startup["startup_initial_model_s"] = (
+                self.startup.get("startup_initial_model_s", 0) + built
+            )
+            imported_at = time.time()
         # The training rows: opened (built once per node) in the background from here on,
         # unless the entry point started that already.
         self.data = training_data(loop)

@@ -78,8 +78,11 @@ class LoopConfig:
 
     santa: SantaConfig
     init_model: str
-    """The model folder every worker starts from (see ``trainer.prepare_initial_model``); for
-    the ``discriminators`` objective, the discriminators' folder."""
+    """The model folder every worker starts from (see ``trainer.initial_model``); for the
+    ``discriminators`` objective, the discriminators' folder."""
+    build_init_model: bool = False
+    """``init_model`` is the tiny recipe's new model, not built yet: the rank-0 worker
+    builds it (``santa.train.initial_model.build_tiny_model``) before any worker reads it."""
     objective: str = "santa"
     """What the loop trains (a key of ``OBJECTIVES``): SANTA's SDA/DR + MEP, or SCodeR's
     discriminators or soft-labeled dual encoder."""

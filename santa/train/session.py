@@ -46,6 +46,9 @@ class Session(Protocol):
     def report(self, metrics: dict[str, float], checkpoint_dir: str | None = None) -> None:
         """Report a window's metrics, with rank 0's checkpoint folder when there is one."""
 
+    def barrier(self) -> None:
+        """Wait for every other rank to get here."""
+
 
 class RaySession:
     """The worker's Ray Train context (Train V2)."""
@@ -97,6 +100,13 @@ class RaySession:
             return
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=upload_checkpoint)
+
+    def barrier(self) -> None:
+        """The workers' process group's barrier (Ray Train set it up; none alone)."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
 
 def upload_checkpoint(checkpoint: Any, name: str) -> Any:
@@ -241,19 +251,19 @@ class LocalSession:
         keeps = partial is not None and self.rank == 0 and checkpoint_dir is not None
         if keeps:
             shutil.rmtree(partial, ignore_errors=True)
-        self._barrier()
+        self.barrier()
         if partial is not None and checkpoint_dir is not None:
             # The ranks write disjoint files (a sharded checkpoint's parts), so they merge.
             shutil.copytree(checkpoint_dir, partial, dirs_exist_ok=True)
-        self._barrier()
+        self.barrier()
         if keeps:
             if target.exists():
                 shutil.rmtree(target)
             partial.rename(target)
             self.saved.append((str(target), dict(metrics)))
-        self._barrier()
+        self.barrier()
 
-    def _barrier(self) -> None:
+    def barrier(self) -> None:
         """Wait for the other ranks (nothing to wait for alone)."""
         if self.world_size > 1:
             import torch.distributed as dist

@@ -7,13 +7,10 @@ start, and a restarted worker group plans nothing again.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +25,13 @@ from santa.cluster.resources import (
     training_plan,
 )
 from santa.config import SantaConfig
-from santa.data.published import pair_files
 from santa.files import storage
 from santa.files.layout import RUN_SNAPSHOT_FILE, CacheLayout, RunLayout
-from santa.files.outputs import read_manifest
 from santa.jobs import interrupts
 from santa.jobs.interrupts import call_in_thread
 from santa.models.checkpoints import resolve_model
 from santa.train.entry import train_loop_per_worker
+from santa.train.initial_model import build_tiny_model
 from santa.train.kept import describe_local_run, describe_run
 from santa.train.loop_config import LoopConfig, objective_entry, training_data
 from santa.train.resume import registered_checkpoints, remove_unregistered_checkpoints
@@ -43,7 +39,6 @@ from santa.train.tracking import Tracking, finish_tracking
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_SAMPLE_ROWS = 20_000
 # How often Ray Train's controller polls its workers (their reports, their end, a failure),
 # Ray's default 2 s: every run's start and end wait for polls, and a worker's report waits
 # for the poll that takes its previous one (Ray Train's result queue holds one), so a log
@@ -137,91 +132,30 @@ class RunSpec:
         return CacheLayout(self.cache) if self.cache else self.layout.cache
 
 
-def read_texts(data_uri: str, limit: int = TOKENIZER_SAMPLE_ROWS) -> list[str]:
-    """Query and document texts of the first ``limit`` pairs (to train a tokenizer)."""
-    from santa.data.published import iter_pairs
-
-    texts: list[str] = []
-    for table in iter_pairs(data_uri, ["query", "document"]):
-        for column in ("query", "document"):
-            texts.extend(table.column(column).to_pylist())
-        if len(texts) >= 2 * limit:
-            break
-    if not texts:
-        raise ValueError(f"no training pairs under {data_uri}")
-    return texts[: 2 * limit]
-
-
-def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
-    """The model every worker starts from: a warm start, the backbone, or a new tiny model.
-
-    The tiny recipe's tokenizer is trained on the run's own data and the random model is
-    saved once under the run folder, so every worker (and every resume) starts from the
-    same weights.
-    """
+def initial_model(config: SantaConfig, spec: RunSpec) -> tuple[str, bool]:
+    """The model every worker starts from (a warm start, the backbone, or the tiny recipe's
+    new model saved once under the run folder, so every worker and every resume starts from
+    the same weights), and whether that new model is still to be built
+    (:func:`santa.train.initial_model.build_tiny_model`)."""
     if objective_entry(spec.objective).own_start:  # e.g. the discriminators' own folder
         if not spec.warm_start:
             raise ValueError(f"training {spec.objective} needs its starting folder (warm_start)")
-        return spec.warm_start
+        return spec.warm_start, False
     if spec.warm_start:
-        return resolve_model(spec.warm_start).model_uri
+        return resolve_model(spec.warm_start).model_uri, False
     if not config.model.is_tiny:
-        return config.model.backbone
+        return config.model.backbone, False
     init_uri = spec.layout.init_model
-    if storage.exists(storage.join(init_uri, "config.json")):
-        return init_uri
-    from santa.models.dual_encoder import DualEncoder
+    return init_uri, not storage.exists(storage.join(init_uri, "config.json"))
 
-    tokenizer = corpus_tokenizer(spec.data, config.model.tiny_vocab_size, spec.cache_layout)
-    # The base weights: LoRA adapters (model.lora_rank) are added on them by every worker.
-    base = dataclasses.replace(config.model, lora_rank=0)
-    model = DualEncoder.build_tiny(base, tokenizer, seed=config.train.seed)
-    model.save_pretrained(init_uri, santa_config=config)
-    parameters = sum(p.numel() for p in model.parameters())
-    logger.info("built a tiny %s with %d parameters at %s", base.kind, parameters, init_uri)
+
+def prepare_initial_model(config: SantaConfig, spec: RunSpec) -> str:
+    """The model every worker starts from (:func:`initial_model`), built here if it is the
+    tiny recipe's and not built yet."""
+    init_uri, missing = initial_model(config, spec)
+    if missing:
+        build_tiny_model(config, spec.data, spec.cache_layout, init_uri)
     return init_uri
-
-
-def tokenizer_key(data_uri: str, vocab_size: int) -> str:
-    """Which corpus (its files, their sizes, its publish) and vocabulary a tokenizer is for."""
-    files = pair_files(data_uri)
-    manifest = read_manifest(data_uri) or {}
-    payload = {
-        "data": storage.absolute(data_uri),
-        "publish": (manifest.get("manifest") or {}).get("run_id"),
-        "files": [
-            [uri.rsplit("/", 1)[-1], size]
-            for uri, size in zip(files, storage.file_sizes(files), strict=True)
-        ],
-        "vocab_size": vocab_size,
-        "sample_rows": TOKENIZER_SAMPLE_ROWS,
-    }
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    return f"v{vocab_size}-{digest[:16]}"
-
-
-def corpus_tokenizer(data_uri: str, vocab_size: int, cache: CacheLayout):
-    """The tiny recipe's tokenizer for a corpus: trained once, then kept in the cache
-    folder beside the runs, so the stages, resumed runs and trials on the same data load
-    it instead of training it again."""
-    from transformers import AutoTokenizer
-
-    from santa.models.tokenizer import train_tokenizer
-
-    folder = cache.tokenizer(tokenizer_key(data_uri, vocab_size))
-    with tempfile.TemporaryDirectory(prefix="santa-tokenizer-") as local:
-        if storage.exists(storage.join(folder, "tokenizer.json")):
-            storage.download_dir(folder, local, what="tokenizer")
-            logger.info("reusing the tokenizer trained for %s (%s)", data_uri, folder)
-            return AutoTokenizer.from_pretrained(local)
-        tokenizer = train_tokenizer(read_texts(data_uri), vocab_size=vocab_size)
-        tokenizer.save_pretrained(local)
-        # Whole or not at all: the marker file (tokenizer.json) goes up last.
-        names = sorted(os.listdir(local), key=lambda name: name == "tokenizer.json")
-        for name in names:
-            with open(os.path.join(local, name), "rb") as handle:
-                storage.write_bytes(storage.join(folder, name), handle.read())
-        return tokenizer
 
 
 RESIZE_INTERVAL_ENV = "SANTA_RESIZE_INTERVAL_S"
@@ -279,7 +213,6 @@ def run_plan(
 
 def last_logged_step(metrics_uri: str) -> int:
     """The last step in a run's ``metrics.jsonl`` (0: none yet)."""
-    import json
 
     if not storage.exists(metrics_uri):
         return 0
@@ -300,6 +233,7 @@ def loop_config(
     startup: dict[str, float],
     tracked: Tracking,
     miner_name: str = "",
+    build_init_model: bool = False,
 ) -> LoopConfig:
     """What every worker of the run ``spec`` is handed: the recipe, the initial model, the
     run's files and what happened before the workers started."""
@@ -307,6 +241,7 @@ def loop_config(
     return LoopConfig(
         santa=config,
         init_model=init_model,
+        build_init_model=build_init_model,
         objective=spec.objective,
         discriminators=spec.discriminators,
         row_cache=spec.row_cache,
@@ -363,7 +298,13 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     # The fixed cost before the first step, phase by phase (the workers add theirs).
     startup: dict[str, float] = {}
     started = time.time()
-    init_model = prepare_initial_model(config, spec)
+    # The tiny recipe's new model is built by the rank-0 worker, which imports the model's
+    # libraries anyway (here they cost seconds of every job's start), unless the miner
+    # actor, started before the workers, needs it first.
+    init_model, build_init_model = initial_model(config, spec)
+    if build_init_model and config.negatives.source == "async":
+        build_tiny_model(config, spec.data, spec.cache_layout, init_model)
+        build_init_model = False
     startup["startup_initial_model_s"] = time.time() - started
     # Ray resumes from registered checkpoints only; folders of interrupted uploads go.
     remove_unregistered_checkpoints(layout.root)
@@ -401,6 +342,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
             miner_name=miner_name,
             startup=startup,
             tracked=tracked,
+            build_init_model=build_init_model,
         ).to_dict(),
         scaling_config=ScalingConfig(
             # Elastic (--num-workers MIN-MAX): Ray Train goes on with the workers that fit.
