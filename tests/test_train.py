@@ -138,7 +138,7 @@ def test_each_process_reads_an_s3_checkpoint_from_its_own_copy(moto_s3, tmp_path
 
 @pytest.mark.slow
 def test_pipeline_runs_the_three_stages_of_the_paper_and_repeats_them(
-    pairs, tmp_path, ray_cluster, monkeypatch
+    pairs, tmp_path, ray_cluster, monkeypatch, capsys
 ):
     """--stages pretrain,finetune,ance: each stage warm-starts from the last, ANCE mines with
     the fine-tuned model, and the report shows every stage's metrics and whole history.
@@ -177,6 +177,11 @@ def test_pipeline_runs_the_three_stages_of_the_paper_and_repeats_them(
     )
     try:
         check_staged_run(report, tmp_path)
+        # Each stage started from the one before it.
+        said = capsys.readouterr().out.splitlines()
+        for stage, before in zip(report["stages"][1:], report["stages"], strict=False):
+            (line,) = [x for x in said if x.startswith(f"[{stage['stage']}] tiny: 4 steps")]
+            assert line.endswith(f", from {before['checkpoint']}/model"), line
     except BaseException:
         again.kill()  # not left running on the session's cluster
         raise
