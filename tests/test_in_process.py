@@ -49,12 +49,20 @@ def test_in_process_run_trains_the_loops_model_keeps_checkpoints_and_resumes(pai
     assert [h["loss"] for h in history(run)] == pytest.approx(
         [r["loss"] for r in plain["reports"]], rel=1e-5
     )
-    # The same call without the stop resumes from step 4's checkpoint to the end.
+    # The same call without the stop resumes from step 4's checkpoint to the end; each
+    # report reaches on_report (a sweep's trial in process forwards them to Tune) with the
+    # folder its checkpoint was kept in, once kept.
     spec = RunSpec.of(data=pairs, storage=str(tmp_path / "runs"), name="local")
-    resumed = fit_in_process(config, spec)
+    reported = []
+    resumed = fit_in_process(
+        config, spec, on_report=lambda metrics, kept: reported.append((metrics["step"], kept))
+    )
     assert resumed.metrics["step"] == 6
     assert [h["step"] for h in history(run)] == [1, 2, 3, 4, 5, 6]
     assert [metrics["step"] for _, metrics in resumed.best_checkpoints] == [6]
+    assert reported[0][0] == 5 and reported[-1] == (6, str(run / "checkpoint_000006"))
+    assert [kept for _, kept in reported[:-1] if kept] == []  # step 5: no checkpoint
+    assert Path(reported[-1][1], "model", "config.json").is_file()
 
 
 def test_in_process_run_refuses_what_only_a_ray_run_does(pairs, tmp_path):

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from santa.files.layout import RUN_SNAPSHOT_FILE
 from santa.files.runlock import RunLock
+from santa.models.checkpoints import best_checkpoint
 from tests.conftest import CHECKPOINT_NEAR_STEP_5, TINY_PRETRAIN, start_job
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 
@@ -97,19 +99,23 @@ def test_ctrl_c_mid_pretrain_keeps_its_checkpoint_and_resumes_exactly(
     assert sorted(m.step for m in history) == list(range(1, 9))
 
 
-@pytest.mark.long(seconds=85)
+@pytest.mark.long(seconds=60)
 @pytest.mark.timeout(1500)
 def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data, tmp_path):
+    """Two trials, one at a time, each trained in its trial's process (``--in-process``:
+    what is cut and resumed is the sweep's driver and Tune's experiment, the same for both
+    kinds of trial; Ray Train trials are resumed by tests/test_sweep.py's killed sweep)."""
     sets = [arg for item in ("train.eval_every=2",) for arg in ("--set", item)]
     args = [
         "tuning.sweep", "--data", data["train"], "--eval-data", data["dev"],
         "--storage", str(tmp_path / "sweeps"), "--name", "cut", "--num-samples", "2",
         "--max-steps", "6", "--eval-every", "2", "--scheduler", "fifo", "--max-concurrent", "1",
-        "--seed", "0", *TINY, *sets,
+        "--seed", "0", "--in-process", *TINY, *sets,
     ]  # fmt: skip
     root = tmp_path / "sweeps" / "cut"
     proc = start_job(args, tmp_path)
     stdout, stderr = _interrupt_after(proc, "[sweep] trial")  # started: cut before a result
+    assert "in process)" in stdout  # the sizing line: each trial trains in its own process
     assert proc.returncode == 130, stderr[-3000:]
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"santa: interrupted: sweep {root}: "), stderr
@@ -126,3 +132,9 @@ def test_ctrl_c_mid_sweep_writes_no_best_json_and_the_same_command_resumes(data,
     assert all(row.split()[-2:] == ["6", "done"] for row in table[1:3]), table
     best = json.loads((root / "best.json").read_text())
     assert best["step"] == 6
+    # The checkpoint an in-process trial kept and forwarded is the one best.json names.
+    run = root / "runs" / f"cut-{best['trial_id']}"
+    assert Path(best["checkpoint"]) == run / "checkpoint_000006"
+    assert best_checkpoint(str(root)).step == 6
+    assert not list((root / "runs").rglob(RUN_SNAPSHOT_FILE))  # no Ray Train run
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))

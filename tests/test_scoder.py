@@ -191,7 +191,8 @@ def job_args(data: str, dev: str, runs: Path, *extra: str) -> list[str]:
         "--max-steps",
         "4",
         # Every stage in the test's process (fit_in_process, one worker): what Algorithm 2
-        # does is tested here; its stages on Ray Train in tests/test_sweep.py's SCodeR trial.
+        # does is tested here; its stages on two workers in the gloo test below, a whole
+        # SCodeR trial of a sweep in tests/test_sweep.py.
         "--in-process",
         "--cpus-per-worker",
         "0.5",
@@ -281,34 +282,28 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
-@pytest.mark.slow
-def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
-    tmp_path, capsys
-):
-    """SCodeR's stages are objectives of santa's one worker loop (here without Ray: a local
-    session): they run under ``train.compile=always`` and resume, like SANTA's, from the
-    newest checkpoint that loads."""
+def write_stage_inputs(folder: Path, kinds: tuple[str, ...] = ("text_code",)) -> str:
+    """What SCodeR's stages train on, under ``folder``: a tiny backbone (returned),
+    discriminators on it (``discriminators``, one per kind) and 48 listwise examples with
+    offline soft labels (``examples``), the kinds taking turns."""
     from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
     from santa.scoder.discriminator import Discriminator, DiscriminatorPair
-    from santa.train.loop import WorkerTrainer, run_worker
-    from santa.train.loop_config import LoopConfig
-    from santa.train.session import LocalSession
 
     rows = stdlib_pair_rows()[:48]
     texts, codes = [r["query"] for r in rows], [r["document"] for r in rows]
     tokenizer = train_tokenizer(texts + codes, vocab_size=600)
-    backbone = str(tmp_path / "backbone")
+    backbone = str(folder / "backbone")
     DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer).save_pretrained(backbone)
-    DiscriminatorPair({"text_code": Discriminator.from_backbone(backbone, seed=1)}).save_pretrained(
-        str(tmp_path / "discriminators")
-    )
+    DiscriminatorPair(
+        {kind: Discriminator.from_backbone(backbone, seed=1 + n) for n, kind in enumerate(kinds)}
+    ).save_pretrained(str(folder / "discriminators"))
     examples = [
         {
             "query_id": f"q{i}",
-            "kind": "text_code",
-            "query": texts[i],
+            "kind": kinds[i % len(kinds)],
+            "query": texts[i] if kinds[i % len(kinds)] == "text_code" else codes[(i + 3) % 48],
             "candidates": [codes[i], codes[(i + 1) % 48], codes[(i + 2) % 48]],
             "heldout": False,
             "scores": [2.0, 0.5, 0.1],
@@ -316,23 +311,93 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
         for i in range(48)
     ]
     schema = pa.schema([*LISTWISE_SCHEMA, ("scores", pa.list_(pa.float32()))])
-    (tmp_path / "examples" / "data").mkdir(parents=True)
+    (folder / "examples" / "data").mkdir(parents=True)
     pa.parquet.write_table(
-        pa.Table.from_pylist(examples, schema=schema), tmp_path / "examples" / "data" / "a.parquet"
+        pa.Table.from_pylist(examples, schema=schema), folder / "examples" / "data" / "a.parquet"
     )
-    config = get_recipe("tiny-scoder").with_overrides(
+    return backbone
+
+
+def stage_config(*overrides: str):
+    """tiny-scoder at the size of :func:`write_stage_inputs`' examples, 3 steps."""
+    from santa.config.recipes import get_recipe
+
+    return get_recipe("tiny-scoder").with_overrides(
         [
             "train.global_batch_size=8",
             "train.max_query_length=24",
             "train.max_document_length=64",
             "scoder.max_pair_length=80",
             "train.max_steps=3",
-            "train.checkpoint_every=1",
             "train.log_every=1",
-            "train.compile=always",
-            "train.compile_backend=aot_eager",
-            "train.num_workers=1",
+            *overrides,
         ]
+    )
+
+
+def test_scoder_stages_train_on_two_gloo_workers(tmp_path):
+    """Algorithm 2's stages as a cluster runs them on two workers (DDP over gloo, the loop
+    without Ray; what Ray Train adds is every objective's alike): D_φ and D_ψ, each batch's
+    rows of one kind or both (a head without rows in a batch: DDP's unused parameters),
+    then G_θ with ``λ·L_adv + (1 − λ)·L_distill``. Both ranks take every step and the
+    checkpoints load. (The stages on one worker: the compiled test below and ray_jobs.scoder
+    --in-process; a whole SCodeR trial: tests/test_sweep.py.)"""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.scoder.discriminator import DiscriminatorPair
+    from santa.train.loop_config import LoopConfig
+    from tests.training import train_on_ranks
+
+    backbone = write_stage_inputs(tmp_path, kinds=("text_code", "code_code"))
+    config = stage_config("train.checkpoint_every=3", "train.num_workers=2")
+
+    def train(objective: str, start: str, name: str) -> list[dict]:
+        loop = LoopConfig(
+            santa=config,
+            init_model=start,
+            objective=objective,
+            data_uri=str(tmp_path / "examples"),
+            row_cache=str(tmp_path / "rows"),
+        )
+        ranks = train_on_ranks(2, loop, str(tmp_path / name), str(tmp_path / f"{name}-out"))
+        for rank in ranks:
+            assert [r["step"] for r in rank["reports"]] == [1, 2, 3]
+            assert math.isfinite(rank["reports"][-1]["loss"])
+        # The global batch split between the ranks, no row on both.
+        for first, second in zip(ranks[0]["rows"], ranks[1]["rows"], strict=True):
+            assert first and second and not set(first) & set(second)
+        return ranks
+
+    discriminators = train("discriminators", str(tmp_path / "discriminators"), "d")
+    assert 0.0 <= discriminators[0]["reports"][-1]["accuracy"] <= 1.0
+    loaded = DiscriminatorPair.from_pretrained(
+        str(tmp_path / "d" / "checkpoint_000003" / "discriminators")
+    )
+    assert set(loaded.by_kind) == {"text_code", "code_code"}
+
+    dual = train("dual_encoder", backbone, "g")
+    assert math.isfinite(dual[0]["reports"][-1]["loss_distill"])
+    DualEncoder.from_pretrained(str(tmp_path / "g" / "checkpoint_000003" / "model"))
+
+
+@pytest.mark.slow
+def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_checkpoint(
+    tmp_path, capsys
+):
+    """SCodeR's stages are objectives of santa's one worker loop (here without Ray: a local
+    session): they run under ``train.compile=always`` and resume, like SANTA's, from the
+    newest checkpoint that loads."""
+    from santa.models.dual_encoder import DualEncoder
+    from santa.scoder.discriminator import DiscriminatorPair
+    from santa.train.loop import WorkerTrainer, run_worker
+    from santa.train.loop_config import LoopConfig
+    from santa.train.session import LocalSession
+
+    backbone = write_stage_inputs(tmp_path)
+    config = stage_config(
+        "train.checkpoint_every=1",
+        "train.compile=always",
+        "train.compile_backend=aot_eager",
+        "train.num_workers=1",
     )
 
     def train(objective: str, start: str, root: str, stop: int = 0) -> LocalSession:

@@ -18,6 +18,7 @@ import pytest
 
 from santa.config.recipes import get_recipe
 from santa.files import storage
+from santa.files.layout import RUN_SNAPSHOT_FILE
 from santa.models.checkpoints import best_checkpoint, latest_checkpoint, load
 from tests.training import stdlib_pair_rows, write_beir, write_pairs
 from tuning import sweep
@@ -37,7 +38,7 @@ def data(tmp_path_factory):
     }
 
 
-def sweep_args(data, storage, name, *extra: str) -> list[str]:
+def sweep_args(data, storage, name, *extra: str, workers: str = "2") -> list[str]:
     sets = [arg for item in TEST_SIZE for arg in ("--set", item)]
     return [
         "--recipe",
@@ -51,7 +52,7 @@ def sweep_args(data, storage, name, *extra: str) -> list[str]:
         "--name",
         name,
         "--num-workers",
-        "2",
+        workers,
         "--cpus-per-worker",
         "0.5",
         "--seed",
@@ -301,13 +302,15 @@ def test_scoder_objective_sweeps_the_adversarial_weight_in_0_1():
         sweep.search_space(args, config, {"lambda_field": field, "objective": "scoder"})
 
 
-@pytest.mark.long(seconds=70)
-@pytest.mark.timeout(1500)
+@pytest.mark.long(seconds=35)
+@pytest.mark.timeout(900)
 def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
     ray_cluster, data, tmp_path, capsys
 ):
     """A ``--objective scoder`` trial is a whole SCodeR run reporting dev MRR per iteration;
-    best.json records its λ as ``scoder.adversarial_weight`` and its dual encoder."""
+    best.json records its λ as ``scoder.adversarial_weight`` and its dual encoder. The trial
+    trains in its own process (``--in-process``: no controller and worker group for each of
+    Algorithm 2's stages; the stages on two workers: tests/test_scoder.py's gloo test)."""
     args = sweep_args(
         data,
         tmp_path,
@@ -324,9 +327,12 @@ def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
         "fifo",
         "--set",
         "scoder.iterations=1",
+        "--in-process",
+        workers="1",
     )
     args += ["--address", ray_cluster.address]
     assert sweep.main(args) == 0
+    assert "1 workers × 0.5 CPU, in process)" in capsys.readouterr().out  # the sizing line
     root = tmp_path / "scoder-sweep"
     best = json.loads((root / "best.json").read_text())
     assert best["objective"] == "scoder" and best["step"] == 1
@@ -336,3 +342,21 @@ def test_scoder_sweep_trial_runs_algorithm_2_with_the_sampled_lambda(
     manifest = json.loads((run / "iter-1" / "manifest.json").read_text())
     assert best["checkpoint"] == manifest["dual_encoder"] and Path(best["checkpoint"]).is_dir()
     assert manifest["metrics"]["dev_mrr"] == best["value"]
+    # Every stage trained in the trial's process: no Ray Train run folder anywhere.
+    assert not list(run.rglob(RUN_SNAPSHOT_FILE))
+    assert list((run / "warmup").glob("checkpoint_*"))
+
+
+def test_in_process_sweep_refuses_what_only_ray_trials_do(tmp_path, capsys):
+    """``--in-process`` trains one worker per trial on storage its node sees: several workers
+    (exit 2) and an s3:// sweep are refused before Ray starts."""
+    base = ["--data", "d", "--eval-data", "e", "--max-steps", "4", "--in-process"]
+    with pytest.raises(SystemExit) as exited:
+        sweep.main([*base, "--storage", str(tmp_path), "--num-workers", "2"])
+    assert exited.value.code == 2
+    assert "--in-process trains on one worker" in capsys.readouterr().err
+    config = sweep.base_config(sweep.build_parser().parse_args([*base, "--storage", "s"]))
+    assert config.train.num_workers == 1  # the recipe's 2 workers: one, in the trial
+    assert sweep.main([*base, "--storage", "s3://bucket/sweeps"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("santa: error: --in-process keeps each trial's checkpoints"), line

@@ -9,6 +9,11 @@ the trainer's reports reach Tune through ``TuneReportCallback`` (the V2 way: a T
 callback, not ``Tuner(trainer)``). The trial driver itself asks for almost nothing
 (no CPU): the trainer's workers reserve their own resources.
 
+With ``--in-process`` a trial is not a Ray Train run but the same loop on one worker in
+the trial's own process (its resources: the worker's CPUs and GPU): many small trials on
+one node start without a controller and a worker group each (~20 s a trial), and one
+that ASHA stops leaves nothing behind. Local (or shared) storage only.
+
 What lands under ``STORAGE/NAME`` (local or ``s3://``):
 
 - Tune's experiment: ``experiment_state-*.json`` and one folder per trial with
@@ -41,7 +46,7 @@ from santa.files.layout import RunLayout
 from santa.files.layout import checkpoint_uri as layout_checkpoint_uri
 from santa.jobs import interrupts
 from santa.jobs.errors import exit_with, run_job, with_exit_codes
-from santa.jobs.flags import recipe_config, run_parser
+from santa.jobs.flags import recipe_config, refuse_workers_in_process, run_parser
 from santa.jobs.lifecycle import Job
 from santa.jobs.preflight import check_beir, check_pairs
 from santa.pipeline.report import write_sweep_report
@@ -309,12 +314,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-failures", type=int, default=1, help="per trial's trainer")
     parser.add_argument("--seed", type=int, default=None, help="seed of the parameter sampling")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train each trial in its Tune trial's process on one worker (its CPUs, and a "
+        "GPU with --gpu), without Ray Train: many small trials on one node; local storage",
+    )
     return with_exit_codes(parser)
+
+
+def trial_resources(args: argparse.Namespace, cpus: float) -> dict[str, float]:
+    """What one trial's process reserves: with ``--in-process`` it trains, so the worker's
+    CPUs (and GPU); otherwise it only waits on its trainer (on the head node where there is
+    one)."""
+    if getattr(args, "in_process", False):
+        return {"CPU": cpus, "GPU": 1.0 if args.gpu else 0.0}
+    return {**TRIAL_DRIVER_RESOURCES, **head_placement()}
 
 
 def base_config(args: argparse.Namespace) -> SantaConfig:
     """The recipe with the sweep's own settings and the user's overrides applied."""
     then = [f"train.max_steps={args.max_steps}"] if args.max_steps else []
+    if getattr(args, "in_process", False):
+        then.append("train.num_workers=1")  # (main refused another --num-workers)
     if args.max_steps and getattr(args, "objective", "auto") == "scoder":
         # Every stage of Algorithm 2 gets the budget (as ray_jobs.scoder --max-steps).
         then += [
@@ -360,7 +382,9 @@ def search_space(args: argparse.Namespace, config: SantaConfig, sweep: dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     """Parse → check → sweep; errors as one line (``santa.jobs.errors.run_job``)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_workers_in_process(parser, args, argv)
     return run_job(lambda: run_sweep(args), argv)
 
 
@@ -369,6 +393,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = base_config(args)
     storage_root = storage.absolute(args.storage)
+    if args.in_process and storage.is_s3(storage_root):
+        raise ValueError(
+            "--in-process keeps each trial's checkpoints on its node: --storage must be a "
+            "local folder (or one every node shares), not s3://"
+        )
+    if args.in_process and config.negatives.source == "async":
+        raise ValueError("--in-process: negatives.source=async needs the miner actor, a Ray run")
     layout = RunLayout.of(storage_root, args.name)
     job = Job("tuning.sweep", run=layout.root, storage=storage_root)  # one writer per sweep
     # Before Ray: a missing --eval-data would otherwise fail every trial, each retried.
@@ -392,8 +423,11 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
 
     check_plan(run_plan(config, args.cpus_per_worker), job="each trial")
 
-    # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml).
-    trainable = tune.with_resources(train_trial, {**TRIAL_DRIVER_RESOURCES, **head_placement()})
+    workers = 1 if args.in_process else args.num_workers  # (base_config's too)
+    cpus = worker_cpus(args.cpus_per_worker, workers)
+    # Trial drivers only wait: on the head node where the cluster has one (cluster.yaml);
+    # trials in process train: the worker's resources.
+    trainable = tune.with_resources(train_trial, trial_resources(args, cpus))
 
     progress: dict[str, str] = {}  # trial id → status, for an interruption's line
     max_t = config.scoder.iterations if args.objective == "scoder" else config.train.max_steps
@@ -426,18 +460,18 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
                 f"λ is not swept: the {objective(config)!r} objective of recipe "
                 f"{args.recipe!r} has no loss weight (MEP needs a T5 backbone in pretraining)"
             )
-        cpus = worker_cpus(args.cpus_per_worker, args.num_workers)
         # Sized by what the cluster can grow to (an autoscaler's declared max), not by the
         # head alone at launch: pending trials are what makes the autoscaler add workers.
         capacity = cluster_capacity()
         resources = {key: capacity_of(key, capacity) for key in ("CPU", "GPU")}
         concurrent = args.max_concurrent or max_concurrent_trials(
-            resources, args.num_workers, cpus, args.gpu
+            resources, workers, cpus, args.gpu
         )
         print(
             f"max_concurrent_trials={concurrent} (cluster up to {resources['CPU']:g} CPU, "
-            f"{resources['GPU']:g} GPU; per trial: {args.num_workers} workers × "
-            f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''})"
+            f"{resources['GPU']:g} GPU; per trial: {workers} workers × "
+            f"{cpus:g} CPU{' + 1 GPU' if args.gpu else ''}"
+            f"{', in process' if args.in_process else ''})"
         )
         sweep = {
             "name": args.name,
@@ -453,6 +487,7 @@ def _sweep(args: argparse.Namespace, config: SantaConfig, storage_root: str, lay
                 "max_failures": args.max_failures,
                 "eval_data": storage.absolute(args.eval_data),
                 "eval_split": args.eval_split,
+                "in_process": args.in_process,
             },
         }
         space = search_space(args, config, sweep)

@@ -4,6 +4,9 @@ Every trial builds the santa config from its sampled parameters and runs the one
 loop through :func:`santa.train.trainer.fit` (a Ray Train V2 ``TorchTrainer``), its reports
 reaching Tune through ``TuneReportCallback`` (the V2 way: a Train callback, not
 ``Tuner(trainer)``); a SCodeR trial runs Algorithm 2 and reports after every iteration.
+A sweep ``--in-process`` trains each trial in the trial's own process on one worker
+(:func:`santa.train.trainer.fit_in_process`, the resources the trial reserved), its
+reports going to Tune as they are made: no controller or worker group per trial.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 
 from santa.config import SantaConfig
 from santa.files.layout import RunLayout
@@ -82,6 +85,19 @@ class EvalReportCallback(TuneReportCallback):
             super().after_report(run_context, metrics, checkpoint)
 
 
+def eval_report_forwarder(metric: str = METRIC):
+    """For a trial in process: each report carrying ``metric`` goes to Tune with the folder
+    its checkpoint was kept in (``checkpoint_path``, as ``TuneReportCallback`` adds it)."""
+    from ray import tune
+
+    def forward(metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        if metric in metrics:
+            kept = {CHECKPOINT_PATH_KEY: checkpoint_dir} if checkpoint_dir else {}
+            tune.report({**metrics, **kept})
+
+    return forward
+
+
 def trial_run(sweep: dict[str, Any], layout: RunLayout):
     """The Ray Train run of one trial: the sweep's run settings, in the trial's folder
     (``trial_layout``'s, as is)."""
@@ -102,7 +118,14 @@ def train_trial(params: dict[str, Any]) -> None:
     if sweep.get("objective") == "scoder":
         train_scoder_trial(config, sweep, layout)
         return
-    result = fit(config, trial_run(sweep, layout), callbacks=[EvalReportCallback(sweep["metric"])])
+    spec = trial_run(sweep, layout)
+    if spec.in_process:
+        from santa.train.trainer import fit_in_process
+
+        # (It raises what ends the run: the trial errors, as a Ray trial's result.error.)
+        fit_in_process(config, spec, on_report=eval_report_forwarder(sweep["metric"]))
+        return
+    result = fit(config, spec, callbacks=[EvalReportCallback(sweep["metric"])])
     wait_for_forwarded_reports()
     if result.error is not None:
         raise result.error
@@ -156,7 +179,7 @@ def train_scoder_trial(config: SantaConfig, sweep: dict[str, Any], layout: RunLa
             {
                 sweep["metric"]: metrics[sweep["metric"]],
                 TIME_ATTR: metrics["iteration"],
-                "checkpoint_path": manifest["dual_encoder"],
+                CHECKPOINT_PATH_KEY: manifest["dual_encoder"],
                 **{k: v for k, v in metrics.items() if isinstance(v, int | float)},
             }
         )
@@ -170,4 +193,5 @@ def train_scoder_trial(config: SantaConfig, sweep: dict[str, Any], layout: RunLa
         eval_split=run["eval_split"],
         cpus_per_worker=run["cpus_per_worker"],
         on_iteration=report,
+        in_process=run.get("in_process", False),
     )

@@ -14,6 +14,7 @@ Both read the training rows the same way, from the node's row file
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -188,7 +189,9 @@ class LocalSession:
     ``torch.distributed`` group must be up, and the model is wrapped in DDP), reports kept
     in :attr:`reports`. Checkpoint folders are copied under ``checkpoint_root``
     (``checkpoint_<step>``) when one is given, and a session over a root that holds some
-    resumes from the newest, as Ray Train resumes a run from its storage."""
+    resumes from the newest, as Ray Train resumes a run from its storage. ``on_report``
+    (rank 0's) gets each report's metrics and the folder its checkpoint was kept in (None
+    without one), once kept: a Tune trial training in process forwards them to Tune."""
 
     def __init__(
         self,
@@ -197,10 +200,12 @@ class LocalSession:
         checkpoint_root: str = "",
         rank: int = 0,
         world_size: int = 1,
+        on_report: Callable[[dict[str, float], str | None], None] | None = None,
     ) -> None:
         self._device = torch.device(device)
         self.checkpoint_root = checkpoint_root
         self.rank, self.world_size = rank, world_size
+        self.on_report = on_report
         self.reports: list[dict[str, float]] = []
         # The checkpoint folders this session copied, with the metrics reported beside each.
         self.saved: list[tuple[str, dict[str, float]]] = []
@@ -262,6 +267,8 @@ class LocalSession:
             partial.rename(target)
             self.saved.append((str(target), dict(metrics)))
         self.barrier()
+        if self.on_report is not None and self.rank == 0:
+            self.on_report(dict(metrics), str(target) if keeps else None)
 
     def barrier(self) -> None:
         """Wait for the other ranks (nothing to wait for alone)."""

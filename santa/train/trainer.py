@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -443,9 +444,17 @@ class InProcessResult:
     """Every checkpoint with the metrics it was reported with, oldest first."""
 
 
-def fit_in_process(config: SantaConfig, spec: RunSpec, *, device: str = "") -> InProcessResult:
+def fit_in_process(
+    config: SantaConfig,
+    spec: RunSpec,
+    *,
+    device: str = "",
+    on_report: Callable[[dict[str, float], str | None], None] | None = None,
+) -> InProcessResult:
     """Train the run ``spec`` of ``config`` in this process (one worker; ``device``: the
-    session's, by default ``cuda`` when ``train.use_gpu`` and ``cpu`` otherwise).
+    session's, by default ``cuda`` when ``train.use_gpu`` and ``cpu`` otherwise;
+    ``on_report``: :class:`~santa.train.session.LocalSession`'s, each report with the
+    folder its checkpoint was kept in, as a Tune trial training in process forwards them).
 
     The same worker loop (:class:`~santa.train.loop.WorkerTrainer`: the objective, the reader,
     the step, the optimizer and its schedule, the window metrics and checkpoints) on one worker
@@ -497,7 +506,9 @@ def fit_in_process(config: SantaConfig, spec: RunSpec, *, device: str = "") -> I
         tracked=tracked,
     )
     session = LocalSession(
-        device=device or ("cuda" if train.use_gpu else "cpu"), checkpoint_root=layout.root
+        device=device or ("cuda" if train.use_gpu else "cpu"),
+        checkpoint_root=layout.root,
+        on_report=on_report,
     )
     try:
         with interrupts.keeping(lambda: describe_local_run(layout.root, session.checkpoints())):
