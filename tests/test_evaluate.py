@@ -122,6 +122,17 @@ def test_binary_metrics_equal_hand_computation() -> None:
     assert metrics["by_language"]["ruby"]["ndcg@100"] == 0.0
 
 
+def test_per_query_scores_of_every_judged_query_in_qrels_order() -> None:
+    from santa.eval.metrics import per_query_scores
+
+    qrels = {"q3": {"z": 1}, "q1": {"a": 1}, "q2": {"b": 0, "c": 1}, "q4": {"a": 1}}
+    ranking = {"q1": ["x", "a"], "q2": ["b", "x", "c"], "q3": ["x"]}  # q4 not ranked
+    scores = per_query_scores(qrels, ranking, "mrr@100")
+    assert scores == {"q3": 0.0, "q1": 0.5, "q2": 1 / 3, "q4": 0.0}
+    assert list(scores) == list(qrels)
+    assert per_query_scores(qrels, ranking, "mrr@2") == {"q3": 0.0, "q1": 0.5, "q2": 0.0, "q4": 0.0}
+
+
 def test_recall_counts_relevant_documents_missing_from_the_ranking() -> None:
     metrics = ev.compute_metrics({"q": {"a": 1, "b": 1, "c": 1, "d": 1}}, {"q": ["a", "x", "b"]})
     assert metrics["recall@100"] == pytest.approx(2 / 4)

@@ -520,7 +520,8 @@ def run_parent(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of the parent and of its children (``--child``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--steps", type=int, default=20)
@@ -557,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps <= args.window:
         parser.error(f"--steps ({args.steps}) must exceed --window ({args.window})")

@@ -10,17 +10,13 @@ __all__ = ["bootstrap", "format_interval", "per_query_rr"]
 
 
 def per_query_rr(beir: str, trec: str, split: str) -> dict[str, float]:
-    """RR@100 of every judged query (ranx), 0 for a query the run does not rank."""
-    from ranx import Qrels, Run
-    from ranx import evaluate as ranx_evaluate
-
+    """RR@100 of every judged query (ranx's kernel, through santa's metrics), 0 for a
+    query the run does not rank; the run is read in the order of its rank column."""
     from santa.data.beir import load_beir
+    from santa.eval.metrics import per_query_scores
+    from santa.eval.runfiles import read_trec
 
-    data = load_beir(beir, split)
-    qrels = Qrels({q: {d: int(r) for d, r in docs.items()} for q, docs in data.qrels.items()})
-    run = Run.from_file(trec, kind="trec")
-    values = ranx_evaluate(qrels, run, "mrr@100", return_mean=False, make_comparable=True)
-    return dict(zip(qrels.keys(), np.asarray(values, dtype=float).tolist(), strict=True))
+    return per_query_scores(load_beir(beir, split).qrels, read_trec(trec), "mrr@100")
 
 
 def bootstrap(

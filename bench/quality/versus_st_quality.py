@@ -45,22 +45,24 @@ PAIRS += (("sentence-transformers", "zero-shot"),)
 
 
 IN_PROCESS_HELP = (
-    "train santa in one process on one worker (bench/perf/versus_st.py's santa-local: the "
-    "same loop and model as a one-worker Ray run, without Ray Train's start-up)"
+    "train santa in this process on one worker (bench/perf/versus_st.py's santa-local: the "
+    "same loop and model as a one-worker Ray run, without Ray Train's start-up nor a "
+    "Python of its own)"
 )
 
 
 def santa_system(args: argparse.Namespace) -> str:
     """bench/perf/versus_st.py's child that trains santa: on Ray Train (2 workers, as
-    users run it) or, with ``--in-process``, the worker loop in the child's process."""
+    users run it) or, with ``--in-process``, the worker loop in this process."""
     return "santa-local" if getattr(args, "in_process", False) else "santa-ray"
 
 
 def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple[str, float]:
-    """Fine-tune with bench/perf/versus_st.py's child for ``system``; the model and seconds."""
-    command = [
-        sys.executable,
-        str(VERSUS_ST),
+    """Fine-tune with bench/perf/versus_st.py's child for ``system``; the model and seconds.
+
+    ``santa-local`` runs in this process (its torch threads restored after), the others in
+    a process of their own."""
+    arguments = [
         *("--child", system, "--data", data, "--work", str(work)),
         *("--result", str(work / "result.json")),
         *(f"--steps={args.steps}", f"--batch={args.batch}", "--window=1"),
@@ -69,11 +71,24 @@ def train(system: str, args: argparse.Namespace, data: str, work: Path) -> tuple
         f"--learning-rate={getattr(args, 'learning_rate', 0.0)}",
     ]
     work.mkdir(parents=True)
+    if system == "santa-local":
+        import torch
+
+        from bench.perf import versus_st
+
+        threads = torch.get_num_threads()
+        started = time.perf_counter()
+        try:
+            versus_st.run_child(versus_st.build_parser().parse_args(arguments))
+        finally:
+            torch.set_num_threads(threads)
+        return str(work / "model"), time.perf_counter() - started
     import ray
 
     env = dict(os.environ)
     if ray.is_initialized():  # the job joins this benchmark's cluster, as on a user's cluster
         env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    command = [sys.executable, str(VERSUS_ST), *arguments]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=common.ROOT, env=env)
     seconds = time.perf_counter() - started

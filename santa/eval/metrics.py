@@ -50,6 +50,7 @@ __all__ = [
     "METRICS",
     "NDCG_4CLASS",
     "compute_metrics",
+    "per_query_scores",
 ]
 
 CUTOFF = 100
@@ -124,6 +125,27 @@ def compute_metrics(
             by_language[language] = _means(scored, language_of == language)
         result["by_language"] = by_language
     return result
+
+
+def per_query_scores(
+    qrels: Mapping[str, Mapping[str, int]],
+    ranking: Mapping[str, Sequence[tuple[str, float]] | Sequence[str]],
+    metric: str = "mrr@100",
+) -> dict[str, float]:
+    """ranx's ``metric`` of every query of ``qrels`` (labels ``>= 1`` relevant), in qrels
+    order: 0.0 for a query the ranking does not rank or with no relevant document.
+
+    The same kernels as :func:`compute_metrics` on arrays of a stable type: ranx's own
+    ``Qrels``/``Run`` dictionaries would compile numba code again in every process (their
+    types depend on the longest id)."""
+    runs = _RunArrays(ranking)
+    judgments = _Judgments(qrels, runs)
+    relevance = (judgments.labels >= 1).astype(np.int64)
+    rows, values = judgments.score(relevance, (metric,))
+    scores = dict.fromkeys(judgments.qids, 0.0)
+    judged = [judgments.qids[row] for row in rows.tolist()]
+    scores.update(zip(judged, values[metric].tolist(), strict=True))
+    return scores
 
 
 def esci_gain_map(name: str) -> dict[int, float]:
