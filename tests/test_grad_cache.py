@@ -163,9 +163,11 @@ def plain_step(forward_model, batch, config, gather=identity_gather) -> dict:
     return {key: value.detach() for key, value in losses.items()}
 
 
-def cached_step(forward_model, model, batch, config, gather=identity_gather, **kwargs) -> dict:
+def cached_step(
+    forward_model, model, batch, config, gather=identity_gather, chunk_size=CHUNK, **kwargs
+) -> dict:
     return santa_grad_cache_step(
-        forward_model, model, batch, config, gather, chunk_size=CHUNK, **kwargs
+        forward_model, model, batch, config, gather, chunk_size=chunk_size, **kwargs
     )
 
 
@@ -345,7 +347,9 @@ def test_bf16_autocast_stays_close_to_the_plain_bf16_step() -> None:
 @pytest.mark.slow
 def test_compiled_model_gets_the_full_batch_gradients() -> None:
     """``train.compile``: the chunks run through ``torch.compile`` (``aot_eager``: no C++
-    compiler), without and with gradients (two graphs), and give the eager gradients."""
+    compiler), without and with gradients (two graphs: chunks of one size, as a run's
+    per-worker batch in chunks that divide it; an uneven last chunk would add a
+    dynamic-shape recompile), and give the eager gradients."""
     model = tiny_t5(layers=1)
     config = santa_config(model)
     batch = make_batch(model, hard=False, mep=True)
@@ -353,7 +357,7 @@ def test_compiled_model_gets_the_full_batch_gradients() -> None:
     expected = gradients(model)
     model.zero_grad(set_to_none=True)
     compiled = torch.compile(model, backend="aot_eager")
-    cached_step(compiled, model, batch, config)
+    cached_step(compiled, model, batch, config, chunk_size=GLOBAL_BATCH // 2)
     assert relative_error(gradients(model), expected) <= TOLERANCE
 
 
@@ -401,6 +405,9 @@ CASES = {
     "minilm-hard": ("minilm", True),
     "t5-compiled": ("t5", True),  # the DDP module under torch.compile (aot_eager)
 }
+# The compiled case's chunks: a rank's 4 rows in 2 and 2, one shape, so two graphs (without
+# and with gradients); chunks of 3 and 1 add a dynamic-shape graph and a size-1 one of each.
+COMPILED_CHUNK = 2
 
 
 def two_worker_steps(rank: int, world: int, port: int, out_dir: str, cases: list[str]) -> None:
@@ -419,9 +426,8 @@ def two_worker_steps(rank: int, world: int, port: int, out_dir: str, cases: list
             config = santa_config(model) if kind == "t5" else santa_config(model, mep_weight=0.0)
             batch = local_part(make_batch(model, hard=hard, mep=kind == "t5"), rank, world)
             ddp = torch.nn.parallel.DistributedDataParallel(model)
-            forward_model = (
-                torch.compile(ddp, backend="aot_eager") if case == "t5-compiled" else ddp
-            )
+            compiled = case == "t5-compiled"
+            forward_model = torch.compile(ddp, backend="aot_eager") if compiled else ddp
             buckets = []
 
             def counting_hook(state, bucket, buckets=buckets):  # DDP's all-reduce, counted
@@ -430,16 +436,23 @@ def two_worker_steps(rank: int, world: int, port: int, out_dir: str, cases: list
 
             ddp.register_comm_hook(None, counting_hook)
             # DDP rebuilds its buckets after the first backward: count from the second on.
-            plain_step(forward_model, batch, config, all_gather_with_grad)
+            # The plain step is eager DDP's, also for the compiled case (its reference).
+            plain_step(ddp, batch, config, all_gather_with_grad)
             model.zero_grad(set_to_none=True)
             buckets.clear()
-            plain = plain_step(forward_model, batch, config, all_gather_with_grad)
+            plain = plain_step(ddp, batch, config, all_gather_with_grad)
             results = {"plain": gradients(model), "plain_loss": plain["loss"]}
             results["plain_buckets"] = len(buckets)
             model.zero_grad(set_to_none=True)
             buckets.clear()
             cached = cached_step(
-                forward_model, model, batch, config, all_gather_with_grad, no_sync=ddp.no_sync
+                forward_model,
+                model,
+                batch,
+                config,
+                all_gather_with_grad,
+                chunk_size=COMPILED_CHUNK if compiled else CHUNK,
+                no_sync=ddp.no_sync,
             )
             results.update(
                 cached=gradients(model), cached_loss=cached["loss"], cached_buckets=len(buckets)
@@ -496,7 +509,7 @@ def test_two_workers_get_the_gradients_of_the_plain_ddp_step(case, two_workers) 
 @pytest.mark.long(seconds=70)
 def test_two_workers_under_torch_compile(tmp_path) -> None:
     """The compiled DDP module (``train.compile``) honours ``no_sync`` and gives the eager
-    step's gradients (compiling takes a minute here)."""
+    DDP step's gradients."""
     check_two_workers(run_two_workers(tmp_path, ["t5-compiled"])["t5-compiled"])
 
 

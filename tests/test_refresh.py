@@ -182,23 +182,29 @@ def test_one_and_two_encoder_actors_give_the_same_table(model_dir, pairs) -> Non
 
     # Ray's processes run this checkout's code (not another install of santa).
     assert ray.get(imported_from.remote()) == santa.negatives.encoders.__file__
-    corpus = load_mining_corpus(pairs)
-    state = _trained_state(model_dir)
-    weights = ray.put(state)  # once: every actor fetches this one copy
-    expected_model = DualEncoder.from_pretrained(model_dir)
-    expected_model.load_state_dict(state)
-    torch.set_num_threads(1)  # the actors' thread count: same arithmetic
-    expected = refresh_table(expected_model, corpus, SETTINGS, step=10)
-    tables = {}
-    for actors in (1, 2):
-        pool = EncoderPool(model_dir, None, actors=actors, num_cpus=0, batch_size=16)
-        try:
+    # Both pools start at once, while this process mines its own table: an actor's start
+    # (its imports, the model) is most of this test.
+    pools = {
+        actors: EncoderPool(model_dir, None, actors=actors, num_cpus=0, batch_size=16)
+        for actors in (1, 2)
+    }
+    try:
+        corpus = load_mining_corpus(pairs)
+        state = _trained_state(model_dir)
+        weights = ray.put(state)  # once: every actor fetches this one copy
+        expected_model = DualEncoder.from_pretrained(model_dir)
+        expected_model.load_state_dict(state)
+        torch.set_num_threads(1)  # the actors' thread count: same arithmetic
+        expected = refresh_table(expected_model, corpus, SETTINGS, step=10)
+        tables = {}
+        for actors, pool in pools.items():
             assert pool.wait_ready(timeout=300) == actors
             pool.set_weights(weights, step=10)
             tables[actors] = refresh_table(None, corpus, SETTINGS, step=10, encoder=pool)
             assert pool.stats["actors_used"] == actors
             assert pool.stats["chunks"] > actors  # work was shared out in chunks
-        finally:
+    finally:
+        for pool in pools.values():
             pool.shutdown()
     assert tables[1].negatives.tolist() == tables[2].negatives.tolist()
     assert tables[2].negatives.tolist() == expected.negatives.tolist()

@@ -282,10 +282,15 @@ def test_job_errors_are_one_line_before_any_ray_work(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # nothing written, no Ray started
 
 
-def write_stage_inputs(folder: Path, kinds: tuple[str, ...] = ("text_code",)) -> str:
-    """What SCodeR's stages train on, under ``folder``: a tiny backbone (returned),
-    discriminators on it (``discriminators``, one per kind) and 48 listwise examples with
-    offline soft labels (``examples``), the kinds taking turns."""
+def write_stage_inputs(
+    folder: Path, kinds: tuple[str, ...] = ("text_code",), layers: int | None = None
+) -> str:
+    """What SCodeR's stages train on, under ``folder``: a tiny backbone (returned; ``layers``
+    per stack, the recipe's by default), discriminators on it (``discriminators``, one per
+    kind) and 48 listwise examples with offline soft labels (``examples``), the kinds
+    taking turns."""
+    import dataclasses
+
     from santa.config.recipes import get_recipe
     from santa.models.dual_encoder import DualEncoder
     from santa.models.tokenizer import train_tokenizer
@@ -295,7 +300,10 @@ def write_stage_inputs(folder: Path, kinds: tuple[str, ...] = ("text_code",)) ->
     texts, codes = [r["query"] for r in rows], [r["document"] for r in rows]
     tokenizer = train_tokenizer(texts + codes, vocab_size=600)
     backbone = str(folder / "backbone")
-    DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer).save_pretrained(backbone)
+    model_config = get_recipe("tiny").model
+    if layers is not None:
+        model_config = dataclasses.replace(model_config, tiny_num_layers=layers)
+    DualEncoder.build_tiny(model_config, tokenizer).save_pretrained(backbone)
     DiscriminatorPair(
         {kind: Discriminator.from_backbone(backbone, seed=1 + n) for n, kind in enumerate(kinds)}
     ).save_pretrained(str(folder / "discriminators"))
@@ -392,7 +400,9 @@ def test_scoder_stages_run_in_the_one_loop_compiled_and_fall_back_past_a_broken_
     from santa.train.loop_config import LoopConfig
     from santa.train.session import LocalSession
 
-    backbone = write_stage_inputs(tmp_path)
+    # One layer a stack: the three trainers each compile, and Dynamo's time grows with the
+    # graph.
+    backbone = write_stage_inputs(tmp_path, layers=1)
     config = stage_config(
         "train.checkpoint_every=1",
         "train.compile=always",

@@ -17,7 +17,7 @@ from santa.models.sharded import SHARDED_DIR
 from santa.models.tokenizer import train_tokenizer
 from santa.train.loop_config import LoopConfig
 from santa.train.sharding import OPTIMIZER_DIR, transformer_blocks
-from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs
+from tests.training import stdlib_pair_rows, train_on_ranks, train_runs_on_ranks, write_pairs
 
 STEPS = 5
 
@@ -54,8 +54,14 @@ def runs(tmp_path_factory) -> dict:
         )
 
     fsdp = ("train.strategy=fsdp", "model.gradient_checkpointing=true")
-    ddp = train_on_ranks(2, loop(), str(work / "ddp"), str(work / "o1"))
-    sharded = train_on_ranks(2, loop(*fsdp), str(work / "fsdp"), str(work / "o2"))
+    # DDP then FSDP on the same two spawned processes (a spawn's start-up is seconds).
+    ddp, sharded = train_runs_on_ranks(
+        2,
+        [
+            (loop(), str(work / "ddp"), str(work / "o1")),
+            (loop(*fsdp), str(work / "fsdp"), str(work / "o2")),
+        ],
+    )
     # One worker, from the two workers' step-3 checkpoint only.
     (work / "one").mkdir()
     shutil.copytree(work / "fsdp" / "checkpoint_000003", work / "one" / "checkpoint_000003")

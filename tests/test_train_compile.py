@@ -52,7 +52,10 @@ def test_hard_negatives_arriving_mid_stage_compile_no_new_graph() -> None:
         {"source": "async", "per_query": 1}, max_query_length=12, max_document_length=24
     )
     tokenizer = train_tokenizer(TEXTS * 40, vocab_size=400)
-    model = DualEncoder.build_tiny(ModelConfig(tiny_d_model=32, tiny_d_ff=64), tokenizer)
+    # One layer a stack: Dynamo's time grows with the graph, and the graphs' count is what
+    # this counts.
+    model_config = ModelConfig(tiny_d_model=32, tiny_d_ff=64, tiny_num_layers=1)
+    model = DualEncoder.build_tiny(model_config, tokenizer)
     rows = 4
     queries = model.tokenize(TEXTS, 12, padding="max_length")
     documents = model.tokenize(TEXTS[::-1], 24, padding="max_length")
@@ -133,10 +136,10 @@ def test_the_compile_count_stays_constant_when_the_miners_table_arrives(
         {"source": "async", "per_query": 1, "refresh_every": 10},
         compile="always",
         compile_backend="aot_eager",  # Dynamo's graphs without a C++ compiler
-        max_steps=12,
+        max_steps=8,
         log_every=1,
-        checkpoint_every=12,
-    )
+        checkpoint_every=8,
+    ).with_overrides(["model.tiny_num_layers=1"])  # Dynamo's time grows with the graph
     start = tiny_start(tmp_path, stdlib_pair_rows()[:300], config)
     name = "santa-miner-compile-test"
     miner = start_miner(name, data_uri=start["data"], model_uri=start["init"], config=config)
@@ -147,7 +150,7 @@ def test_the_compile_count_stays_constant_when_the_miners_table_arrives(
         poll = negatives.poll
 
         def poll_from_step_6() -> bool:
-            # Steps 1-5 train before the first table, 6-12 with it, whatever the speeds:
+            # Steps 1-5 train before the first table, 6-8 with it, whatever the speeds:
             # the table is taken at step 6, waited for there.
             if trainer.state["step"] < 5:
                 return False
@@ -163,7 +166,7 @@ def test_the_compile_count_stays_constant_when_the_miners_table_arrives(
         ray.kill(miner)
     history = session.reports
     arrived = [h["step"] for h in history if h["negatives_step"] >= 0]
-    assert arrived == list(range(6, 13)), arrived
+    assert arrived == list(range(6, 9)), arrived
     counts = {h["compile_graphs"] for h in history}
     assert len(counts) == 1 and counts.pop() >= 1, [h["compile_graphs"] for h in history]
     assert history[0]["startup_first_step_s"] > 0
@@ -180,7 +183,9 @@ def test_what_one_process_compiled_another_loads_from_storage(tmp_path) -> None:
         "folder, mode = sys.argv[1], sys.argv[2]\n"
         "loaded = load_compile_cache(folder) if mode == 'load' else 0\n"
         "torch.manual_seed(0)\n"
-        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+        # Matrix products only (extern kernels, forward and backward): no C++ for Inductor to
+        # build, nor its CPU checks to compile, in a fresh cache; the graphs are cached alike.
+        "model = torch.nn.Linear(8, 8, bias=False)\n"
         "torch.compile(model)(torch.randn(4, 8)).sum().backward()\n"
         "saved = save_compile_cache(folder + '/stage.bin') if mode == 'save' else False\n"
         "print(json.dumps({'loaded': loaded, 'saved': saved,"

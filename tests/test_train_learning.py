@@ -63,6 +63,8 @@ def stdlib_splits(tmp_path_factory) -> dict[str, object]:
 def test_a_short_tiny_run_learns_on_files_it_never_saw(stdlib_splits, tmp_path) -> None:
     """At test lengths (24/96/32 tokens) 150 steps of batch 16 took MRR@100 from ~0.085 to
     0.15-0.18 with seeds 1 and 42."""
+    import torch
+
     from santa.data.beir import load_beir
     from santa.eval import evaluate_model
 
@@ -87,9 +89,16 @@ def test_a_short_tiny_run_learns_on_files_it_never_saw(stdlib_splits, tmp_path) 
         init_model=str(tmp_path / "init"),
         data_uri=stdlib_splits["train"],
         row_cache=str(tmp_path / "rows"),
+        # The steps are most of this test: two threads on CI's two cores (one by default,
+        # a Ray worker's share); this test process's own count is put back after.
+        torch_threads=2,
     )
-    trainer = WorkerTrainer(loop, session)
-    run_worker(trainer)
+    threads = torch.get_num_threads()
+    try:
+        trainer = WorkerTrainer(loop, session)
+        run_worker(trainer)
+    finally:
+        torch.set_num_threads(threads)
     losses = {int(r["step"]): r["loss"] for r in session.reports}
     assert sorted(losses) == [50, 100, 150] and losses[150] < losses[50]
 

@@ -13,7 +13,7 @@ from santa.config.recipes import get_recipe
 from santa.models.dual_encoder import DualEncoder
 from santa.models.tokenizer import train_tokenizer
 from santa.train.loop_config import LoopConfig
-from tests.training import stdlib_pair_rows, train_on_ranks, write_pairs
+from tests.training import stdlib_pair_rows, train_on_ranks, train_runs_on_ranks, write_pairs
 
 STEPS = 16  # two epochs of 64 pairs at a global batch of 8
 
@@ -64,14 +64,39 @@ def one_worker(run_inputs: dict, tmp_path_factory) -> list[dict]:
     return train_on_ranks(1, loop_of(run_inputs), str(work / "c"), str(work / "o"))
 
 
-@pytest.mark.parametrize("chunk", [0, 2], ids=["plain", "grad_cache"])
+@pytest.fixture(scope="module")
+def two_workers(run_inputs: dict, tmp_path_factory) -> dict[str, dict]:
+    """The runs on two workers, one after the other on the same two spawned processes
+    (each spawn's start-up, the ranks' imports, is seconds): the plain step and GradCache
+    in chunks of 2 from scratch, the first part of the resized run (to step 5), and the
+    compiled one last (Dynamo's caches then touch no eager run)."""
+    work = tmp_path_factory.mktemp("two")
+    compiled = (
+        "train.compile=always",
+        "train.compile_backend=aot_eager",
+        "train.checkpoint_every=3",
+    )
+    loops = {
+        "plain": loop_of(run_inputs, 0, "train.grad_cache_chunk_size=0"),
+        "grad_cache": loop_of(run_inputs, 0, "train.grad_cache_chunk_size=2"),
+        "resized": loop_of(run_inputs, 5),
+        "compiled": loop_of(run_inputs, 3, *compiled),
+    }
+    runs = [(loop, str(work / name / "c"), str(work / name / "o")) for name, loop in loops.items()]
+    results = train_runs_on_ranks(2, runs)
+    return {
+        name: {"ranks": ranks, "root": run[1]}
+        for name, run, ranks in zip(loops, runs, results, strict=True)
+    }
+
+
+@pytest.mark.parametrize("chunk", ["plain", "grad_cache"])
 def test_one_and_two_workers_train_the_same_batches_to_the_same_losses(
-    run_inputs: dict, one_worker: list[dict], tmp_path: Path, chunk: int
+    one_worker: list[dict], two_workers: dict, chunk: str
 ) -> None:
     """Two workers, with the plain step or GradCache in chunks of 2, against one."""
     one = one_worker
-    loop = loop_of(run_inputs, 0, f"train.grad_cache_chunk_size={chunk}")
-    two = train_on_ranks(2, loop, str(tmp_path / "c2"), str(tmp_path / "o2"))
+    two = two_workers[chunk]["ranks"]
     # Every global batch holds the same rows: rank 0's slice, then rank 1's.
     assert len(one[0]["rows"]) == STEPS
     assert [a + b for a, b in zip(two[0]["rows"], two[1]["rows"], strict=True)] == one[0]["rows"]
@@ -85,11 +110,10 @@ def test_one_and_two_workers_train_the_same_batches_to_the_same_losses(
 
 
 def test_a_run_resized_from_two_workers_to_one_goes_on_with_the_next_global_batch(
-    run_inputs: dict, one_worker: list[dict], tmp_path: Path
+    run_inputs: dict, one_worker: list[dict], two_workers: dict, tmp_path: Path
 ) -> None:
     whole = one_worker
-    root = str(tmp_path / "resized")
-    first = train_on_ranks(2, loop_of(run_inputs, stop_at_step=5), root, str(tmp_path / "o1"))
+    first, root = two_workers["resized"]["ranks"], two_workers["resized"]["root"]
     rest = train_on_ranks(1, loop_of(run_inputs), root, str(tmp_path / "o2"))
     trained = [a + b for a, b in zip(first[0]["rows"], first[1]["rows"], strict=True)]
     trained += rest[0]["rows"]
@@ -98,22 +122,14 @@ def test_a_run_resized_from_two_workers_to_one_goes_on_with_the_next_global_batc
 
 
 def test_a_compiled_ddp_model_trains_as_the_eager_one_and_saves_plain_keys(
-    run_inputs: dict, one_worker: list[dict], tmp_path: Path
+    one_worker: list[dict], two_workers: dict
 ) -> None:
     """``train.compile=always`` (torch.compile of the DDP-wrapped model; ``aot_eager``: no C++
     compiler) on two gloo processes: the eager run's losses, and a checkpoint whose keys are
     the plain model's (no ``_orig_mod.``, no ``module.``)."""
     from safetensors import safe_open
 
-    loop = loop_of(
-        run_inputs,
-        3,
-        "train.compile=always",
-        "train.compile_backend=aot_eager",
-        "train.checkpoint_every=3",
-    )
-    root = tmp_path / "compiled"
-    compiled = train_on_ranks(2, loop, str(root), str(tmp_path / "o"))
+    compiled, root = two_workers["compiled"]["ranks"], Path(two_workers["compiled"]["root"])
     assert losses(compiled[0]) == pytest.approx(losses(one_worker[0])[:9], rel=1e-4)
     files = list((root / "checkpoint_000003" / "model").glob("*.safetensors"))
     keys = [key for file in files for key in safe_open(str(file), "pt").keys()]  # noqa: SIM118

@@ -48,8 +48,8 @@ def own_cluster(head: dict[str, Any], *node_cpus: int) -> Iterator[tuple[Any, li
             init_ray(session, log_to_driver=False)
 
 
-def _train_rank(rank: int, world: int, port: int, loop: dict, root: str, out: str) -> None:
-    """One rank of :func:`train_on_ranks` (a spawned process)."""
+def _train_ranks(rank: int, world: int, port: int, runs: list[tuple[dict, str, str]]) -> None:
+    """One rank of :func:`train_runs_on_ranks` (a spawned process): each run in turn."""
     import json
 
     import torch.distributed as dist
@@ -63,28 +63,30 @@ def _train_rank(rank: int, world: int, port: int, loop: dict, root: str, out: st
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
     try:
-        session = LocalSession(checkpoint_root=root, rank=rank, world_size=world)
-        trainer = WorkerTrainer(LoopConfig.from_dict(loop), session)
-        rows: list[list[str]] = []
-        step = trainer.train_step
+        for loop, root, out in runs:
+            session = LocalSession(checkpoint_root=root, rank=rank, world_size=world)
+            trainer = WorkerTrainer(LoopConfig.from_dict(loop), session)
+            rows: list[list[str]] = []
+            step = trainer.train_step
 
-        def recorded_step(batch):
-            rows.append([str(query) for query in batch["query_id"]])
-            return step(batch)
+            def recorded_step(batch, rows=rows, step=step):
+                rows.append([str(query) for query in batch["query_id"]])
+                return step(batch)
 
-        trainer.train_step = recorded_step
-        run_worker(trainer)
-        with open(f"{out}/rank{rank}.json", "w") as handle:
-            json.dump({"reports": session.reports, "rows": rows}, handle)
+            trainer.train_step = recorded_step
+            run_worker(trainer)
+            with open(f"{out}/rank{rank}.json", "w") as handle:
+                json.dump({"reports": session.reports, "rows": rows}, handle)
     finally:
         if world > 1:
             dist.destroy_process_group()
 
 
-def train_on_ranks(world: int, loop: Any, root: str, out: str) -> list[dict[str, Any]]:
-    """The worker loop on ``world`` gloo processes without Ray (``LocalSession``, resumed
-    from ``root``'s newest checkpoint when it has one): each rank's reports and the query
-    ids of every step's batch, rank by rank."""
+def train_runs_on_ranks(world: int, runs: list[tuple[Any, str, str]]) -> list[list[dict[str, Any]]]:
+    """Each ``(loop, root, out)`` run in turn on the same ``world`` gloo processes without
+    Ray (``LocalSession``, resumed from ``root``'s newest checkpoint when it has one; one
+    spawn: a rank's start-up, its imports, costs seconds): per run, each rank's reports
+    and the query ids of every step's batch, rank by rank."""
     import json
     import os
 
@@ -92,16 +94,28 @@ def train_on_ranks(world: int, loop: Any, root: str, out: str) -> list[dict[str,
 
     from tests.conftest import free_port
 
-    os.makedirs(out, exist_ok=True)
+    for _, _, out in runs:
+        os.makedirs(out, exist_ok=True)
+    plain = [(loop.to_dict(), root, out) for loop, root, out in runs]
     if world == 1:
-        _train_rank(0, 1, 0, loop.to_dict(), root, out)
+        _train_ranks(0, 1, 0, plain)
     else:
-        mp.spawn(_train_rank, args=(world, free_port(), loop.to_dict(), root, out), nprocs=world)
+        mp.spawn(_train_ranks, args=(world, free_port(), plain), nprocs=world)
     results = []
-    for rank in range(world):
-        with open(f"{out}/rank{rank}.json") as handle:
-            results.append(json.load(handle))
+    for _, _, out in runs:
+        ranks = []
+        for rank in range(world):
+            with open(f"{out}/rank{rank}.json") as handle:
+                ranks.append(json.load(handle))
+        results.append(ranks)
     return results
+
+
+def train_on_ranks(world: int, loop: Any, root: str, out: str) -> list[dict[str, Any]]:
+    """The worker loop on ``world`` gloo processes without Ray (``LocalSession``, resumed
+    from ``root``'s newest checkpoint when it has one): each rank's reports and the query
+    ids of every step's batch, rank by rank."""
+    return train_runs_on_ranks(world, [(loop, root, out)])[0]
 
 
 def mining_corpus(
