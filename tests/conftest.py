@@ -102,13 +102,16 @@ def shared_fixtures(tmp_path_factory) -> Path:
 # tiny step takes ~0.15 s on 2 cores since Ray Train's poll is 0.1 s).
 CHECKPOINT_NEAR_STEP_5 = r"[2468]"
 
-# The job the fault tests interrupt (a killed worker, Ctrl-C): 8 steps of the tiny recipe on
-# one worker, a checkpoint every 2, with its own local Ray as a user's command has.
+# The job the fault tests interrupt (Ctrl-C, then a killed worker in the same command run
+# again: tests/fault_runs.py): 12 steps of the tiny recipe on one worker, a checkpoint every
+# 2, with its own local Ray as a user's command has. 12: the second fault comes past the
+# steps the first job logged (5 to 8) with steps still to go.
 TINY_PRETRAIN = [
     "ray_jobs.pretrain", "--recipe", "tiny-ci", "--num-workers", "1",
     "--cpus-per-worker", "0.5", "--set", "train.log_every=1",
-    "--set", "train.checkpoint_every=2", "--max-steps", "8", "--address", "local",
+    "--set", "train.checkpoint_every=2", "--max-steps", "12", "--address", "local",
 ]  # fmt: skip
+TINY_PRETRAIN_STEPS = 12
 
 
 def job_env() -> dict[str, str]:
@@ -157,6 +160,16 @@ def pretrain_reference(tmp_path_factory) -> dict:
     lines = (root / "runs" / "reference" / "metrics.jsonl").read_text().splitlines()
     losses = {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
     return {"data": data, "losses": losses}
+
+
+@pytest.fixture(scope="session")
+def cut_then_killed(pretrain_reference, tmp_path_factory) -> dict:
+    """``TINY_PRETRAIN`` interrupted by Ctrl-C, then the same command with its training worker
+    killed mid-run (tests/fault_runs.py): the two jobs' record, for the Ctrl-C test and the
+    killed-worker test."""
+    from tests.fault_runs import cut_then_kill
+
+    return cut_then_kill(pretrain_reference["data"], tmp_path_factory.mktemp("cut-then-killed"))
 
 
 def free_port() -> int:

@@ -35,6 +35,51 @@ def test_a_stale_table_is_said_and_a_fresh_one_is_not() -> None:
     assert negatives_warning(offline, stale, None) is None
 
 
+def test_a_stage_without_any_table_says_so_with_the_times(monkeypatch, capsys) -> None:
+    """The driver's end of an ``async`` stage (``santa.train.trainer``) in which no table
+    arrived: the workers' final metrics (a client that never got one), the miner's answer
+    (its first refresh still running, or no answer at all), one line on stderr. (Was a Ray
+    job on a corpus 40 times the stdlib's, 65 s; the real miner's ``info()`` at the end of a
+    stage is called in tests/test_recovery.py's killed-miner job, which prints no such line.)"""
+    import types
+
+    import ray
+
+    from santa.negatives.client import NegativesClient
+    from santa.train.trainer import _warn_if_negatives_never_came
+
+    config = tiny_config(
+        stage="finetune", negatives={"source": "async", "per_query": 1, "refresh_every": 1000}
+    )
+    client = NegativesClient("async", data_uri="", n=1, seed=0, rank=0, world_size=1)
+    metrics = {"step": 4, "step_time_s": 0.25, **client.metrics(4, None)}  # no table: None
+    result = types.SimpleNamespace(metrics=metrics)
+
+    class Miner:  # a handle whose info() is answered as Ray's would be
+        def __init__(self, info):
+            self.info = types.SimpleNamespace(remote=lambda: info)
+
+    def get(value, timeout=None):
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    monkeypatch.setattr(ray, "get", get)
+    _warn_if_negatives_never_came(config, result, Miner({"refresh_running_s": 8.5}))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "santa: warning: hard negatives: no table arrived in 4 steps: the stage trained on "
+        "in-batch negatives only; the first refresh was still running after 8.5 s, a step "
+        "0.25 s (one refresh spans about 34 steps); "
+    ), lines[0]
+    assert "--set negatives.wait_for_first=true" in lines[0]
+    # A miner that does not answer (dead, or stuck): the line still, without its times.
+    _warn_if_negatives_never_came(config, result, Miner(ray.exceptions.GetTimeoutError()))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "the miner never finished a refresh, a step 0.25 s; " in line, line
+
+
 def _agreeing_rank(rank: int, world: int, port: int, out: str) -> None:
     """One of two gloo ranks: a client whose tables arrive at other steps than its peer's."""
     import json

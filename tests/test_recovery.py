@@ -1,18 +1,17 @@
-"""Recoveries said in one line (issue 33): a killed training worker, a killed miner actor, and a
-stage in which no hard-negatives table arrives — real processes, real signals."""
+"""Recoveries said in one line (issue 33): a killed training worker and a killed miner actor —
+real processes, real signals. (A stage in which no hard-negatives table arrives: its line is
+tested without Ray in tests/test_negatives_health.py.)"""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import CHECKPOINT_NEAR_STEP_5, TINY_PRETRAIN, start_job
+from tests.conftest import CHECKPOINT_NEAR_STEP_5, TINY_PRETRAIN_STEPS, start_job
+from tests.fault_runs import descendant, step_of
 from tests.training import stdlib_pair_rows, write_pairs
 
 TINY = [
@@ -27,20 +26,6 @@ def pairs(tmp_path_factory) -> str:
     return write_pairs(tmp_path_factory.mktemp("recovery-pairs"), stdlib_pair_rows())
 
 
-def _descendant(pid: int, title: str, timeout: float = 120) -> psutil.Process:
-    """The process of this job's local Ray whose command line starts with ``title``."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
-                if " ".join(child.cmdline()).startswith(title):
-                    return child
-            except psutil.Error:
-                continue
-        time.sleep(0.5)
-    raise AssertionError(f"no {title} process under {pid}")
-
-
 def _run_until(proc: subprocess.Popen, marker: str, action) -> list[str]:
     lines = []
     for line in proc.stdout:
@@ -51,44 +36,40 @@ def _run_until(proc: subprocess.Popen, marker: str, action) -> list[str]:
     return lines
 
 
-def _losses(run: Path) -> dict[int, float]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return {int(m["step"]): m["loss"] for m in map(json.loads, lines)}
-
-
-@pytest.mark.long(seconds=80)
-@pytest.mark.timeout(1500)
-def test_a_killed_worker_is_one_line_and_training_resumes_exactly(pretrain_reference, tmp_path):
-    runs = tmp_path / "runs"
-    train = [*TINY_PRETRAIN, "--data", pretrain_reference["data"], "--storage", str(runs)]
-    train += ["--max-failures", "1"]
-    proc = start_job([*train, "--name", "killed"], tmp_path)
-    killed = []
-    head = _run_until(
-        proc,
-        "[train] step 5/8",
-        lambda: killed.append(_descendant(proc.pid, "ray::RayTrainWorker").kill()),
-    )
-    stdout, stderr = proc.communicate(timeout=600)
-    stdout = "".join(head) + stdout
-    assert proc.returncode == 0, stderr[-3000:]
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr  # no traceback, no Ray lines
-    assert lines[0].startswith("santa: warning: a training worker died (pid ")
-    resumes = rf"training resumes from checkpoint step {CHECKPOINT_NEAR_STEP_5} once its worker"
-    assert re.search(resumes, lines[0]), lines[0]
-    assert lines[0].endswith("(retry 1 of 1)")
-    steps = [line.split()[2] for line in stdout.splitlines() if line.startswith("[train] step")]
-    assert steps == [f"{step}/8" for step in range(1, 9)]  # repeated steps not shown again
-    assert _losses(runs / "killed") == pretrain_reference["losses"]
-    # The last checkpoint says where the restarted group resumed: a checkpoint step, once.
-    states = [
-        json.loads(path.read_text())
-        for path in (runs / "killed").glob("checkpoint_*/trainer_state.json")
-    ]
-    last = max(states, key=lambda state: state["step"])
-    assert last["step"] == 8 and len(last["resumed_at"]) == 1, last
-    assert re.fullmatch(CHECKPOINT_NEAR_STEP_5, str(last["resumed_at"][0])), last
+@pytest.mark.long(seconds=5)  # the jobs: cut_then_killed, with the Ctrl-C test
+@pytest.mark.timeout(1800)
+def test_a_killed_worker_is_one_line_and_training_resumes_exactly(
+    cut_then_killed, pretrain_reference
+):
+    # The second job of tests/fault_runs.py: the same command as a job Ctrl-C stopped, its
+    # training worker killed once it trained past the first job's last logged step.
+    rerun, runs = cut_then_killed["rerun"], cut_then_killed["runs"]
+    assert rerun["killed"], rerun["stdout"][-3000:]  # it got that far: a worker was killed
+    assert rerun["returncode"] == 0, rerun["stderr"][-3000:]
+    steps = [step_of(line) for line in rerun["stdout"].splitlines() if step_of(line)]
+    resumed = steps[0] - 1  # the first job's checkpoint: printed again from the next step
+    assert re.fullmatch(CHECKPOINT_NEAR_STEP_5, str(resumed)), steps
+    # Every step once: those the restarted worker group repeated are not shown again.
+    assert steps == list(range(resumed + 1, TINY_PRETRAIN_STEPS + 1)), steps
+    lines = rerun["stderr"].strip().splitlines()
+    # The resume said once (not again when the worker group restarts), then the death: no
+    # traceback, no Ray lines.
+    assert len(lines) == 2, rerun["stderr"]
+    assert lines[0].startswith(
+        f"santa: resuming the pretrain run {runs / 'cut'} from step {resumed} ("
+    ), lines[0]
+    assert lines[1].startswith("santa: warning: a training worker died (pid ")
+    restart = re.search(r"training resumes from checkpoint step (\d+) once its worker", lines[1])
+    assert restart, lines[1]
+    restarted = int(restart.group(1))  # the newest checkpoint registered when it died
+    assert restarted % 2 == 0 and resumed <= restarted <= TINY_PRETRAIN_STEPS, lines[1]
+    assert lines[1].endswith("(retry 1 of 1)")
+    assert rerun["losses"] == pretrain_reference["losses"]
+    # The last checkpoint says where each worker group started: the first job's checkpoint,
+    # then (if the restarted group saved one) the checkpoint it resumed from, once each.
+    last = rerun["last_state"]
+    again = [restarted] if resumed < restarted < TINY_PRETRAIN_STEPS else []
+    assert last["step"] == TINY_PRETRAIN_STEPS and last["resumed_at"] == [resumed, *again], last
 
 
 @pytest.mark.slow
@@ -105,7 +86,7 @@ def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
     _run_until(
         proc,
         "[train] step 20/120",
-        lambda: _descendant(proc.pid, "ray::HardNegativeMiner").kill(),
+        lambda: descendant(proc.pid, "ray::HardNegativeMiner").kill(),
     )
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
@@ -120,31 +101,3 @@ def test_a_killed_miner_is_one_line_and_refreshes_go_on(pairs, tmp_path):
     assert history[-1]["miner_restarts"] >= 1  # a table of the restarted miner arrived
     # ... mined after the kill at step 20 (with weights the trainers pushed since).
     assert history[-1]["negatives_step"] > 20, history[-1]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_stage_without_any_table_says_so_with_the_times(tmp_path):
-    # A corpus whose refresh (encoding every document) outlasts the whole short stage.
-    rows = [
-        dict(row, id=f"{row['id']}-{copy}", doc_id=f"{row['doc_id']}-{copy}",
-             query_id=f"{row['query_id']}-{copy}", document=f"{row['document']} # {copy}")
-        for copy in range(40)
-        for row in stdlib_pair_rows()
-    ]  # fmt: skip
-    pairs = write_pairs(tmp_path / "big-pairs", rows)
-    args = [
-        "ray_jobs.finetune", "--data", pairs, "--storage", str(tmp_path / "runs"),
-        "--name", "never", *TINY, "--max-steps", "4", "--hard-negatives", "async",
-        "--set", "negatives.refresh_every=1000", "--set", "train.checkpoint_every=4",
-    ]  # fmt: skip
-    proc = start_job(args, tmp_path)
-    _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith(
-        "santa: warning: hard negatives: no table arrived in 4 steps: the stage trained on "
-        "in-batch negatives only; "
-    )
-    assert "a step " in lines[0] and "--set negatives.wait_for_first=true" in lines[0]

@@ -258,101 +258,97 @@ def test_a_silent_endpoint_during_a_preprocess_read_ends_the_job_in_the_bound(
     assert seconds < (5 + 10) * 2 + 15, seconds
 
 
-@pytest.mark.long(seconds=90)
-@pytest.mark.timeout(1500)
-def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resumes(
-    own_moto, tmp_path, monkeypatch
-):
+@pytest.fixture(scope="module")
+def silent_training(tmp_path_factory) -> dict:
+    """One pretrain job on S3 whose endpoint goes silent mid-run, then the same command once
+    it answers again: what both tests below read (one job less than a run each, ~60 s).
+
+    santa's default timeouts (connect 5 s, read 10 s, 2 attempts) and --max-failures, a
+    checkpoint every step; moto is stopped once step 4 is printed: step 1's checkpoint is
+    registered by then (a report waits for the poll that takes the one before it, so step
+    3's report, returned before step 4, means step 2's report was taken after step 1's
+    checkpoint was registered) and every later step uploads one."""
+    server = MotoServer()
     bucket = "silent-train"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)  # this test's reads too
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-        monkeypatch.setenv(name, value)
-    data = _upload_pairs(own_moto, tmp_path, bucket)
-    env = _job_env(own_moto, **TIMEOUTS)
-    args = [
-        sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
-        "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
-        "--num-workers", "1", "--cpus-per-worker", "0.5", "--max-failures", "0",
-        "--set", "train.log_every=1",
-        "--set", "train.checkpoint_every=2", "--max-steps", "8", "--address", "local",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    for line in proc.stdout:
-        if line.startswith("[train] step 5/"):  # the step-2 checkpoint registered by now
-            os.kill(own_moto.process.pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            break
-    _, stderr = proc.communicate(timeout=900)
-    seconds = time.monotonic() - stopped
-    os.kill(own_moto.process.pid, signal.SIGCONT)
-    assert proc.returncode == 1, stderr[-3000:]
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith(f"santa: error: cannot reach the S3 endpoint {own_moto.endpoint}")
-    assert f"s3://{bucket}/runs/r" in lines[0]
-    assert seconds < 240, seconds
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("AWS_ENDPOINT_URL", server.endpoint)  # this fixture's reads too
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                patch.setenv(name, "testing")
+            for name in [name for name in os.environ if name.startswith("SANTA_S3_")]:
+                patch.delenv(name)  # santa's defaults here too
+            data = _upload_pairs(server, tmp_path_factory.mktemp("silent-train"), bucket)
+            env = _job_env(server)  # santa's default timeouts
+            args = [
+                sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
+                "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
+                "--num-workers", "1", "--cpus-per-worker", "0.5",
+                "--set", "train.log_every=1", "--set", "train.checkpoint_every=1",
+                "--max-steps", "12", "--address", "local",
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            stopped = None
+            for line in proc.stdout:
+                if line.startswith("[train] step 4/"):
+                    os.kill(server.process.pid, signal.SIGSTOP)
+                    stopped = time.monotonic()
+                    break
+            _, stderr = proc.communicate(timeout=400)
+            seconds = None if stopped is None else time.monotonic() - stopped
+            os.kill(server.process.pid, signal.SIGCONT)
+            cut = {"returncode": proc.returncode, "stderr": stderr, "seconds": seconds}
+            print(f"paused -> exit: {seconds} s; {stderr.strip().splitlines()[:1]}")
 
-    rerun = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    snapshot = storage.read_json(f"s3://{bucket}/runs/r/checkpoint_manager_snapshot.json")
-    registered = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
-    inside = [uri.split("/runs/r/", 1)[1] for uri in storage.list_files(f"s3://{bucket}/runs/r")]
-    folders = {
-        path.split("/", 1)[0] for path in inside if path.startswith("checkpoint_") and "/" in path
-    }
-    assert folders == registered  # no half-written checkpoint left in the finished run
-    state = storage.read_json(f"s3://{bucket}/runs/r/{sorted(registered)[-1]}/trainer_state.json")
-    assert state["step"] == 8 and state["resumed_at"]
-    history = storage.read_bytes(f"s3://{bucket}/runs/r/metrics.jsonl").decode().splitlines()
-    assert [json.loads(h)["step"] for h in history] == list(range(1, 9))
+            rerun = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
+            run = f"s3://{bucket}/runs/r"
+            snapshot = storage.read_json(f"{run}/checkpoint_manager_snapshot.json")
+            registered = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
+            inside = [uri.split("/runs/r/", 1)[1] for uri in storage.list_files(run)]
+            history = storage.read_bytes(f"{run}/metrics.jsonl").decode().splitlines()
+            return {
+                "endpoint": server.endpoint,
+                "run": run,
+                "cut": cut,
+                "rerun": {"returncode": rerun.returncode, "stderr": rerun.stderr},
+                "registered": registered,
+                "folders": {
+                    path.split("/", 1)[0]
+                    for path in inside
+                    if path.startswith("checkpoint_") and "/" in path
+                },
+                "state": storage.read_json(f"{run}/{sorted(registered)[-1]}/trainer_state.json")
+                if registered
+                else {},
+                "steps": [json.loads(h)["step"] for h in history],
+            }
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
 
 
-@pytest.mark.long(seconds=70)
-@pytest.mark.timeout(600)
+@pytest.mark.long(seconds=130)
+@pytest.mark.timeout(1500)
 def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_fault(
-    own_moto, tmp_path, monkeypatch
+    silent_training,
 ):
     """Issue 40: with santa's default timeouts (connect 5 s, read 10 s, 2 attempts) and the
     default --max-failures, moto stopped while every step writes its metrics and uploads a
     checkpoint ends the job within (5 + 10) x 2 s and a few more, not retried (a new worker
     group would wait the same timeouts on init_model), its line the first fault's URI."""
-    bucket = "silent-bound"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", own_moto.endpoint)
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-        monkeypatch.setenv(name, value)
-    data = _upload_pairs(own_moto, tmp_path, bucket)
-    env = _job_env(own_moto)  # santa's default timeouts
-    args = [
-        sys.executable, "-m", "ray_jobs.pretrain", "--data", data,
-        "--storage", f"s3://{bucket}/runs", "--name", "r", "--recipe", "tiny-ci",
-        "--num-workers", "1", "--cpus-per-worker", "0.5",
-        "--set", "train.log_every=1", "--set", "train.checkpoint_every=1",
-        "--max-steps", "12", "--address", "local",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    for line in proc.stdout:
-        if line.startswith("[train] step 3/"):  # every step uploads its checkpoint
-            os.kill(own_moto.process.pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            break
-    _, stderr = proc.communicate(timeout=400)
-    assert "stopped" in locals(), stderr[-3000:]
-    seconds = time.monotonic() - stopped
-    os.kill(own_moto.process.pid, signal.SIGCONT)
-    lines = stderr.strip().splitlines()
-    print(f"paused -> exit: {seconds:.1f} s; {lines[:1]}")  # in the log when a check fails
-    assert proc.returncode == 1, stderr[-3000:]
-    assert len(lines) == 1, stderr  # no retry's warning: the first fault ends the job
+    cut = silent_training["cut"]
+    assert cut["seconds"] is not None, cut["stderr"][-3000:]  # step 4 was printed
+    lines = cut["stderr"].strip().splitlines()
+    assert cut["returncode"] == 1, cut["stderr"][-3000:]
+    assert len(lines) == 1, cut["stderr"]  # no retry's warning: the first fault ends the job
     # The first call the silence meets under the run: a metrics line, a checkpoint's file, Ray
     # Train's read of its storage marker (`.validate_storage_marker`, checked before each
     # checkpoint upload), or the copy of the TensorBoard events that goes with each checkpoint.
+    endpoint = re.escape(silent_training["endpoint"])
     assert re.match(
-        rf"santa: error: cannot reach the S3 endpoint {re.escape(own_moto.endpoint)} to "
-        rf"(read|write|upload to) s3://{bucket}/runs/r/",
+        rf"santa: error: cannot reach the S3 endpoint {endpoint} to "
+        rf"(read|write|upload to) {re.escape(silent_training['run'])}/",
         lines[0],
     ), lines[0]
     assert "init_model" not in lines[0]
@@ -365,7 +361,24 @@ def test_a_silent_endpoint_at_a_checkpoint_ends_in_the_bound_with_the_first_faul
     # NETWORK_CONNECTION" three times (santa.train.session.persist_checkpoint now uploads).
     # With the TensorBoard copy the first fault and two busy loops beside: 32.9 s in all,
     # 7.3 s of it after the line; with the storage marker's read first: 30.5 s (2026-11-28).
-    assert seconds < (5 + 10) * 2 + 25, seconds
+    assert cut["seconds"] < (5 + 10) * 2 + 25, cut["seconds"]
+
+
+@pytest.mark.long(seconds=5)  # the job and its rerun: the fixture, with the test above
+@pytest.mark.timeout(1500)
+def test_a_silent_endpoint_during_training_ends_in_one_line_and_the_rerun_resumes(
+    silent_training,
+):
+    """The run cut short by the silence (above) is resumed by the same command once the
+    endpoint answers: nothing half-written is left in the finished run."""
+    cut, rerun = silent_training["cut"], silent_training["rerun"]
+    assert cut["returncode"] == 1 and len(cut["stderr"].strip().splitlines()) == 1, cut
+    assert rerun["returncode"] == 0, rerun["stderr"][-3000:]
+    # no half-written checkpoint (the upload the silence cut) left in the finished run
+    assert silent_training["folders"] == silent_training["registered"]
+    state = silent_training["state"]
+    assert state["step"] == 12 and state["resumed_at"], state
+    assert silent_training["steps"] == list(range(1, 13))
 
 
 def test_a_checkpoint_upload_to_a_silent_endpoint_is_one_try_of_santas_attempts(

@@ -8,7 +8,8 @@ DEAD after its health checks) instead of shutting them down.
     python -m bench.robustness.lost_node {fixed,elastic,elastic-kill} PAIRS STORAGE
 
 prints the job's own output and ends with its exit status, as if it had been run directly
-(the faults bench runs it so); ``tests/test_lost_node.py`` checks what it returns.
+(the faults bench runs it so). ``tests/test_lost_node.py`` runs both of its scenarios on one
+cluster (:func:`scenarios`: one cluster start less) and checks what they return.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from santa.cluster.ray_utils import _node_start_wait
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_START_WAIT_S = 180.0
-ELASTIC_STEPS = 150
+# Long enough that the node added at step 12 joins before the end: found by the resize
+# monitor (every 2 s) ~25-30 steps later on a loaded 2-core machine (the bench's 2026-11-26
+# run: back at step 42 with a 5 s monitor), so 100 leaves a margin of 3 and more.
+ELASTIC_STEPS = 100
+# How often the GCS checks a raylet (Ray's default 3 s, 5 misses: a killed node is DEAD after
+# ~15 s). 1 s makes it ~5 s; a live raylet still has 5 checks of 10 s each to answer.
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000}
 TINY = [
     "--recipe", "tiny-ci", "--cpus-per-worker", "1.5", "--max-failures", "2",
     "--set", "train.log_every=1",
@@ -33,16 +40,18 @@ TINY = [
 ]  # fmt: skip
 
 
-def _start_cluster(attempts: int = 2):
+def _start_cluster(attempts: int = 2, system_config: dict | None = None):
     """A head and a worker node (2 CPUs each). A loaded machine starts a node slowly: Ray's
-    30 s for a raylet is stretched, and a start that still times out is tried once more."""
+    30 s for a raylet is stretched, and a start that still times out is tried once more.
+    ``system_config``: the head's Ray settings (e.g. :data:`FAST_HEALTH_CHECKS`)."""
     from ray.cluster_utils import Cluster
 
+    head = {"_system_config": system_config} if system_config else {}
     for attempt in range(attempts):
         cluster = Cluster()
         try:
             with _node_start_wait(NODE_START_WAIT_S):
-                cluster.add_node(num_cpus=2, include_dashboard=False)  # the head
+                cluster.add_node(num_cpus=2, include_dashboard=False, **head)  # the head
                 node = cluster.add_node(num_cpus=2)
                 cluster.wait_for_nodes()
             return cluster, node
@@ -63,9 +72,61 @@ def scenario(
     wait for a worker group's placement (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``), twice
     (one retry) before a fixed-size run gives up."""
     cluster, node = _start_cluster()
+    try:
+        result = _run_on(cluster, node, mode, data, storage, placement_wait_s)
+    finally:
+        cluster.shutdown()
+    result.pop("node_left", None)
+    if result_file:
+        Path(result_file).write_text(json.dumps(result))
+    return result
+
+
+def scenarios(
+    modes: dict[str, float], data: str, storage: str, result_file: str, fast: bool = True
+) -> dict[str, dict]:
+    """Several scenarios one after the other on one cluster (``modes``: each mode and its
+    placement wait, in order), each on a worker node of its own: the one an ``elastic``
+    mode added back, else a new one. ``fast``: :data:`FAST_HEALTH_CHECKS`. Results by mode,
+    written to ``result_file`` as each one ends."""
+    cluster, node = _start_cluster(system_config=FAST_HEALTH_CHECKS if fast else None)
+    results: dict[str, dict] = {}
+    try:
+        for mode, placement_wait_s in modes.items():
+            if node is None:
+                with _node_start_wait(NODE_START_WAIT_S):
+                    node = cluster.add_node(num_cpus=2)
+                cluster.wait_for_nodes()
+            _wait_until_idle(cluster)  # the last job's workers and placement groups gone
+            results[mode] = _run_on(cluster, node, mode, data, storage, placement_wait_s)
+            node = results[mode].pop("node_left", None)
+            Path(result_file).write_text(json.dumps(results))
+    finally:
+        cluster.shutdown()
+    return results
+
+
+def _wait_until_idle(cluster, timeout_s: float = 120.0) -> None:
+    """Until every CPU of the cluster's live nodes is free again (a job that just ended
+    still held its placement group for a moment): the next job's first placement must not
+    wait (a fixed-size run's retries are counted in its lines)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = cluster.global_state
+        if state.available_resources().get("CPU", 0) >= state.cluster_resources().get("CPU", 0):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the cluster's CPUs were not all free within {timeout_s:g} s")
+
+
+def _run_on(cluster, node, mode: str, data: str, storage: str, placement_wait_s: float) -> dict:
+    """One scenario on a running cluster whose worker node ``node`` holds a training worker:
+    the job, the node removed at step 5 and (``elastic``) one added at step 12. The worker
+    node the cluster has after it (the one added, or ``node`` if never removed) is under
+    ``node_left``: a handle, not JSON, popped by the callers."""
     elastic = mode.startswith("elastic")
     workers = "1-2" if elastic else "2"
-    # Elastic: long enough that the node added at step 12 is found (every 5 s) and joins
+    # Elastic: long enough that the node added at step 12 is found (every 2 s) and joins
     # before the end (a tiny step takes a fraction of a second).
     steps = str(ELASTIC_STEPS) if elastic else "16"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
@@ -73,7 +134,7 @@ def scenario(
         PYTHONPATH=str(REPO),
         RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=f"{placement_wait_s:g}",  # one wait
         SANTA_PLACEMENT_RETRIES="1",  # two waits in all (40 s by default)
-        SANTA_RESIZE_INTERVAL_S="5",  # an elastic run looks for room every 5 s
+        SANTA_RESIZE_INTERVAL_S="2",  # an elastic run looks for room every 2 s
     )
     args = ["ray_jobs.pretrain", "--data", data, "--storage", storage, "--name", mode, *TINY]
     args += ["--num-workers", workers, "--max-steps", steps, "--address", cluster.address]
@@ -89,6 +150,7 @@ def scenario(
     timed: list[tuple[float, str, str]] = []  # (seconds, stream, line)
     started = time.monotonic()
     stderr: list[str] = []
+    added = None
 
     def read_stderr() -> None:
         for line in proc.stderr:
@@ -106,22 +168,19 @@ def scenario(
             events.append(("removed", time.monotonic() - started))
         if elastic and line.startswith("[train] step 12/") and len(events) == 1:
             with _node_start_wait(NODE_START_WAIT_S):
-                cluster.add_node(num_cpus=2)
+                added = cluster.add_node(num_cpus=2)
             events.append(("added", time.monotonic() - started))
     proc.wait()
     reader.join(timeout=30)
-    result = {
+    return {
         "returncode": proc.returncode,
         "stdout": "".join(stdout),
         "stderr": "".join(stderr),
         "events": events,
         "timed": timed,
         "seconds": time.monotonic() - started,
+        "node_left": added if added is not None else (None if events else node),
     }
-    if result_file:
-        Path(result_file).write_text(json.dumps(result))
-    cluster.shutdown()
-    return result
 
 
 def goes_on_after(result: dict) -> dict[str, float]:
