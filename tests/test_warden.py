@@ -71,9 +71,13 @@ def test_a_trial_that_asha_stops_early_leaves_no_worker_group(tmp_path):
         grid, stats, left = sweep_two_trials(tmp_path, group_warden)
     iterations = {r.config["score"]: r.metrics["training_iteration"] for r in grid}
     assert iterations == {1.0: 4, 0.0: 1}  # the second trial was stopped at the first rung
-    # The stopped trial's group: removed by the warden. (A group its controller removes at
-    # a trial's end: the next test's clean end, and every Ray Train sweep's "watched": 0.)
-    assert stats == {"registered": 1, "ended": 0, "removed": 1, "watched": 0}
+    # The stopped trial's group: gone, and nothing left watched. Which of the two removed it
+    # is a race: Tune kills the trial's process and with it, mostly, the controller before it
+    # can clean up (the warden's "removed"); now and then the controller sees its worker die
+    # first and removes the group itself ("ended"). The warden's own removal of a dead
+    # controller's group is pinned down by the next test.
+    assert stats["registered"] == 1 and stats["watched"] == 0
+    assert stats["ended"] + stats["removed"] == 1
     assert not left
 
 
