@@ -44,7 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nprobe", type=int, default=32, help="IVF cells searched")
     parser.add_argument("--shard-size", type=int, default=0, help="documents per shard")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
-    parser.add_argument("--actors", type=int, default=0, help="encoder actors (default: auto)")
+    parser.add_argument(
+        "--actors",
+        type=int,
+        default=0,
+        help="encoder actors (default: auto; none for up to 1,000 documents on CPU, encoded "
+        "in this process)",
+    )
     parser.add_argument("--cpus-per-actor", type=float, default=1.0)
     device = parser.add_mutually_exclusive_group()
     device.add_argument("--gpu", action="store_true", help="GPU actors (default: if there)")

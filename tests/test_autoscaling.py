@@ -92,7 +92,22 @@ def kill_cluster(markers: list[bytes]) -> None:
         for pid in victims:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        time.sleep(3)
+        # Up to 3 s for them to go (they were given that much before each next step),
+        # not 3 s whatever: most exit at once.
+        deadline = time.monotonic() + 3
+        while (victims := [pid for pid in victims if _alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not victims:
+            return
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie waiting for its parent does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 @pytest.fixture

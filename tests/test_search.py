@@ -49,12 +49,26 @@ def beir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def built(checkpoint, beir, tmp_path_factory, ray_cluster) -> dict:
-    """The BEIR corpus indexed on two encoder actors, 4 shards of 30."""
+    """The BEIR corpus indexed on two encoder actors, 4 shards of 30 (the other indexes of
+    these tests, small, are encoded in the driver); ``printed``: what the build printed,
+    a progress line each time the actors' count is read."""
+    import contextlib
+    import io
+
     output = tmp_path_factory.mktemp("indexes") / "stdlib"
     config = IndexConfig(
         checkpoint=checkpoint, corpus=beir, output=str(output), shard_size=30, num_actors=2
     )
-    return {"config": config, "manifest": build_index(config), "output": str(output)}
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setenv("SANTA_PROGRESS_EVERY_S", "0")
+        manifest = build_index(config)
+    return {
+        "config": config,
+        "manifest": manifest,
+        "output": str(output),
+        "printed": printed.getvalue(),
+    }
 
 
 def _trec(path: Path) -> dict[str, list[str]]:
@@ -179,12 +193,25 @@ def test_long_ids_keep_their_line_ranges():
 
 
 def test_search_ranks_equal_the_evaluators(built, checkpoint, beir, tmp_path, capsys):
+    import re
+
     manifest = built["manifest"]
     assert manifest["count"] == 105 and manifest["dimension"] == 128
     assert manifest["similarity"] == "cosine" and manifest["pooling"] == "decoder-0"
     assert manifest["shards"] == {"count": 4, "size": 30, "encoded": 4, "reused": 0}
     assert manifest["checkpoint"] == checkpoint and manifest["model"].endswith("model")
     assert manifest["index"]["kind"] == "flat" and manifest["actors"] == 2
+    # The actors count each batch into the driver's progress lines as they go.
+    encoded = [
+        line
+        for line in built["printed"].splitlines()
+        if line.startswith("[index] documents encoded")
+    ]
+    assert re.fullmatch(r"\[index\] documents encoded: 105 documents in \d+ s.*", encoded[-1])
+    assert all(
+        re.fullmatch(r"\[index\] documents encoded: \d+/105 documents \(\d+%\), .*", line)
+        for line in encoded[:-1]
+    ), encoded
     output = Path(built["output"])
     shards = sorted((output / EMBEDDINGS_DIR).glob("*.parquet"))
     assert [p.name for p in shards] == [shard_name(i) for i in range(4)]
@@ -279,11 +306,11 @@ def test_an_index_at_a_truncated_dimension_finds_the_brute_force_top_1(
         corpus=beir,
         output=str(tmp_path / "cut"),
         shard_size=105,
-        num_actors=1,
         dim=dim,
     )
     manifest = build_index(config)
     assert manifest["dimension"] == dim and manifest["model_dimension"] == 128
+    assert manifest["actors"] == 0  # 105 documents on CPU: encoded in the driver
     full_size = (Path(built["output"]) / "index.faiss").stat().st_size
     assert (tmp_path / "cut" / "index.faiss").stat().st_size < full_size / 6
 
@@ -315,7 +342,8 @@ def test_rerun_of_a_published_index_is_up_to_date(built):
 
 
 def test_resume_encodes_only_the_missing_shard(built, tmp_path):
-    """A run that died after three of four shards: its work folder is picked up again."""
+    """A run that died after three of four shards: its work folder is picked up again, the
+    missing shard encoded in the driver (30 documents) as the actors encoded the others."""
     key = built["manifest"]["config"]["fingerprint"]
     output = tmp_path / "resumed"
     work = Path(f"{output}.partial-{key}")
@@ -329,10 +357,10 @@ def test_resume_encodes_only_the_missing_shard(built, tmp_path):
         corpus=built["config"].corpus,
         output=str(output),
         shard_size=30,
-        num_actors=1,
     )
     manifest = build_index(config)
     assert manifest["shards"] == {"count": 4, "size": 30, "encoded": 1, "reused": 3}
+    assert manifest["actors"] == 0
     assert manifest["throughput"]["documents_encoded"] == 30
     assert not work.exists()  # published: renamed into place
     for name, mtime in kept.items():
@@ -363,10 +391,10 @@ def test_index_and_search_on_s3(built, moto_s3, tmp_path):
         corpus=f"{bucket}/corpus",
         output=f"{bucket}/indexes/fns",
         shard_size=16,
-        num_actors=1,
     )
     manifest = build_index(config)
     assert manifest["count"] == 40 and manifest["shards"]["count"] == 3
+    assert manifest["actors"] == 0  # the driver wrote the shards to S3
     assert manifest["manifest"]["prefix"].startswith("runs/work-")
     searcher = Searcher.open(f"{bucket}/indexes/fns")
     hits = searcher.search([rows[3]["query"]], 40)[0]
@@ -427,7 +455,7 @@ def served(built, ray_cluster):
             except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
                 pass
             assert time.time() < deadline and server.is_alive(), "Serve did not come up"
-            time.sleep(1)
+            time.sleep(0.25)
         searcher = Searcher.open(built["output"])
         queries = list(load_beir(built["config"].corpus).queries.values())
         yield {"base": base, "health": health, "searcher": searcher, "queries": queries}
@@ -632,7 +660,8 @@ def test_pipeline_step_indexes_the_heldout_set_and_shows_examples(
     )
     assert again["count"] == 110
     assert "[index] holds 110 documents (105 held-out, 5 training)\n" in capsys.readouterr().out
-    # The encoding says how far it got as the actors' batches are done, not only per shard.
+    # The encoding says how far it got as its batches are done, not only per shard (110
+    # documents: in the driver; the actors' count is test_search_ranks_equal_the_evaluators').
     encoded = [line for line in out.splitlines() if line.startswith("[index] documents encoded")]
     assert re.fullmatch(r"\[index\] documents encoded: 110 documents in \d+ s.*", encoded[-1])
     assert all(
@@ -727,10 +756,32 @@ def test_the_default_demo_is_minilm_and_tests_keep_tiny():
     assert not spec("--no-index").index
 
 
+def test_a_small_corpus_on_cpu_is_encoded_without_an_actor_pool():
+    """No actors (0: the driver encodes) for up to LOCAL_MAX_DOCUMENTS documents on CPU
+    when none are asked for: a pool's actors take longer to start than such a corpus to
+    encode. Otherwise one actor per CPU but one, or per GPU, at most one per shard."""
+    from dataclasses import replace
+
+    from santa.search.encoders import LOCAL_MAX_DOCUMENTS, encoder_actors
+
+    auto = IndexConfig(checkpoint="m", corpus="c", output="o")
+
+    def actors(config: IndexConfig = auto, **cluster) -> int:
+        cluster = {"use_gpu": False, "gpus": 0, "cpus": 8, "shards": 1, "documents": 500, **cluster}
+        return encoder_actors(config, **cluster)
+
+    assert actors() == actors(documents=LOCAL_MAX_DOCUMENTS) == 0
+    assert actors(documents=LOCAL_MAX_DOCUMENTS + 1, shards=2) == 2
+    assert actors(documents=50_000, shards=50) == 7  # one CPU left free
+    assert actors(replace(auto, num_actors=1)) == 1  # asked for: a pool, however small
+    assert actors(replace(auto, cpus_per_actor=2.0), documents=50_000, shards=50) == 3
+    assert actors(use_gpu=True, gpus=2) == 1 and actors(use_gpu=True, gpus=2, shards=4) == 2
+
+
 @pytest.mark.slow
 def test_a_killed_index_job_resumes_with_the_missing_shards(built, tmp_path, ray_cluster):
-    """``kill -9`` of the index job once some shards are written; the same command again
-    encodes only the shards that were not."""
+    """``kill -9`` of the index job (an actor pool: ``--actors 1``) once some shards are
+    written; the index built again encodes only the shards that were not (in the driver)."""
     import signal
     import subprocess
     import sys
@@ -763,10 +814,9 @@ def test_a_killed_index_job_resumes_with_the_missing_shards(built, tmp_path, ray
             corpus=built["config"].corpus,
             output=str(output),
             shard_size=5,
-            num_actors=1,
         )
     )
-    assert manifest["shards"]["count"] == 21
+    assert manifest["shards"]["count"] == 21 and manifest["actors"] == 0
     assert manifest["shards"]["reused"] >= len(done)
     assert manifest["shards"]["encoded"] == 21 - manifest["shards"]["reused"]
     searcher = Searcher.open(str(output))

@@ -13,7 +13,10 @@ Layout of an index folder (local or ``s3://``; published whole, see
 
 Encoding is Ray Data batch inference: one task per missing shard, run by a pool of encoder
 actors (``map_batches`` with ``ActorPoolStrategy``; one GPU each and bf16 when the cluster
-has GPUs, CPU actors otherwise). Each actor writes its shards itself, so a run that is
+has GPUs, CPU actors otherwise). A small corpus on CPU (up to ``LOCAL_MAX_DOCUMENTS``
+documents to encode, no ``num_actors`` asked for) is encoded in this process instead, by the
+model already loaded: a pool's actors each take seconds to start and load the model, longer
+than such a corpus takes to encode. Each encoder writes its shards itself, so a run that is
 interrupted keeps every finished shard in its work folder (``OUT.partial-<key>`` beside a
 local output, ``OUT/runs/work-<key>/`` on S3), and a re-run with the same model, corpus and
 settings encodes only the missing ones. One writer at a time (:class:`santa.files.runlock.RunLock`).
@@ -28,7 +31,6 @@ import os
 import shutil
 import time
 import uuid
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,15 +45,14 @@ from santa.index.faiss_index import (
     ivf_cells,
 )
 from santa.search.corpus import CORPUS_FORMATS, Corpus, read_corpora
+from santa.search.encoders import ShardEncoder, encode_missing
 from santa.search.shards import (
     DOCUMENTS_FILE,
     INDEX_FILE,
     embedding_matrix,
     finished_shards,
-    read_documents,
     read_shard,
     write_parquet_whole,
-    write_shard,
 )
 
 __all__ = ["IndexConfig", "ShardEncoder", "build_index", "index_fingerprint"]
@@ -90,7 +91,8 @@ class IndexConfig:
     batch_size: int = 64
     """Texts per forward pass."""
     num_actors: int = 0
-    """Encoder actors; 0: one per GPU, or one per CPU leaving one CPU free (at least one)."""
+    """Encoder actors; 0: one per GPU, or one per CPU leaving one CPU free (at least one),
+    and none on CPU for up to ``encoders.LOCAL_MAX_DOCUMENTS`` documents (in the driver)."""
     cpus_per_actor: float = 1.0
     use_gpu: str | bool = "auto"
     """``auto``: GPU actors when the cluster has GPUs."""
@@ -162,89 +164,6 @@ def index_fingerprint(identity: dict[str, Any], corpus: Corpus, settings: dict[s
     return digest.hexdigest()
 
 
-# --------------------------------------------------------------------------- the actors
-
-
-class ShardEncoder:
-    """Ray Data actor UDF: encodes whole shards and writes each as its own Parquet file.
-
-    A plain class (Ray Data wraps it in an actor pool): it loads the model once, reads a
-    shard's texts from ``documents.parquet`` (row group = shard), embeds them with
-    :func:`santa.models.encoding.encode_texts` (the evaluator's encoder) and writes
-    ``embeddings/part-NNNNN.parquet`` whole (a local file is renamed into place).
-    """
-
-    def __init__(
-        self,
-        *,
-        model_uri: str,
-        work: str,
-        max_length: int,
-        batch_size: int,
-        use_gpu: bool,
-        bf16: bool,
-        threads: int,
-        counter: Any = None,
-        dim: int | None = None,
-    ) -> None:
-        import torch
-
-        from santa.models.checkpoints import load
-
-        self.counter = counter  # documents encoded, for the driver's progress lines
-        if threads > 0:
-            torch.set_num_threads(threads)
-            # The fast tokenizer's thread pool would use every core of the node: an actor
-            # keeps to the CPUs it asked for, so that N actors scale as N.
-            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-        model = load(model_uri)
-        self.device = "cuda" if use_gpu else "cpu"
-        self.model = model.to(self.device).eval()
-        self.work = work
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.bf16 = bf16
-        self.dim = dim
-
-    def encode_shard(self, shard: int) -> tuple[int, float]:
-        """Encode and write one shard; returns its rows and seconds."""
-        import contextlib
-
-        import torch
-
-        from santa.eval.evaluation import truncate_embeddings
-        from santa.models.encoding import encode_texts
-
-        started = time.perf_counter()
-        documents = read_documents(self.work, shard, columns=["id", "text"])
-        autocast = (
-            torch.autocast(self.device, dtype=torch.bfloat16)
-            if self.bf16
-            else contextlib.nullcontext()
-        )
-        with autocast:
-            embeddings = encode_texts(
-                self.model,
-                documents.column("text").to_pylist(),
-                max_length=self.max_length,
-                batch_size=self.batch_size,
-                role="document",
-                progress=False,
-                on_batch=None if self.counter is None else self.counter.add.remote,
-            )  # (shard rows, full dim)
-        embeddings = truncate_embeddings(embeddings, self.dim)  # (shard rows, dim)
-        write_shard(self.work, shard, documents.column("id"), embeddings)
-        return documents.num_rows, time.perf_counter() - started
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows, seconds = [], []
-        for shard in batch["shard"].tolist():
-            count, elapsed = self.encode_shard(int(shard))
-            rows.append(count)
-            seconds.append(elapsed)
-        return {"shard": batch["shard"], "rows": np.array(rows), "seconds": np.array(seconds)}
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -276,84 +195,6 @@ def _prepare_work(staged: StagedOutput, plan: dict[str, Any], corpus: Corpus) ->
     )
     storage.write_json(plan_uri, plan)  # last: a folder without it is started over
     return False
-
-
-def _encode_missing(
-    config: IndexConfig,
-    model_uri: str,
-    work: str,
-    missing: list[int],
-    plan: dict[str, Any],
-    max_length: int,
-    report: dict[str, Any],
-) -> None:
-    """Encode the ``missing`` shards on a Ray Data actor pool, showing progress."""
-    import ray
-    import ray.data
-
-    from santa.cluster.ray_utils import capacity_of, cluster_capacity
-
-    capacity = cluster_capacity()
-    gpus = int(capacity_of("GPU", capacity))
-    use_gpu = gpus > 0 if config.use_gpu == "auto" else bool(config.use_gpu)
-    if use_gpu and gpus < 1:
-        raise ValueError("use_gpu=True but the Ray cluster has no GPU")
-    cpus = max(1.0, capacity_of("CPU", capacity))
-    actors = config.num_actors or (
-        gpus if use_gpu else max(1, int((cpus - 1) // config.cpus_per_actor))
-    )
-    actors = max(1, min(actors, len(missing)))
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and use_gpu)
-    report.update(
-        actors=actors, device="gpu" if use_gpu else "cpu", precision="bf16" if bf16 else "fp32"
-    )
-    if not missing:
-        return
-    total = sum(plan["shard_rows"][shard] for shard in missing)
-    print(
-        f"[index] encoding {total:,} documents in {len(missing)} shard(s) with {actors} "
-        f"{'GPU' if use_gpu else 'CPU'} actor(s), {report['precision']}",
-        flush=True,
-    )
-    from santa.data.operators import ProgressCounter
-    from santa.jobs.progress import ProgressLines, counted
-
-    # Shards finish a minute apart on a CPU: the actors count each batch into this, and
-    # the driver says how far they got every 15 s.
-    counter = ray.remote(num_cpus=0)(ProgressCounter).remote() if config.progress else None
-    dataset = ray.data.from_items(
-        [{"shard": shard} for shard in missing], override_num_blocks=len(missing)
-    ).map_batches(
-        ShardEncoder,
-        fn_constructor_kwargs={
-            "model_uri": model_uri,
-            "work": work,
-            "max_length": max_length,
-            "batch_size": config.batch_size,
-            "use_gpu": use_gpu,
-            "bf16": bf16,
-            "threads": 0 if use_gpu else max(1, int(config.cpus_per_actor)),
-            "counter": counter,
-            "dim": config.dim,
-        },
-        batch_size=1,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(min_size=actors, max_size=actors),
-        num_gpus=1 if use_gpu else 0,
-        num_cpus=0 if use_gpu else config.cpus_per_actor,
-    )
-    started = time.perf_counter()
-    done_rows = 0
-    actor_seconds = 0.0
-    progress = ProgressLines("index", "documents encoded", total, unit="documents")
-    read = (lambda: ray.get(counter.value.remote(), timeout=10)) if counter else (lambda: 0)
-    with counted(progress, read) if counter is not None else nullcontext():
-        for row in dataset.iter_rows():
-            done_rows += int(row["rows"])
-            actor_seconds += float(row["seconds"])
-    report["encode_s"] = time.perf_counter() - started
-    report["encode_actor_s"] = actor_seconds
-    report["encoded_documents"] = done_rows
 
 
 def _build_faiss(
@@ -436,7 +277,6 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
             f"--dim {config.dim} is wider than the model's {model_dimension} dimensions"
         )
     dimension = config.dim or model_dimension
-    del model  # the actors load their own copy
     corpus = read_corpora([config.corpus, *config.more_corpora], config.corpus_format)
     count = len(corpus)
     shard_size = _shard_size(config, count)
@@ -483,9 +323,10 @@ def build_index(config: IndexConfig) -> dict[str, Any]:
             flush=True,
         )
     report: dict[str, Any] = {"encode_s": 0.0, "encoded_documents": 0}
-    _encode_missing(
-        config, resolved.model_uri, staged.staging, missing, plan, document_length, report
+    encode_missing(
+        config, model, resolved.model_uri, staged.staging, missing, plan, document_length, report
     )
+    del model  # an actor pool loaded its own copies
     still_missing = set(missing) - finished_shards(staged.staging, shard_rows)
     if still_missing:
         raise RuntimeError(f"shards {sorted(still_missing)[:5]} were not written")
