@@ -328,6 +328,9 @@ class Tracking:
             "name": self.run_name or None,
             "resume": "allow",
             "config": config or None,
+            # WANDB_DIR as the job set it: wandb reads its settings once per process, and a
+            # process that runs a second job (a notebook, a test) would write to the first's.
+            "dir": os.environ.get("WANDB_DIR") or None,
         }
         if worker:  # Ray's integration: API key handling, fork start method
             from ray.air.integrations.wandb import setup_wandb
