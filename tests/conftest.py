@@ -172,6 +172,46 @@ def cut_then_killed(pretrain_reference, tmp_path_factory) -> dict:
     return cut_then_kill(pretrain_reference["data"], tmp_path_factory.mktemp("cut-then-killed"))
 
 
+@pytest.fixture(scope="session")
+def async_run_on_fake_gpus(ray_cluster, tmp_path_factory) -> dict:
+    """Two workers with ``async`` hard negatives on a node of two fake GPUs, each worker
+    beside a share of the miner's encoder (tests/negatives_runs.py): the record the
+    async-swap test and the shared-GPU test each read."""
+    from tests.negatives_runs import async_run_on_fake_gpus as run
+
+    return run(ray_cluster, tmp_path_factory.mktemp("async-fake-gpus"))
+
+
+@pytest.fixture(scope="session")
+def own_local_ray(tmp_path_factory) -> dict:
+    """A driver's own local Ray (``init_ray()``), what its driver and a worker saw, then the
+    driver killed outright (tests/local_ray_runs.py): for the priority, settings, quiet and
+    reaper tests."""
+    from tests.local_ray_runs import kill_an_own_local_ray
+
+    return kill_an_own_local_ray(tmp_path_factory.mktemp("own-local-ray"))
+
+
+@pytest.fixture(scope="session")
+def ray_start_attempts():
+    """Both local Ray starts made to time out, run at once (tests/local_ray_runs.py): every
+    start held, and a retry let through (with a user's ``RAY_worker_niceness``)."""
+    from tests.local_ray_runs import remove_temps, start_local_rays_that_time_out
+
+    done = start_local_rays_that_time_out()
+    yield done
+    remove_temps(done)
+
+
+@pytest.fixture(scope="session")
+def evaluate_cli_run(tmp_path_factory) -> dict:
+    """``python -m ray_jobs.evaluate`` as a user types it, run once (tests/job_runs.py): for
+    the quiet-output, no-Ray and table tests."""
+    from tests.job_runs import run_evaluate_cli
+
+    return run_evaluate_cli(tmp_path_factory.mktemp("evaluate-cli"))
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""
     with socket.socket() as sock:

@@ -113,7 +113,8 @@ def test_negatives_bench(tmp_path: Path) -> None:
     run_bench(
         "perf/negatives.py",
         *("--docs", "3000", "--queries", "200", "--dim", "32", "--k", "20"),
-        *("--steps", "8", "--refresh-every", "3", "--pairs", "200", "--batch", "8"),
+        # 4 steps: a checkpoint (a window of metrics) at each, the first left out as warm-up.
+        *("--steps", "4", "--refresh-every", "3", "--pairs", "200", "--batch", "8"),
         *("--output", str(output)),
     )
     result = json.loads(output.read_text())
@@ -128,7 +129,8 @@ def test_train_throughput_bench(tmp_path: Path) -> None:
     output = tmp_path / "train.json"
     run_bench(
         "perf/train_throughput.py",
-        *("--steps", "4", "--window", "2", "--skip-minilm", "--batch", "16", "--pairs", "200"),
+        # Two windows of one step: the first (warm-up) left out, the second measured.
+        *("--steps", "2", "--window", "1", "--skip-minilm", "--batch", "16", "--pairs", "200"),
         *("--workdir", str(tmp_path / "work"), "--output", str(output)),
     )
     result = json.loads(output.read_text())
@@ -177,7 +179,8 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     output = tmp_path / "versus.json"
     stdout = run_bench(
         "perf/versus_st.py",
-        *("--steps", "3", "--window", "1", "--batch", "4", "--repeats", "1"),
+        # 2 steps: the first (--window) left out, the second timed.
+        *("--steps", "2", "--window", "1", "--batch", "4", "--repeats", "1"),
         *("--query-length", "16", "--doc-length", "32", "--mini-batch", "2"),
         *("--output", str(output)),
     )
@@ -201,7 +204,7 @@ def test_versus_st_bench_runs_every_system(tmp_path: Path) -> None:
     assert santa["runs"] == "1"
     assert santa["vs st-mnrl"] == f"{summary['santa-ray']['loop_vs_reference']:.2f}x"
     assert output.with_suffix(".png").stat().st_size > 0
-    assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 3")
+    assert result["meta"]["command"].startswith("python bench/perf/versus_st.py --steps 2")
 
 
 @pytest.mark.long(seconds=75)

@@ -1,21 +1,18 @@
-"""Hard negatives in Ray training: the async miner actor, its failure, and the offline table."""
+"""Hard negatives in training: the async miner actor (a Ray run), and the offline table
+mined and trained on (in process: the table read by Ray Train workers is the pipeline's
+ANCE stage, tests/test_train.py, and the negatives bench's static run)."""
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from ray_jobs import finetune, mine_negatives
-from santa.models.dual_encoder import DualEncoder
 from santa.negatives.corpus import load_mining_corpus
 from santa.negatives.table import read_negatives_table
 from santa.train.trainer import RunSpec, fit
 from tests.training import stdlib_pair_rows, tiny_config, write_beir, write_pairs
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 @pytest.fixture(scope="module")
@@ -28,27 +25,14 @@ def dev_data(tmp_path_factory) -> str:
     return write_beir(tmp_path_factory.mktemp("neg-dev"), stdlib_pair_rows()[-32:], "valid")
 
 
-def _state(result) -> dict:
-    with result.checkpoint.as_directory() as directory:
-        state = json.loads(Path(directory, "trainer_state.json").read_text())
-        DualEncoder.from_pretrained(os.path.join(directory, "model"))  # loads: consistent
-    return state
-
-
-def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
-    config = tiny_config(
-        stage="finetune",
-        max_steps=60,
-        log_every=5,
-        checkpoint_every=60,
-        negatives={"source": "async", "per_query": 1, "refresh_every": 5, "wait_for_first": True},
-        num_workers=2,
-    )
-    spec = RunSpec.of(data=train_data, storage=str(tmp_path), name="async", cpus_per_worker=0.5)
-    result = fit(config, spec)
-    assert result.error is None
+def test_async_tables_are_swapped_in_without_waiting(async_run_on_fake_gpus):
+    """Two workers, 60 steps, a refresh asked every 5 (the run: tests/negatives_runs.py,
+    on fake GPUs that the shared-GPU test of tests/test_resources.py reads too)."""
+    run = async_run_on_fake_gpus
+    result = run["result"]
+    assert result.error is None, result.error
     metrics = result.metrics
-    assert metrics["step"] == 60 and _state(result)["step"] == 60
+    assert metrics["step"] == 60 and run["state"]["step"] == 60
     assert metrics["negatives_swaps"] >= 2  # the first table and at least one refresh
     assert 0 < metrics["negatives_step"] <= 60  # mined with trained weights, not step 0's
     assert 0 <= metrics["negatives_staleness"] < 60
@@ -60,9 +44,7 @@ def test_async_tables_are_swapped_in_without_waiting(train_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_offline_mining_then_finetuning_on_the_table(
-    train_data, dev_data, tmp_path, ray_cluster, capsys
-):
+def test_offline_mining_then_finetuning_on_the_table(train_data, dev_data, tmp_path, capsys):
     init = tmp_path / "ckpt"
     warm = fit(
         tiny_config(stage="finetune", max_steps=4, log_every=2, checkpoint_every=4),
@@ -90,18 +72,11 @@ def test_offline_mining_then_finetuning_on_the_table(
 
     code = finetune.main(
         ["--recipe", "tiny-ci", "--data", train_data, "--storage", str(tmp_path / "ft")]
-        + [
-            "--name",
-            "ft",
-            "--num-workers",
-            "2",
-            "--max-steps",
-            "6",
-            "--address",
-            ray_cluster.address,
-        ]
+        # In this process (the mining, the table's reader, the dev evaluation and the best
+        # kept checkpoint are the loop's and the job's, not Ray's): ~20 s less.
+        + ["--name", "ft", "--max-steps", "6", "--in-process"]
         + ["--init-checkpoint", checkpoint, "--hard-negatives", f"table:{output}"]
-        + ["--negatives-per-query", "2", "--cpus-per-worker", "0.5"]
+        + ["--negatives-per-query", "2"]
         + ["--set", "train.log_every=3", "--set", "train.checkpoint_every=3"]
         + ["--eval-data", dev_data, "--eval-split", "valid", "--set", "train.eval_every=3"]
         + ["--set", "train.keep_best_by=dev_mrr"]

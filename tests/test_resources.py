@@ -3,7 +3,6 @@ a trainer that shares its GPU with the miner's encoder (checked against fake GPU
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -148,36 +147,14 @@ def test_a_gpu_run_on_a_cluster_without_gpus_fails_in_one_line_within_a_minute(
 
 
 @pytest.mark.slow
-def test_a_trainer_and_the_miners_encoder_share_one_fake_gpu(ray_cluster, pairs, tmp_path):
-    """A node with one (fake) GPU holds a trainer at 0.75 GPU and an encoder actor at 0.25:
-    the run starts, gets its first hard negatives from that encoder, and finishes."""
-    import ray
-
-    from santa.train.trainer import RunSpec, fit
-
-    node = ray_cluster.add_node(num_cpus=2, num_gpus=1)
-    ray_cluster.wait_for_nodes()
-    try:
-        config = tiny_config(
-            {"source": "async", "per_query": 1, "encoder_gpus": 0.25, "wait_for_first": "true"},
-            use_gpu="true",
-            distributed_backend="gloo",  # no CUDA behind the fake GPU: train on the CPU
-            num_workers=1,
-            max_steps=4,
-            log_every=2,
-        )
-        spec = RunSpec.of(data=pairs, storage=str(tmp_path), name="shared", cpus_per_worker=0.5)
-        result = fit(config, spec)
-        assert result.error is None, result.error
-        bundles = [
-            bundle
-            for group in ray.util.placement_group_table().values()
-            for bundle in group["bundles"].values()
-            if bundle.get("GPU")
-        ]
-        assert {"CPU": 0.5, "GPU": 0.75} in bundles, bundles
-        history = [json.loads(line) for line in (tmp_path / "shared" / "metrics.jsonl").open()]
-        assert history[-1]["step"] == 4
-        assert history[0]["negatives_step"] >= 0  # the table came from the GPU encoder
-    finally:
-        ray_cluster.remove_node(node)
+def test_a_trainer_and_the_miners_encoder_share_one_fake_gpu(async_run_on_fake_gpus):
+    """A node of (fake) GPUs holds each trainer at 0.75 GPU and the encoder actor at 0.25 on
+    a GPU a trainer holds (two trainers, two GPUs: none is left whole for it): the run
+    starts, gets its first hard negatives from that encoder, and finishes (the run:
+    tests/negatives_runs.py, which the async-swap test reads too)."""
+    run = async_run_on_fake_gpus
+    assert run["result"].error is None, run["result"].error
+    assert {"CPU": 0.5, "GPU": 0.75} in run["bundles"], run["bundles"]
+    history = run["history"]
+    assert history[-1]["step"] == 60
+    assert history[0]["negatives_step"] >= 0  # the table came from the GPU encoder

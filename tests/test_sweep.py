@@ -123,24 +123,27 @@ def test_results_table_is_sorted_by_the_metric():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sweep_writes_best_json_tensorboard_and_resumes(
-    ray_cluster, data, tmp_path, capsys, monkeypatch, caplog
+    ray_cluster, data, tmp_path, capsys, monkeypatch
 ):
+    """What a finished sweep writes and what its rerun does, with one trial trained in its
+    Tune trial's process (``--in-process``: best.json, the report, TensorBoard and MLflow are
+    the sweep's, the same for both kinds of trial). A sweep of Ray Train trials (its sizing
+    line, the warden's worker groups, best.json on S3): the killed sweep's test below."""
     # One trial (several trials, their order and resume: the Ctrl-C sweep's test, and the
     # results table's sort order: test_results_table_is_sorted_by_the_metric).
     args = sweep_args(
-        data, tmp_path, "tiny-sweep", "--num-samples", "1", "--max-steps", "4", "--eval-every", "2"
+        data,
+        tmp_path,
+        "tiny-sweep",
+        *("--num-samples", "1", "--max-steps", "4", "--eval-every", "2", "--in-process"),
+        workers="1",
     )
     store = f"file://{tmp_path / 'mlruns'}"
     args += ["--address", ray_cluster.address, "--mlflow", store]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
-    caplog.set_level(logging.INFO, logger="santa.train.warden")
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
-    assert "max_concurrent_trials=1" in out
-    # Each trial's worker group was shown to the sweep's warden (tests/test_warden.py: a
-    # trial stopped early leaves none behind), and none was left when the sweep ended.
-    (groups,) = [r.args for r in caplog.records if r.msg == "worker groups: %s"]
-    assert groups["registered"] >= 1 and groups["watched"] == 0, groups
+    assert "1 workers × 0.5 CPU, in process)" in out  # the sizing line
     root = tmp_path / "tiny-sweep"
     best = json.loads((root / "best.json").read_text())
     assert best["metric"] == "dev_mrr" and 0 <= best["value"] <= 1
@@ -211,14 +214,19 @@ def checkpoints_written(runs: str) -> dict[str, int]:
 
 @pytest.mark.long(seconds=100)
 @pytest.mark.timeout(900)
-def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_path, capsys):
+def test_killed_sweep_on_s3_resumes_its_trials(
+    ray_cluster, moto_s3, data, tmp_path, capsys, caplog
+):
     """Kill the sweep's driver mid-trial; the same command again finishes the sweep on S3,
     its trial going on from its own checkpoint (one trial: that the trials not yet started
-    run after a resume is the Ctrl-C test's, tests/test_interrupts_ray.py)."""
+    run after a resume is the Ctrl-C test's, tests/test_interrupts_ray.py). The sweep of
+    Ray Train trials: sized for two workers of 0.5 CPU, each trial's worker group shown to
+    the sweep's warden."""
     bucket = moto_s3.create_bucket("santa-sweeps")
     name = f"killed-{uuid.uuid4().hex[:6]}"
     args = sweep_args(data, f"{bucket}/sweeps", name, "--num-samples", "1", "--max-steps", "12")
     args += ["--eval-every", "2", "--scheduler", "fifo", "--address", ray_cluster.address]
+    caplog.set_level(logging.INFO, logger="santa.train.warden")
     root = f"{bucket}/sweeps/{name}"
     log = tmp_path / "driver.log"
     with open(log, "w") as output:
@@ -243,11 +251,16 @@ def test_killed_sweep_on_s3_resumes_its_trials(ray_cluster, moto_s3, data, tmp_p
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     assert not storage.exists(f"{root}/best.json")  # it was cut off mid-sweep
+    assert "max_concurrent_trials=1" in log.read_text()  # the test cluster: one at a time
     (interrupted,) = written
 
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
     assert "resuming the sweep" in out
+    # The resumed trial's worker group was shown to the sweep's warden (tests/test_warden.py:
+    # a trial stopped early leaves none behind), and none was left when the sweep ended.
+    (groups,) = [r.args for r in caplog.records if r.msg == "worker groups: %s"]
+    assert groups["registered"] >= 1 and groups["watched"] == 0, groups
     best = storage.read_json(f"{root}/best.json")
     assert best["checkpoint"].startswith(f"s3://santa-sweeps/sweeps/{name}/runs/")
     assert best["step"] == 12

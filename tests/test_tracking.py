@@ -85,6 +85,17 @@ def wandb_config(root: Path) -> dict:
     return config
 
 
+def use_offline_wandb(monkeypatch, folder: Path) -> None:
+    """W&B offline into ``folder`` for this test (the variables santa hands to the workers).
+    Ray's ``setup_wandb`` sets ``WANDB_START_METHOD=fork`` in the process it runs in (this
+    one, in process): set here too, so that it is undone after the test."""
+    folder.mkdir()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(folder))
+    monkeypatch.setenv("WANDB_START_METHOD", "fork")
+
+
 def test_missing_package_is_one_line(monkeypatch):
     import argparse
     import importlib.util
@@ -100,24 +111,23 @@ def test_missing_package_is_one_line(monkeypatch):
         Tracking.from_args(argparse.Namespace(mlflow="env", wandb=None))
 
 
-def test_pretrain_logs_to_mlflow_and_wandb(ray_cluster, tmp_path, monkeypatch, capsys):
+def test_pretrain_logs_to_mlflow_and_wandb(tmp_path, monkeypatch, capsys):
     """A tiny pretrain with --mlflow FILE-STORE --wandb PROJECT (offline): the config as
     parameters, every logged step, the final metrics and the model folder, as santa's own
-    metrics.jsonl has them."""
+    metrics.jsonl has them. Trained in this process (``--in-process``): that the settings
+    reach Ray Train workers (rank 0 logs, on another node, of a run on S3) is the two-node
+    S3 run's, tests/test_train.py."""
     from mlflow.tracking import MlflowClient
 
     from ray_jobs import pretrain
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    (tmp_path / "wandb").mkdir()
+    use_offline_wandb(monkeypatch, tmp_path / "wandb")
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:48])
     store = f"file://{tmp_path / 'mlruns'}"
     argv = ["--data", data, "--storage", str(tmp_path / "runs"), "--name", "tracked"]
-    argv += ["--recipe", "tiny", "--num-workers", "1", "--max-steps", "4"]
-    argv += ["--address", ray_cluster.address, "--set", "train.log_every=2"]
+    argv += ["--recipe", "tiny", "--max-steps", "4", "--in-process"]
+    argv += ["--set", "train.log_every=2"]
     argv += ["--set", "train.global_batch_size=8", "--mlflow", store, "--wandb", "santa-test"]
     assert pretrain.main(argv) == 0
     logged = [

@@ -61,30 +61,61 @@ def stdlib_splits(tmp_path_factory):
     return {"train": str(root / "train"), "dev": str(root / "dev")}
 
 
-def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(pairs, moto_s3, tmp_path):
+def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(
+    pairs, moto_s3, tmp_path, monkeypatch
+):
     """One Ray Train run, a worker on each node of the two-node cluster, its run on S3: the
     same losses step by step as the run in one process without Ray (one global order, MEP the
     global batch's mean: where the workers run changes nothing), every logged step in the
     run's history on S3, its TensorBoard curves copied there, and a checkpoint that loads
-    back from S3."""
-    from santa.train.trainer import fit_in_process
+    back from S3. Tracked in MLflow and W&B (offline): the driver's ``MLFLOW_*`` and
+    ``WANDB_*`` settings reach the rank-0 worker, which the session's cluster started
+    without them, and every step it logged is there; the final model, downloaded from S3,
+    is the tracked runs' artifact (what is tracked: tests/test_tracking.py, in process)."""
+    import argparse
 
+    from mlflow.tracking import MlflowClient
+
+    from santa.train.tracking import Tracking
+    from santa.train.trainer import fit_in_process
+    from tests.test_tracking import use_offline_wandb, wandb_history, wandb_kinds
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database
+    use_offline_wandb(monkeypatch, tmp_path / "wandb")
+    store = f"file://{tmp_path / 'mlruns'}"
+    tracking = Tracking.from_args(argparse.Namespace(mlflow=store, wandb="santa-test"))
     bucket = moto_s3.create_bucket("santa-train")
-    overrides = ["model.tiny_dropout=0", "train.max_steps=6", "train.log_every=1"]
-    overrides += ["train.checkpoint_every=3", "train.num_workers=2"]
+    overrides = ["model.tiny_dropout=0", "train.max_steps=4", "train.log_every=1"]
+    overrides += ["train.checkpoint_every=4", "train.num_workers=2"]  # one S3 upload
     config = get_recipe("tiny-ci").with_overrides(overrides)
     spec = RunSpec.of(
-        data=pairs["train"], storage=f"{bucket}/runs", name="s3run", cpus_per_worker=1
+        data=pairs["train"],
+        storage=f"{bucket}/runs",
+        name="s3run",
+        cpus_per_worker=1,
+        tracking=tracking.to_dict(),
     )
     result = fit(config, spec)  # 1 CPU each on two 1-CPU nodes: one worker per node
-    assert result.error is None and result.metrics["step"] == 6
+    assert result.error is None and result.metrics["step"] == 4
     history = [
         json.loads(line)
         for line in storage.read_bytes(f"{bucket}/runs/s3run/metrics.jsonl").decode().splitlines()
     ]
-    assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
     events = storage.list_files(f"{bucket}/runs/s3run/tensorboard")
     assert any("events.out.tfevents" in uri for uri in events)
+    client = MlflowClient(tracking_uri=store)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("santa").experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == "s3run"
+    logged = client.get_metric_history(tracked.info.run_id, "loss")
+    assert [(m.step, m.value) for m in logged] == [(h["step"], h["loss"]) for h in history]
+    artifacts = {a.path for a in client.list_artifacts(tracked.info.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors"} <= artifacts
+    offline = tmp_path / "wandb"
+    assert wandb_history(offline)["loss"] == [
+        (h["step"], pytest.approx(h["loss"])) for h in history
+    ]
+    assert "artifact" in wandb_kinds(offline)  # the model folder
     # The same run in one process without Ray (what the quality benches train with), from
     # the Ray run's own initial model.
     init = tmp_path / "init"
@@ -94,7 +125,7 @@ def test_two_workers_on_two_nodes_train_the_plain_loops_model_into_s3(pairs, mot
         RunSpec.of(data=pairs["train"], storage=str(tmp_path), name="local", warm_start=str(init)),
     )
     plain = [json.loads(line) for line in (tmp_path / "local" / "metrics.jsonl").open()]
-    assert local.metrics["step"] == 6 and [h["step"] for h in plain] == [1, 2, 3, 4, 5, 6]
+    assert local.metrics["step"] == 4 and [h["step"] for h in plain] == [1, 2, 3, 4]
     for key in ("loss_sda", "loss_mep"):
         assert [h[key] for h in history] == pytest.approx([r[key] for r in plain], rel=1e-4), key
     path = result.checkpoint.path
