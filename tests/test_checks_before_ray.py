@@ -28,6 +28,20 @@ def _job(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def _in_process(monkeypatch, capfd, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m module *args`` as a library call (``main(argv)``): the same checks and
+    line, without a Python of its own to start (~5 s each with torch); what it printed
+    (file descriptors 1 and 2) and returned. It must not start Ray."""
+    import importlib
+
+    started = _no_ray(monkeypatch)
+    capfd.readouterr()
+    code = importlib.import_module(module).main(list(args))
+    out, err = capfd.readouterr()
+    assert started == [], err
+    return subprocess.CompletedProcess([module, *args], code, out, err)
+
+
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """A tiny santa model folder (config.json, model.safetensors, tokenizer)."""
@@ -109,15 +123,15 @@ def test_a_corrupt_model_folder_is_named_when_it_loads(
 
 
 def test_evaluate_with_a_corrupt_checkpoint_names_the_file(
-    model_folder: Path, tmp_path: Path
+    model_folder: Path, tmp_path: Path, monkeypatch, capfd
 ) -> None:
     from bench.corpora import write_beir
 
     corrupt = _corrupt_copy(model_folder, tmp_path / "model", keep_bytes=40)
     beir = write_beir(tmp_path / "beir", stdlib_pair_rows()[-24:])
-    proc = _job(
-        "ray_jobs.evaluate", "--checkpoint", str(corrupt), "--data", str(beir),
-        "--baseline", "none", cwd=tmp_path,
+    proc = _in_process(
+        monkeypatch, capfd, "ray_jobs.evaluate", "--checkpoint", str(corrupt), "--data",
+        str(beir), "--baseline", "none",
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -127,21 +141,15 @@ def test_evaluate_with_a_corrupt_checkpoint_names_the_file(
     ]
 
 
-def test_a_job_without_ray_keeps_library_lines_off_its_output(
-    model_folder: Path, tmp_path: Path
-) -> None:
+def test_a_job_without_ray_keeps_library_lines_off_its_output(evaluate_cli_run) -> None:
     """evaluate on a small set never starts Ray: faiss's loader lines and transformers'
-    weight-loading bar (into a pipe) still go to its log file, not the output."""
-    from bench.corpora import write_beir
-
-    beir = write_beir(tmp_path / "beir", stdlib_pair_rows()[-24:])
-    proc = _job(
-        "ray_jobs.evaluate", "--checkpoint", str(model_folder), "--data", str(beir),
-        "--baseline", "none", "--no-progress", cwd=tmp_path,
-    )  # fmt: skip
+    weight-loading bar (into a pipe) still go to its log file, not the output (conftest's
+    ``evaluate_cli_run``, progress bars not turned off)."""
+    proc = evaluate_cli_run["proc"]
     assert proc.returncode == 0, proc.stderr
     assert "faiss" not in proc.stderr.lower() and "Loading weights" not in proc.stderr, proc.stderr
     assert "| model |" in proc.stdout
+    assert not any(line.startswith("Ray:") for line in proc.stdout.splitlines())
 
 
 def _header_length(folder: Path) -> int:
@@ -150,20 +158,23 @@ def _header_length(folder: Path) -> int:
     return struct.unpack("<Q", (folder / "model.safetensors").read_bytes()[:8])[0]
 
 
-def test_a_missing_hard_negatives_table_fails_before_ray(tmp_path: Path) -> None:
+def test_a_missing_hard_negatives_table_fails_before_ray(
+    tmp_path: Path, monkeypatch, capfd
+) -> None:
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
-    proc = _job(
-        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft",
-        "--hard-negatives", f"table:{tmp_path / 'no-table'}", cwd=tmp_path,
+    common = ["--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft"]
+    proc = _in_process(
+        monkeypatch, capfd, "ray_jobs.finetune", *common,
+        "--hard-negatives", f"table:{tmp_path / 'no-table'}",
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no-table" in lines[0], proc.stderr
     assert "Ray:" not in proc.stdout
     (tmp_path / "empty-table").mkdir()
-    proc = _job(
-        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name", "ft",
-        "--hard-negatives", f"table:{tmp_path / 'empty-table'}", cwd=tmp_path,
+    proc = _in_process(
+        monkeypatch, capfd, "ray_jobs.finetune", *common,
+        "--hard-negatives", f"table:{tmp_path / 'empty-table'}",
     )  # fmt: skip
     assert proc.returncode == 2 and "holds no hard-negatives table" in proc.stderr, proc.stderr
 

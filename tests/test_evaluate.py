@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +20,6 @@ from santa.models.checkpoints import resolve_model
 from santa.models.dual_encoder import DualEncoder
 from santa.models.encoding import encode_corpus_ray, encode_texts
 from santa.models.tokenizer import train_tokenizer
-from tests.conftest import REPO
 from tests.datagen import stdlib_python_records, write_csn_layout
 
 CSN_LANGUAGES = ("python", "go", "ruby")
@@ -479,35 +475,15 @@ def test_s3_data_model_and_output_on_moto(csn_beir, tiny_checkpoint, moto_s3):
     assert storage.read_json(f"{published}/info.json")["max_document_length"] == 128
 
 
-def test_cli_prints_the_table(csn_beir, tiny_checkpoint, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    output = tmp_path / "cli"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ray_jobs.evaluate",
-            "--checkpoint",
-            tiny_checkpoint,
-            "--data",
-            csn_beir,
-            "--output",
-            str(output),
-            "--baseline",
-            "bm25",
-            "--max-document-length",
-            "64",
-            "--no-progress",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_cli_prints_the_table(evaluate_cli_run):
+    """conftest's ``evaluate_cli_run``: the model and the BM25 baseline, the options recorded."""
+    from tests.job_runs import MAX_DOCUMENT_LENGTH
+
+    proc = evaluate_cli_run["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| model |" in proc.stdout and "| bm25 |" in proc.stdout
-    assert json.loads((output / "info.json").read_text())["max_document_length"] == 64
+    info = json.loads((evaluate_cli_run["output"] / "info.json").read_text())
+    assert info["max_document_length"] == MAX_DOCUMENT_LENGTH
     assert "Ray resources" not in proc.stderr  # the small corpus never starts Ray
 
 

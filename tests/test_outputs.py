@@ -103,12 +103,12 @@ def test_rerun_with_another_stage_leaves_no_stale_files(tmp_path):
     assert read_manifest(out)["config"]["stage"] == "eval"
 
 
-def _preprocess_cli(source: Path, output: Path) -> subprocess.Popen:
+def _preprocess_cli(source: Path, output: Path, address: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(
         [sys.executable, "-m", "ray_jobs.preprocess", "--dataset", "codesearchnet"]
-        + ["--input", str(source), "--output", str(output), "--address", "local"],
+        + ["--input", str(source), "--output", str(output), "--address", address],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,9 +118,13 @@ def _preprocess_cli(source: Path, output: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
+def test_ctrl_c_mid_preprocess_keeps_the_previous_output(ray_cluster, tmp_path):
     """SIGINT after Ray started (reading and parsing under way): exit 130, the previous
-    complete output untouched, no staging folder left; a re-run then publishes."""
+    complete output untouched, no staging folder left; a re-run then publishes.
+
+    Both jobs join the session's cluster: what is published is the job's, whichever Ray it
+    runs on (a Ray of its own cost ~8 s a job; Ctrl-C to a job with a Ray of its own is
+    tests/test_interrupts_ray.py's)."""
     source = tmp_path / "csn" / "python" / "final" / "jsonl" / "train"
     records = stdlib_python_records(limit=400)
     write_jsonl_gz(source / "python_train_0.jsonl.gz", records)
@@ -129,7 +133,7 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
     _publish(str(out), {"data/part-0.parquet": b"previous run"}, dataset="codesearchnet")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
-    proc = _preprocess_cli(tmp_path / "csn", out)
+    proc = _preprocess_cli(tmp_path / "csn", out, ray_cluster.address)
     started = time.time()
     for line in proc.stdout:  # the which-Ray line comes before any Ray work
         if line.startswith("Ray:"):
@@ -145,7 +149,7 @@ def test_ctrl_c_mid_preprocess_keeps_the_previous_output(tmp_path):
         "out",
     ]  # (beside the output: its one-writer lock)
 
-    proc = _preprocess_cli(tmp_path / "csn", out)
+    proc = _preprocess_cli(tmp_path / "csn", out, ray_cluster.address)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
     manifest = read_manifest(str(out))

@@ -68,6 +68,62 @@ def _job(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+def _in_process(monkeypatch, capfd, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m module *args`` as a library call (``main(argv)``), from this repository's
+    folder as ``_job``: the same checks and line without a Python of its own to start (3-5 s
+    each); what it printed (file descriptors 1 and 2) and returned. It must not start Ray."""
+    import importlib
+
+    from santa.cluster import ray_utils
+
+    started: list = []
+    monkeypatch.setattr(ray_utils, "init_ray", lambda *a, **k: started.append(a) or "")
+    monkeypatch.chdir(REPO)
+    capfd.readouterr()
+    code = importlib.import_module(module).main(list(args))
+    out, err = capfd.readouterr()
+    assert started == [], err
+    return subprocess.CompletedProcess([module, *args], code, out, err)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def silent_preprocess_cli(tmp_path_factory):
+    """The preprocess command line writing to a silent S3 endpoint, santa's default timeouts:
+    ~20 s of waiting on a socket (no CPU), started with the module so that its other tests
+    run meanwhile; the last test of the file reads it. ``{"proc", "seconds", "endpoint"}``
+    once the thread is joined."""
+    server = SilentEndpoint()
+    source = tmp_path_factory.mktemp("silent-source")
+    (source / "mod.py").write_text('def f():\n    """Doc."""\n    return 1\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
+    env.update(PYTHONPATH=str(REPO), AWS_ENDPOINT_URL=server.endpoint)
+    args = ["ray_jobs.preprocess", "--dataset", "source", "--input", str(source)]
+    args += ["--output", "s3://santa-silent/out"]
+    started = time.monotonic()
+    job = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    outcome: dict = {"endpoint": server.endpoint}
+
+    def wait() -> None:
+        stdout, stderr = job.communicate()
+        outcome["seconds"] = time.monotonic() - started
+        outcome["proc"] = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    yield waiter, outcome
+    if job.poll() is None:  # its test was not selected
+        job.kill()
+    waiter.join(timeout=30)
+    server.close()
+
+
 def _one_line(proc: subprocess.CompletedProcess, code: int, start: str) -> str:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == code, proc.stderr[-2000:]
@@ -150,26 +206,6 @@ def test_default_timeouts_are_bounded():
     assert 1 <= storage.S3_MAX_ATTEMPTS <= 3
 
 
-@pytest.mark.slow
-def test_preprocess_cli_silent_endpoint_with_default_timeouts(silent_endpoint, tmp_path):
-    (tmp_path / "mod.py").write_text('def f():\n    """Doc."""\n    return 1\n')
-    started = time.monotonic()
-    proc = _job(
-        "ray_jobs.preprocess",
-        "--dataset",
-        "source",
-        "--input",
-        str(tmp_path),
-        "--output",
-        "s3://santa-silent/out",
-        env={"AWS_ENDPOINT_URL": silent_endpoint.endpoint},
-    )
-    seconds = time.monotonic() - started
-    line = _one_line(proc, 1, "santa: error: cannot reach the S3 endpoint")
-    assert "s3://santa-silent/out" in line
-    assert seconds < 60
-
-
 def test_preprocess_cli_missing_bucket_before_ray(moto_s3, tmp_path):
     (tmp_path / "mod.py").write_text('def f():\n    """Doc."""\n    return 1\n')
     proc = _job(
@@ -184,10 +220,12 @@ def test_preprocess_cli_missing_bucket_before_ray(moto_s3, tmp_path):
     _one_line(proc, 2, "santa: error: cannot write the --output s3://santa-missing-bucket/out")
 
 
-def test_sweep_with_missing_eval_data_fails_before_any_trial(tmp_path):
+def test_sweep_with_missing_eval_data_fails_before_any_trial(tmp_path, monkeypatch, capfd):
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
     started = time.monotonic()
-    proc = _job(
+    proc = _in_process(
+        monkeypatch,
+        capfd,
         "tuning.sweep",
         "--data",
         data,
@@ -222,16 +260,17 @@ def test_bad_timeout_setting_is_named(monkeypatch):
         storage.resolve("s3://santa-settings/x")
 
 
-def test_mine_negatives_and_finetune_warm_start_fail_before_work(tmp_path):
-    proc = _job(
-        "ray_jobs.mine_negatives", "--checkpoint", str(tmp_path / "model"), "--data",
-        str(tmp_path / "none"), "--output", str(tmp_path / "neg"),
+def test_mine_negatives_and_finetune_warm_start_fail_before_work(tmp_path, monkeypatch, capfd):
+    proc = _in_process(
+        monkeypatch, capfd, "ray_jobs.mine_negatives", "--checkpoint", str(tmp_path / "model"),
+        "--data", str(tmp_path / "none"), "--output", str(tmp_path / "neg"),
     )  # fmt: skip
     _one_line(proc, 2, f"santa: error: no --data at {tmp_path / 'none'}")
     data = write_pairs(tmp_path / "pairs", stdlib_pair_rows()[:16])
-    proc = _job(
-        "ray_jobs.finetune", "--data", data, "--storage", str(tmp_path / "runs"), "--name",
-        "x", "--init-checkpoint", str(tmp_path / "typo" / "model"),
+    proc = _in_process(
+        monkeypatch, capfd, "ray_jobs.finetune", "--data", data, "--storage",
+        str(tmp_path / "runs"), "--name", "x",
+        "--init-checkpoint", str(tmp_path / "typo" / "model"),
     )  # fmt: skip
     line = _one_line(proc, 2, "santa: error: ")
     assert str(tmp_path / "typo" / "model") in line
@@ -248,3 +287,13 @@ def test_unreachable_s3_stays_a_runtime_fault_through_checkpoint_errors(
         checkpoints.latest_checkpoint("s3://santa-silent/runs/r")
     line, code = describe(caught.value)
     assert code == 1 and line.startswith("santa: error: cannot reach the S3 endpoint"), line
+
+
+@pytest.mark.slow
+def test_preprocess_cli_silent_endpoint_with_default_timeouts(silent_preprocess_cli):
+    """Last in the file: its job (``silent_preprocess_cli``) ran beside the tests above."""
+    waiter, outcome = silent_preprocess_cli
+    waiter.join(timeout=300)
+    line = _one_line(outcome["proc"], 1, "santa: error: cannot reach the S3 endpoint")
+    assert "s3://santa-silent/out" in line
+    assert outcome["seconds"] < 60

@@ -23,15 +23,6 @@ logging.getLogger("santa.train").warning("santa's own warning")
 print(quiet._installed["path"])
 """
 
-DRIVER_PROBE = f"""
-import logging, ray
-from santa.cluster.ray_utils import init_ray
-print(init_ray())
-hooked = ray.get(ray.remote(num_cpus=0)(
-    lambda: logging.getLogger("{CLEANER}").propagate is False).remote())
-print("worker quiet:", hooked)
-"""
-
 
 def test_a_worker_keeps_third_party_warnings_in_its_log_file(tmp_path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
@@ -45,19 +36,15 @@ def test_a_worker_keeps_third_party_warnings_in_its_log_file(tmp_path) -> None:
     assert "SyntaxWarning" in log and "AVX512" in log
 
 
-def test_a_jobs_first_line_is_santas_and_its_workers_are_quiet(tmp_path) -> None:
-    """On a local Ray (whose token-auth notice Ray logs at WARNING from ray.init)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(ROOT), SANTA_LOG_FILE=str(tmp_path / "job.log"))
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER_PROBE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("Ray: started a local cluster (")
-    assert lines[0].endswith(f"; warnings in {tmp_path / 'job.log'})")
-    assert "worker quiet: True" in lines
-    assert "WARNING" not in done.stderr, done.stderr[-2000:]
+def test_a_jobs_first_line_is_santas_and_its_workers_are_quiet(own_local_ray) -> None:
+    """On a local Ray (whose token-auth notice Ray logs at WARNING from ray.init): conftest's
+    ``own_local_ray``, a driver's ``init_ray()`` with ``SANTA_LOG_FILE`` set."""
+    first_line, facts = own_local_ray["first_line"], own_local_ray["facts"]
+    assert facts, own_local_ray["stderr"][-2000:]
+    assert first_line.startswith("Ray: started a local cluster (")
+    assert first_line.endswith(f"; warnings in {own_local_ray['log_file']})")
+    assert facts["worker"]["quiet"] is True
+    assert "WARNING" not in own_local_ray["stderr"], own_local_ray["stderr"][-2000:]
 
 
 def test_a_finished_training_job_prints_a_short_table_not_its_metrics_json() -> None:
@@ -101,35 +88,15 @@ def _not_santas(*outputs: str) -> list[str]:
     ]
 
 
-def test_a_successful_evaluate_prints_santas_lines_only(tmp_path) -> None:
-    """Through the real command line: no bm25s DEBUG, no INFO line, no progress bar."""
-    from santa.config.recipes import get_recipe
-    from santa.models.dual_encoder import DualEncoder
-    from santa.models.tokenizer import train_tokenizer
-    from tests.datagen import stdlib_python_records
-    from tests.test_evaluate import write_beir
-
-    records = stdlib_python_records()[:40]
-    texts = [r["code"] for r in records] + [r["docstring"] for r in records]
-    tokenizer = train_tokenizer(texts * 2, vocab_size=600)
-    model = DualEncoder.build_tiny(get_recipe("tiny").model, tokenizer, seed=0).eval()
-    model.save_pretrained(str(tmp_path / "checkpoint" / "model"), santa_config=get_recipe("tiny"))
-    beir = write_beir(
-        tmp_path / "beir",
-        [{"_id": f"d{i}", "text": r["code"]} for i, r in enumerate(records)],
-        [{"_id": f"q{i}", "text": r["docstring"]} for i, r in enumerate(records)],
-        [(f"q{i}", f"d{i}", 1) for i in range(len(records))],
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SANTA_"))}
-    env.update(PYTHONPATH=str(ROOT), SANTA_LOG_FILE=str(tmp_path / "job.log"))
-    command = [sys.executable, "-m", "ray_jobs.evaluate", "--checkpoint"]
-    command += [str(tmp_path / "checkpoint"), "--data", beir, "--output", str(tmp_path / "out")]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_a_successful_evaluate_prints_santas_lines_only(evaluate_cli_run) -> None:
+    """Through the real command line (conftest's ``evaluate_cli_run``): no bm25s DEBUG, no
+    INFO line, no progress bar."""
+    done = evaluate_cli_run["proc"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert _not_santas(done.stdout, done.stderr) == []
     assert done.stdout.splitlines()[0].startswith("| system | mrr@100 |")
-    assert f"output: {tmp_path / 'out'}" in done.stdout.splitlines()
-    log = (tmp_path / "job.log").read_text()
+    assert f"output: {evaluate_cli_run['output']}" in done.stdout.splitlines()
+    log = evaluate_cli_run["log"]
     assert "INFO santa.eval.evaluation: evaluation info: {" in log  # kept, in the log file
     assert "Building index from tokens" not in log  # bm25s's DEBUG: dropped
 

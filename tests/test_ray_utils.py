@@ -1,40 +1,36 @@
-"""santa's own local Ray: which cluster a job uses, and the priority of its workers."""
+"""santa's own local Ray: which cluster a job uses, and the priority of its workers.
+
+The local Rays are started once for several tests (tests/local_ray_runs.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PROBE = """
-import os, ray
-from santa.cluster.ray_utils import init_ray
-print(init_ray())
-print("nice", ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()), os.nice(0))
-"""
 
-
-def run_probe(extra_env: dict[str, str]) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(ROOT), **extra_env)
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=180
-    )
+def _priorities(request, run: str) -> tuple[str, int, int]:
+    """The first line, a worker's and the driver's nice level of a local Ray santa started:
+    conftest's ``own_local_ray`` (no setting), or the retried start of
+    ``ray_start_attempts``, whose environment sets ``RAY_worker_niceness=15``."""
+    if run == "own_local_ray":
+        seen = request.getfixturevalue(run)
+        facts = seen["facts"]
+        assert facts, seen["stderr"][-2000:]
+        return seen["first_line"], facts["worker"]["nice"], facts["driver_nice"]
+    done = request.getfixturevalue(run)["let-the-retry-start"]
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.splitlines()
+    lines = done.stdout.splitlines()
+    worker, driver = map(int, next(line for line in lines if line.startswith("nice ")).split()[1:])
+    return lines[0], worker, driver
 
 
-@pytest.mark.parametrize(("env", "expected"), [({}, 0), ({"RAY_worker_niceness": "15"}, 15)])
-def test_local_ray_workers_run_at_the_drivers_priority(env, expected) -> None:
+@pytest.mark.parametrize(("run", "expected"), [("own_local_ray", 0), ("ray_start_attempts", 15)])
+def test_local_ray_workers_run_at_the_drivers_priority(request, run, expected) -> None:
     """Ray's default puts workers at nice 15; the local Ray santa starts keeps them at the
     driver's nice level unless the user sets RAY_worker_niceness."""
-    lines = run_probe(env)
-    assert lines[0].startswith("Ray: started a local cluster (")
-    worker, driver = map(int, lines[-1].split()[1:])
+    first_line, worker, driver = _priorities(request, run)
+    assert first_line.startswith("Ray: started a local cluster (")
     assert driver == 0 and worker == expected
 
 
@@ -95,31 +91,18 @@ def test_declared_max_from_an_autoscaler_config() -> None:
     assert declared_max_resources(config)["CPU"] == 84.0
 
 
-ENV_PROBE = """
-import os, ray
-from santa.cluster.ray_utils import init_ray
-init_ray()
-print("job runtime_env", sorted(ray.get_runtime_context().runtime_env))
-task = ray.remote(num_cpus=0)(lambda: (os.environ.get("SANTA_QUIET"), os.environ.get("NLTK_DATA")))
-print("worker", *ray.get(task.remote()))
-print("driver keeps", "SANTA_QUIET" in os.environ)
-"""
-
-
-def test_local_ray_workers_inherit_settings_without_a_job_runtime_env(tmp_path) -> None:
+def test_local_ray_workers_inherit_settings_without_a_job_runtime_env(own_local_ray) -> None:
     """The local Ray santa starts hands its workers santa's settings through the raylet's
     environment, not a job runtime_env (which would keep the workers Ray prestarts from
     serving the job); the driver's own environment is left as it was."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SANTA_"))}
-    env.update(PYTHONPATH=str(ROOT), NLTK_DATA=str(tmp_path))
-    done = subprocess.run(
-        [sys.executable, "-c", ENV_PROBE], env=env, capture_output=True, text=True, timeout=180
+    facts = own_local_ray["facts"]
+    assert facts, own_local_ray["stderr"][-2000:]
+    assert facts["job_runtime_env"] == []
+    assert (facts["worker"]["SANTA_QUIET"], facts["worker"]["NLTK_DATA"]) == (
+        "1",
+        own_local_ray["nltk_data"],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    assert "job runtime_env []" in lines
-    assert f"worker 1 {tmp_path}" in lines
-    assert "driver keeps False" in lines
+    assert facts["driver_keeps_santa_quiet"] is False
 
 
 def test_import_in_background_imports_and_leaves_failures_to_the_job(tmp_path, monkeypatch):

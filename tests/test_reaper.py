@@ -4,7 +4,6 @@ job's watcher stops every process of that Ray session, and nothing else."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -50,30 +49,9 @@ def test_the_watcher_kills_the_sessions_processes_once_the_job_is_gone(tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_job_killed_outright_leaves_no_ray_process(tmp_path: Path) -> None:
-    from tests.datagen import stdlib_python_records, write_jsonl_gz
-
-    source = tmp_path / "csn" / "python" / "final" / "jsonl" / "train"
-    write_jsonl_gz(source / "python_train_0.jsonl.gz", stdlib_python_records(limit=400))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SANTA_DEBUG")}
-    env["PYTHONPATH"] = str(REPO)
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ray_jobs.preprocess", "--dataset", "codesearchnet", "--input"]
-        + [str(tmp_path / "csn"), "--output", str(tmp_path / "out"), "--address", "local"],
-        stdout=subprocess.PIPE,
-        stderr=open(tmp_path / "stderr.txt", "w"),  # noqa: SIM115 - closed with the process
-        text=True,
-        env=env,
-    )
-    first = job.stdout.readline()
-    found = re.search(r"logs in (\S+)/logs[;)]", first)
-    assert found, (first, (tmp_path / "stderr.txt").read_text()[-2000:])
-    session = found.group(1)
-    assert session_processes(session)  # Ray of the job's own is up
-    job.kill()  # kill -9: no shutdown of its own
-    job.wait()
-    deadline = time.time() + 60
-    while time.time() < deadline and session_processes(session):
-        time.sleep(1)
-    assert session_processes(session) == []
+def test_a_job_killed_outright_leaves_no_ray_process(own_local_ray) -> None:
+    """conftest's ``own_local_ray``: a driver's own local Ray (``init_ray()``, as every job
+    starts one), a worker mid-task, the driver killed with ``kill -9``."""
+    assert own_local_ray["session"], (own_local_ray["first_line"], own_local_ray["stderr"][-2000:])
+    assert own_local_ray["alive_before_kill"]  # Ray of the job's own was up
+    assert own_local_ray["left_after_kill"] == []

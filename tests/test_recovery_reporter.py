@@ -179,76 +179,82 @@ def test_the_default_wait_is_minutes_and_said_so(monkeypatch) -> None:
     assert describe_wait(150) == "2.5 min"
 
 
-@pytest.fixture
-def two_nodes():
-    """A real two-node Ray cluster (head 1 CPU, worker node 2 CPUs), this test's own."""
-    from tests.training import own_cluster
-
-    with own_cluster({"num_cpus": 1}, 2) as (cluster, workers):
-        yield cluster, workers[0]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_removed_node_is_named_and_an_elastic_run_counts_only_alive_nodes(
-    two_nodes, tmp_path, capfd
+    ray_cluster, tmp_path, capfd
 ) -> None:
+    """On the session's cluster, a node of 2 CPUs added for this test and removed (a Ray
+    start of its own less): the nodes already there hold ``kept`` workers of 1 CPU."""
     import ray
     from ray.train import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 
     from santa.cluster.ray_utils import _node_start_wait
 
-    cluster, worker = two_nodes
-    ids = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    worker_id = worker.node_id
-    head_id = next(node_id for node_id in ids if node_id != worker_id)
-    placed = {0: (head_id, ids[head_id]), 1: (worker_id, ids[worker_id])}
-    ip = ids[worker_id]
-    # A node shut down gracefully: its worker is destroyed with its placement group while
-    # its raylet still answers and before the node table shows it dead (seen at load 10).
-    drained = _node_died("Destroying worker since its placement group was removed. ...")
-    removal = threading.Timer(2.0, cluster.remove_node, args=(worker,))
-    removal.start()
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    kept = sum(int(node["Resources"].get("CPU", 0)) for node in alive)
+    head_id = next(node["NodeID"] for node in alive if "head" in node["Resources"])
+    added = []
+    try:
+        with _node_start_wait(120):  # a loaded machine starts a node slowly
+            worker = ray_cluster.add_node(num_cpus=2)
+            added.append(worker)
+            ray_cluster.wait_for_nodes()
+        ids = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+        worker_id = worker.node_id
+        placed = {0: (head_id, ids[head_id]), 1: (worker_id, ids[worker_id])}
+        ip = ids[worker_id]
+        # A node shut down gracefully: its worker is destroyed with its placement group while
+        # its raylet still answers and before the node table shows it dead (seen at load 10).
+        drained = _node_died("Destroying worker since its placement group was removed. ...")
+        removal = threading.Timer(2.0, ray_cluster.remove_node, args=(worker,))
+        removal.start()
 
-    class Context:  # what Ray Train's TrainRunContext gives a callback: its scaling config
-        def __init__(self, workers) -> None:
-            self.scaling_config = ScalingConfig(num_workers=workers)
+        class Context:  # what Ray Train's TrainRunContext gives a callback: its scaling config
+            def __init__(self, workers) -> None:
+                self.scaling_config = ScalingConfig(num_workers=workers)
 
-    # A fixed size: the line names the node and the rank, and the wait, in minutes.
-    fixed = RecoveryReporter(str(tmp_path / "fixed"), max_failures=1, placement_wait_s=300)
-    fixed.placed, fixed.checkpoint_step = dict(placed), 40
-    fixed.after_exception(Context(2), {0: RuntimeError(GLOO_RESET), 1: drained})
-    removal.join()
-    lines = _santa(capfd.readouterr().err)
-    assert lines == [
-        f"santa: warning: node {ip} lost (Ray node {worker_id[:8]}: DEAD) with training "
-        "worker rank 1; training resumes from checkpoint step 40 once 2 workers fit (waiting "
-        "up to 5 min) (retry 1 of 1)"
-    ]
-    # Elastic: nothing at the failure; Ray Train's decision (2 workers, from a reservation
-    # that still counts the dead node's CPUs) is cut to what alive nodes hold, in one line.
-    elastic = RecoveryReporter(str(tmp_path / "elastic"), max_failures=2)
-    elastic.placed, elastic.size, elastic.checkpoint_step = dict(placed), 2, 40
-    elastic.after_exception(Context((1, 2)), {0: RuntimeError(GLOO_RESET), 1: _node_died()})
-    decision = ResizeDecision(num_workers=2, resources_per_worker={"CPU": 1.0})
-    elastic.resizing(decision)
-    assert decision.num_workers == 1
-    lines = _santa(capfd.readouterr().err)
-    assert lines == [
-        f"santa: training goes on with 1 of 1-2 workers from step 40: node {ip} lost (Ray "
-        f"node {worker_id[:8]}: DEAD) with training worker rank 1 (retry 1 of 2)"
-    ]
-    # The node back (a new one): the next decision grows the group, in one line.
-    with _node_start_wait(120):
-        cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-    elastic.size, elastic.checkpoint_step = 1, 70
-    grow = ResizeDecision(num_workers=2, resources_per_worker={"CPU": 1.0})
-    elastic.resizing(grow)
-    assert grow.num_workers == 2
-    lines = _santa(capfd.readouterr().err)
-    assert lines == ["santa: training is back to 2 of 1-2 workers from step 70"]
+        # A fixed size: the line names the node and the rank, and the wait, in minutes.
+        fixed = RecoveryReporter(str(tmp_path / "fixed"), max_failures=1, placement_wait_s=300)
+        fixed.placed, fixed.checkpoint_step = dict(placed), 40
+        fixed.after_exception(Context(2), {0: RuntimeError(GLOO_RESET), 1: drained})
+        removal.join()
+        added.remove(worker)
+        lines = _santa(capfd.readouterr().err)
+        assert lines == [
+            f"santa: warning: node {ip} lost (Ray node {worker_id[:8]}: DEAD) with training "
+            "worker rank 1; training resumes from checkpoint step 40 once 2 workers fit (waiting "
+            "up to 5 min) (retry 1 of 1)"
+        ]
+        # Elastic: nothing at the failure; Ray Train's decision (one worker more than the
+        # alive nodes hold, from a reservation that still counts the dead node's CPUs) is cut
+        # to what alive nodes hold, in one line.
+        most = kept + 1
+        elastic = RecoveryReporter(str(tmp_path / "elastic"), max_failures=2)
+        elastic.placed, elastic.size, elastic.checkpoint_step = dict(placed), most, 40
+        elastic.after_exception(Context((1, most)), {0: RuntimeError(GLOO_RESET), 1: _node_died()})
+        decision = ResizeDecision(num_workers=most, resources_per_worker={"CPU": 1.0})
+        elastic.resizing(decision)
+        assert decision.num_workers == kept
+        lines = _santa(capfd.readouterr().err)
+        assert lines == [
+            f"santa: training goes on with {kept} of 1-{most} workers from step 40: node {ip} "
+            f"lost (Ray node {worker_id[:8]}: DEAD) with training worker rank 1 (retry 1 of 2)"
+        ]
+        # The node back (a new one): the next decision grows the group, in one line.
+        with _node_start_wait(120):
+            added.append(ray_cluster.add_node(num_cpus=2))
+            ray_cluster.wait_for_nodes()
+        elastic.size, elastic.checkpoint_step = kept, 70
+        grow = ResizeDecision(num_workers=most, resources_per_worker={"CPU": 1.0})
+        elastic.resizing(grow)
+        assert grow.num_workers == most
+        lines = _santa(capfd.readouterr().err)
+        assert lines == [f"santa: training is back to {most} of 1-{most} workers from step 70"]
+    finally:
+        for node in added:  # the session's cluster as it was
+            ray_cluster.remove_node(node)
 
 
 def test_a_resumed_run_says_so_once(tmp_path, capfd) -> None:
