@@ -28,8 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 NODE_START_WAIT_S = 180.0
 # Long enough that the node added at step 12 joins before the end: found by the resize
 # monitor (every 2 s) ~25-30 steps later on a loaded 2-core machine (the bench's 2026-11-26
-# run: back at step 42 with a 5 s monitor), so 100 leaves a margin of 3 and more.
-ELASTIC_STEPS = 100
+# run: back at step 42 with a 5 s monitor). 100 steps were too few once in a fresh-clone CI
+# run (2026-12-03: the run ended before the node was taken back), so 150, as before.
+ELASTIC_STEPS = 150
 # How often the GCS checks a raylet (Ray's default 3 s, 5 misses: a killed node is DEAD after
 # ~15 s). 1 s makes it ~5 s; a live raylet still has 5 checks of 10 s each to answer.
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000}
