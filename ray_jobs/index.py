@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 
 from santa.index.faiss_index import INDEX_KINDS
-from santa.jobs.errors import exit_with, run_job
+from santa.jobs.errors import exit_with, run_job, with_exit_codes
 from santa.jobs.quiet import PROGRESS_HELP
 from santa.search.corpus import CORPUS_FORMATS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The index job's command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ray_jobs.index",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog="python -m ray_jobs.index", description=__doc__)
     )
     parser.add_argument("--checkpoint", required=True, help="model folder, checkpoint, run, sweep")
     parser.add_argument(

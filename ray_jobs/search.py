@@ -20,16 +20,14 @@ import sys
 import time
 from collections.abc import Iterator
 
-from santa.jobs.errors import exit_with
+from santa.jobs.errors import exit_with, with_exit_codes
 from santa.jobs.lifecycle import Job
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The search command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ray_jobs.search",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog="python -m ray_jobs.search", description=__doc__)
     )
     parser.add_argument("--index", required=True, help="index folder (local or s3://)")
     parser.add_argument("queries", nargs="*", help="query texts")

@@ -19,7 +19,7 @@ import argparse
 import signal
 import threading
 
-from santa.jobs.errors import exit_with
+from santa.jobs.errors import exit_with, with_exit_codes
 from santa.jobs.lifecycle import Job
 
 
@@ -34,10 +34,8 @@ def _replicas(text: str) -> tuple[int, int | None]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The serve command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ray_jobs.serve",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = with_exit_codes(
+        argparse.ArgumentParser(prog="python -m ray_jobs.serve", description=__doc__)
     )
     parser.add_argument("--index", help="index folder (local or s3://)")
     parser.add_argument("--model", default=None, help="model to use instead of the manifest's")

@@ -10,12 +10,19 @@ import pytest
 
 from santa.jobs.errors import EXIT_CODES
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-JOBS = [
-    "ray_jobs.pretrain", "ray_jobs.finetune", "ray_jobs.pipeline", "ray_jobs.preprocess",
-    "ray_jobs.scoder", "ray_jobs.evaluate", "ray_jobs.mine_negatives", "ray_jobs.export",
-    "tuning.sweep",
-]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# Every job a user runs: each module of ray_jobs/ with a command line of its own, and the sweep.
+JOBS = sorted(
+    f"ray_jobs.{path.stem}"
+    for path in (ROOT / "ray_jobs").glob("*.py")
+    if "\ndef main(" in path.read_text()
+) + ["tuning.sweep"]
+
+
+def test_the_job_list_is_every_job() -> None:
+    assert {"ray_jobs.index", "ray_jobs.search", "ray_jobs.serve", "ray_jobs.pretrain"} <= set(JOBS)
+    assert "ray_jobs.train_cli" not in JOBS  # the training jobs' shared parser, not a job
 
 
 def readme_exit_codes() -> dict[int, str]:
