@@ -3,15 +3,39 @@ stay thin."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tests.conftest import REPO
 
 
-def test_the_readme_map_names_every_module() -> None:
+def readme_map() -> dict[str, str]:
+    """The README's map, folder by folder: each line that starts at the margin opens (or
+    adds to) its folder's entry (``santa/train/``, or ``tuning/`` for ``tuning/sweep.py``),
+    and the indented lines under it belong to that folder."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("## Where things are")
-    section = readme[start : readme.index("```\n", readme.index("```", start) + 3)]
+    block = readme[
+        readme.index("```\n", start) + 4 : readme.index("```\n", readme.index("```", start) + 3)
+    ]
+    folders: dict[str, str] = {}
+    folder = ""
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            first = line.split()[0]
+            folder = first if first.endswith("/") else first.rsplit("/", 1)[0] + "/"
+        folders[folder] = folders.get(folder, "") + "\n" + line
+    return folders
+
+
+def _named(name: str, text: str) -> bool:
+    """``name`` (``rows.py``) stands in ``text`` as a file name of its own, not as the tail of
+    another path (``files/rows.py``) or name (``scoder_rows.py``)."""
+    return re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def test_the_readme_map_names_every_module_under_its_folder() -> None:
+    folders = readme_map()
     tracked = subprocess.run(
         ["git", "ls-files", "santa", "ray_jobs", "tuning", "bench"],
         cwd=REPO,
@@ -21,8 +45,29 @@ def test_the_readme_map_names_every_module() -> None:
     ).stdout.split()
     modules = [path for path in tracked if path.endswith(".py") and "__init__" not in path]
     assert modules, "no modules found (not a git checkout?)"
-    missing = [path for path in modules if path.rsplit("/", 1)[-1] not in section]
-    assert missing == [], f"modules the README's map does not name: {missing}"
+    missing = [
+        path
+        for path in modules
+        if not _named(path.rsplit("/", 1)[-1], folders.get(path.rsplit("/", 1)[0] + "/", ""))
+        and not _named(path, "\n".join(folders.values()))
+    ]
+    assert missing == [], f"modules the README's map does not name under their folder: {missing}"
+    # ... and the map names no module that is gone.
+    stale = [
+        folder + name
+        for folder, text in folders.items()
+        for name in re.findall(r"(?<![\w/.])(\w+\.py)\b", text)
+        if folder + name not in tracked
+    ]
+    assert stale == [], f"modules the README's map names that do not exist: {stale}"
+
+
+def test_the_map_check_tells_folders_apart() -> None:
+    """A module named under another folder's heading is not counted as named."""
+    assert _named("rows.py", "  rows.py   the row file")
+    assert not _named("rows.py", "  scoder_rows.py   x")
+    assert not _named("rows.py", "  see files/rows.py")
+    assert "santa/scoder/" in readme_map() and _named("rows.py", readme_map()["santa/scoder/"])
 
 
 def test_job_scripts_stay_thin() -> None:
