@@ -59,6 +59,37 @@ def test_fit_asks_a_new_objectives_entry_for_its_data_and_starts_it_from_its_fol
     assert prepare_initial_model(config, spec) == str(start)
 
 
+def test_the_configs_objective_is_trained_unless_the_run_names_one(tmp_path, monkeypatch) -> None:
+    """``train.objective`` (``--set train.objective=toy``, a recipe) chooses the objective
+    of a run that names none, in process as through Ray Train; an unknown name is one line
+    before any work; a run that names one (SCodeR's stages) trains that."""
+    from santa.train.trainer import RunSpec, fit, fit_in_process
+
+    monkeypatch.setitem(OBJECTIVES, "toy", toy_entry())
+    config = tiny_config(num_workers=1, max_steps=1).with_overrides(["train.objective=toy"])
+    assert config.train.objective == "toy"
+    for train, in_process in ((fit, False), (fit_in_process, True)):
+        CALLS.clear()
+        spec = RunSpec.of(
+            data=str(tmp_path / "examples"),
+            storage=str(tmp_path / "runs"),
+            name=f"toy-{in_process}",
+            cpus_per_worker=0.5,
+            in_process=in_process,
+        )
+        assert spec.objective == "" and spec.for_config(config).objective == "toy"
+        with pytest.raises(Reached):
+            train(config, spec)
+        assert [str(tmp_path / "examples")] == CALLS
+    named = RunSpec.of(data=str(tmp_path), storage=str(tmp_path), name="r", objective="santa")
+    assert named.for_config(config).objective == "santa"
+    unknown = tiny_config().with_overrides(["train.objective=nope"])
+    with pytest.raises(ValueError, match=r"^train.objective must be one of .*got 'nope'"):
+        fit(unknown, RunSpec.of(data=str(tmp_path), storage=str(tmp_path), name="r"))
+    with pytest.raises(ValueError, match="TrainConfig.objective must name an objective"):
+        tiny_config().with_overrides(["train.objective=not a name"])
+
+
 def test_an_objective_with_its_own_start_needs_one_and_names_itself(tmp_path, monkeypatch) -> None:
     from santa.train.trainer import RunSpec, prepare_initial_model
 

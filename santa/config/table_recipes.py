@@ -164,6 +164,7 @@ def _training(
 ) -> dict[str, Setting]:
     """Optimisation, batches and precision (every stage)."""
     return {
+        "train.objective": paper("santa", "SANTA §3: SDA (+ λ·MEP) pretraining, DR fine-tuning"),
         "train.keep_best_by": best or _BEST_CODE,
         "train.keep_best_mode": code("max", "the dev scripts keep the highest score"),
         "train.optimizer": _ADAM,

@@ -31,6 +31,11 @@ class TrainConfig:
     """``"pretrain"`` (SDA + λ·MEP on structured/unstructured pairs) or ``"finetune"``
     (DR loss, paper Eq. 3, with in-batch and hard negatives)."""
 
+    objective: str = "santa"
+    """What the loop trains: a name in ``santa.train.loop_config.OBJECTIVES`` (``santa``:
+    SANTA's SDA / DR + λ·MEP), checked when training starts; a new objective's line there is
+    all ``--set train.objective=NAME`` needs. SCodeR's algorithm names its stages' own."""
+
     learning_rate: float = 1e-4
     """Peak learning rate (after warm-up)."""
 
@@ -228,6 +233,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             fail(f"TrainConfig.stage must be one of {STAGES}, got {self.stage!r}")
+        if not self.objective.isidentifier():
+            fail(f"TrainConfig.objective must name an objective, got {self.objective!r}")
         if self.compile not in COMPILE_MODES:
             fail(f"TrainConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.keep_best_mode not in ("max", "min"):

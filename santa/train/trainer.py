@@ -7,6 +7,7 @@ start, and a restarted worker group plans nothing again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -88,9 +89,10 @@ class RunSpec:
     start_retries: int | None = None
     """How often Ray Train retries a worker group that does not start (-1: forever; None:
     ``SANTA_PLACEMENT_RETRIES``, see :mod:`santa.cluster.placement`)."""
-    objective: str = "santa"
+    objective: str = ""
     """What the loop trains: a name in ``santa.train.loop_config.OBJECTIVES``, whose entry
-    says what data it trains on and where it starts from."""
+    says what data it trains on and where it starts from; empty: the config's
+    ``train.objective`` (a name given here wins: SCodeR's algorithm names its stages')."""
     row_cache: str = ""
     """Where each node keeps its row files (:mod:`santa.train.rows`); empty:
     ``SANTA_ROW_CACHE`` on the node, else its ``<tmp>/santa-rows``."""
@@ -114,7 +116,19 @@ class RunSpec:
             object.__setattr__(self, name, storage.absolute(getattr(self, name)))
         if not isinstance(self.layout, RunLayout):
             raise TypeError(f"layout must be a RunLayout, got {self.layout!r}")
-        objective_entry(self.objective)
+        if self.objective:
+            objective_entry(self.objective)
+
+    def for_config(self, config: SantaConfig) -> RunSpec:
+        """This spec with its objective named: its own, else ``config``'s ``train.objective``
+        (an unknown name: one line naming those there are)."""
+        if self.objective:
+            return self
+        try:
+            objective_entry(config.train.objective)
+        except ValueError as error:  # "train.objective must be one of [...], got ..."
+            raise ValueError(f"train.{error}") from None
+        return dataclasses.replace(self, objective=config.train.objective)
 
     @classmethod
     def of(cls, *, storage: str, name: str, **fields: Any) -> RunSpec:
@@ -138,6 +152,7 @@ def initial_model(config: SantaConfig, spec: RunSpec) -> tuple[str, bool]:
     new model saved once under the run folder, so every worker and every resume starts from
     the same weights), and whether that new model is still to be built
     (:func:`santa.train.initial_model.build_tiny_model`)."""
+    spec = spec.for_config(config)
     if objective_entry(spec.objective).own_start:  # e.g. the discriminators' own folder
         if not spec.warm_start:
             raise ValueError(f"training {spec.objective} needs its starting folder (warm_start)")
@@ -271,6 +286,7 @@ def fit(config: SantaConfig, spec: RunSpec, callbacks: list | None = None):
     (``spec.in_process``: in this process, an :class:`InProcessResult`)."""
     if spec.in_process:
         return fit_in_process(config, spec)
+    spec = spec.for_config(config)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train import LoggingConfig as TrainLoggingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -473,6 +489,7 @@ def fit_in_process(
     from santa.train.loop import WorkerTrainer, run_worker
     from santa.train.session import LocalCheckpoint, LocalSession
 
+    spec = spec.for_config(config)
     train = config.train
     layout = spec.layout
     where = f"the in-process run {layout.name!r}"
