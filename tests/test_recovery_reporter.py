@@ -156,6 +156,46 @@ def test_the_cause_is_the_dead_worker_not_its_peers_collective_error() -> None:
     assert first_failure({0: RuntimeError(GLOO_RESET), 3: own}) == (3, own)
 
 
+def test_a_worker_whose_error_does_not_say_its_class_waits_for_its_node_to_show_dead(
+    tmp_path, capfd, monkeypatch
+) -> None:
+    """A host killed outright: Ray Train may hear of its worker's death before the GCS marks
+    the node DEAD, from an error that names no actor class ("a Ray worker died"). That is a
+    death all the same: the reporter waits for the node table (the raylet does not answer)
+    and says the node lost, in the elastic resize's one line, not a worker failure first."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from santa.train import recovery
+
+    bare = ActorDiedError()  # "The actor died unexpectedly before finishing this task."
+    assert describe(bare)[0] == "santa: error: a Ray worker died"
+    unavailable = ActorUnavailableError("The actor is unavailable: the node died", b"\x01" * 16)
+    assert recovery._died(bare) and recovery._died(unavailable) and recovery._died(_node_died())
+    assert not recovery._died(RuntimeError(GLOO_RESET)) and not recovery._died(ValueError("x"))
+    assert recovery.first_failure({0: RuntimeError(GLOO_RESET), 1: bare}) == (1, bare)
+
+    alive = [{**node, "Alive": True} for node in NODE_TABLE]
+    tables = iter([alive, alive, NODE_TABLE])  # DEAD on the third read (~1 s)
+    monkeypatch.setattr(recovery, "_node_table", lambda: next(tables, NODE_TABLE))
+    monkeypatch.setattr(
+        recovery, "_raylet_answers", lambda node, timeout_s=1.0: node["NodeID"] == HEAD
+    )
+    elastic = RecoveryReporter(str(tmp_path / "elastic"), max_failures=2)
+    elastic.placed = {0: (HEAD, "10.0.0.5"), 1: (LOST, "10.0.0.7")}
+    elastic.checkpoint_step = 40
+
+    class Context:  # Ray Train's run context: an elastic run of 1-2 workers
+        from ray.train import ScalingConfig
+
+        scaling_config = ScalingConfig(num_workers=(1, 2))
+
+    elastic.after_exception(Context(), {0: RuntimeError(GLOO_RESET), 1: bare})
+    assert _santa(capfd.readouterr().err) == []  # said with the size it goes on with
+    assert elastic.pending == (
+        "node 10.0.0.7 lost (Ray node 3f2a9c01: DEAD) with training worker rank 1 (retry 1 of 2)"
+    )
+
+
 def test_a_peer_lost_without_a_known_node_is_not_quoted(tmp_path, capfd) -> None:
     reporter = RecoveryReporter(str(tmp_path / "run"), max_failures=2, placement_wait_s=300)
     reporter.after_exception(None, {0: RuntimeError(GLOO_RESET)})

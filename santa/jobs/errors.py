@@ -131,6 +131,12 @@ def _field(text: str, name: str) -> str:
     return match.group(1) if match else ""
 
 
+def process_died(error: BaseException) -> bool:
+    """Whether ``error`` (or its root cause) is a Ray worker process that died: killed, out
+    of memory, its node lost; with or without the actor's class in Ray's message."""
+    return _describe_process_death(_root_cause(error)) is not None
+
+
 def _describe_process_death(error: BaseException) -> str | None:
     """One line for a Ray worker process that died (killed, out of memory, node lost)."""
     name = type(error).__name__

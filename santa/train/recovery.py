@@ -100,9 +100,12 @@ def unreachable_storage(failures: dict[int, BaseException]) -> StorageError | No
 
 
 def _died(error: BaseException) -> bool:
-    from santa.jobs.errors import describe
+    """Whether ``error`` is a worker process that died: a training worker Ray names, or one
+    whose error does not say which (an actor that died before Ray knew its class, or whose
+    node stopped answering), as a host killed outright gives."""
+    from santa.jobs.errors import process_died
 
-    return describe(error)[0].startswith("santa: error: a training worker died")
+    return process_died(error)
 
 
 def group_removed(error: BaseException) -> bool:
@@ -276,7 +279,7 @@ class RecoveryReporter(UserCallback):
                 noun = "rank" if len(ranks) == 1 else "ranks"
                 workers = f" with training worker {noun} {', '.join(map(str, ranks))}"
             return f"node {ips} lost (Ray node {ids}: DEAD){workers}"
-        if what.startswith("a training worker died"):
+        if _died(failures[rank]):
             return what
         if peer_lost(failures[rank]):
             return (
