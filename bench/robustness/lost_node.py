@@ -26,10 +26,9 @@ from santa.cluster.ray_utils import _node_start_wait
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_START_WAIT_S = 180.0
-# Long enough that the node added at step 12 joins before the end: found by the resize
-# monitor (every 2 s) ~25-30 steps later on a loaded 2-core machine (the bench's 2026-11-26
-# run: back at step 42 with a 5 s monitor). 100 steps were too few once in a fresh-clone CI
-# run (2026-12-03: the run ended before the node was taken back), so 150, as before.
+# Long enough that the node added at step 12 joins before the end: taken in by the resize
+# monitor (every 2 s) once Ray's coordinator has counted it (_recount_nodes). Without that
+# count, up to 20 s later, 150 steps (~20 s idle) ended first twice (2026-12-03, 12-04).
 ELASTIC_STEPS = 150
 # How often the GCS checks a raylet (Ray's default 3 s, 5 misses: a killed node is DEAD after
 # ~15 s). 1 s makes it ~5 s; a live raylet still has 5 checks of 10 s each to answer.
@@ -76,7 +75,7 @@ def scenario(
     try:
         result = _run_on(cluster, node, mode, data, storage, placement_wait_s)
     finally:
-        cluster.shutdown()
+        _shutdown(cluster)
     result.pop("node_left", None)
     if result_file:
         Path(result_file).write_text(json.dumps(result))
@@ -103,8 +102,33 @@ def scenarios(
             node = results[mode].pop("node_left", None)
             Path(result_file).write_text(json.dumps(results))
     finally:
-        cluster.shutdown()
+        _shutdown(cluster)
     return results
+
+
+def _recount_nodes(cluster) -> None:
+    """Have Ray Train's view of the cluster take in a node just added. An elastic run grows
+    when Ray's ``AutoscalingCoordinator`` actor has reserved room for more workers, and that
+    actor reads the cluster's nodes every 20 s, so a tiny run's remaining steps (~20 s on an
+    idle machine) could end before it looked. Its ``recompute`` reads them now; the run then
+    grows within its resize monitor's 2 s, as a real run grows within 20 s."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    try:
+        coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+    except ValueError:  # none yet: the run's own request starts it, and reads the nodes
+        return
+    ray.get(coordinator.get_reserved_resources.remote("lost-node-bench", recompute=True))
+
+
+def _shutdown(cluster) -> None:
+    """The bench's own connection (:func:`_recount_nodes`), then the cluster."""
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
 
 
 def _wait_until_idle(cluster, timeout_s: float = 120.0) -> None:
@@ -171,6 +195,7 @@ def _run_on(cluster, node, mode: str, data: str, storage: str, placement_wait_s:
             with _node_start_wait(NODE_START_WAIT_S):
                 added = cluster.add_node(num_cpus=2)
             events.append(("added", time.monotonic() - started))
+            _recount_nodes(cluster)
     proc.wait()
     reader.join(timeout=30)
     return {
