@@ -7,13 +7,18 @@ count (plain loop: 2 torch threads; Ray: 2 workers x 1 thread), pretraining (SDA
 The plain loop is santa's own worker loop (``WorkerTrainer``) in this process without Ray
 (``LocalSession``): the same step, optimizer and schedule. Throughput is steady state: the
 first window of steps (warm-up) is left out; Ray's fixed start-up is reported separately.
-Also peak RSS per worker, tiny and minilm.
+Also each loop's wait per step beyond the step's own work (the data, the metrics' report:
+in Ray Train a worker's report waits for its controller's poll), and peak RSS per worker,
+tiny and minilm. The Ray run checkpoints once, at its end, so that no window holds a
+checkpoint's write: its windows are read from the run's ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,17 +42,25 @@ def plain_loop(config, init_model: str, data: str, steps: int, warmup: int) -> d
     )
     trainer, session = local_trainer(config, init_model, data, steps=steps, threads=2, device="cpu")
     run_worker(trainer)
-    steady = [report["step_time_s"] for report in session.reports[warmup:]]
+    windows = session.reports[warmup:]
+    steady = [report["step_time_s"] for report in windows]
     batch_size = config.train.global_batch_size
     return {
         "mode": "plain PyTorch, 1 process x 2 threads",
         "pairs_per_s": batch_size * len(steady) / sum(steady),
+        "step_wait_s": step_wait_s(windows),
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
+def step_wait_s(windows: list[dict]) -> float:
+    """The median over ``windows`` (santa's logged metrics) of a step's wall time beyond its
+    own host time: waiting for data, and for the last window's report to be taken."""
+    return statistics.median(m["step_time_s"] - m["step_host_s"] for m in windows)
+
+
 def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: int) -> dict:
-    """The Ray Train loop on 2 workers (0.5 CPU each)."""
+    """The Ray Train loop on 2 workers (0.5 CPU each), a report every ``window`` steps."""
     import ray
 
     if not ray.is_initialized():
@@ -56,28 +69,25 @@ def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: in
         [
             f"train.max_steps={steps}",
             f"train.log_every={window}",
-            f"train.checkpoint_every={window}",
+            f"train.checkpoint_every={steps}",
         ]
     )
-    spec = RunSpec.of(
-        data=data,
-        storage=str(workdir / "runs"),
-        name=name,
-        cpus_per_worker=0.5,
-        num_to_keep=steps // window + 1,
-    )
+    spec = RunSpec.of(data=data, storage=str(workdir / "runs"), name=name, cpus_per_worker=0.5)
     started = time.perf_counter()
     result = fit(config, spec)
     wall = time.perf_counter() - started
     if result.error is not None:
         raise RuntimeError(result.error)
-    windows = [metrics for _, metrics in result.best_checkpoints][1:]  # drop the warm-up window
+    lines = (workdir / "runs" / name / "metrics.jsonl").read_text().splitlines()
+    logged = sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
+    windows = logged[1:]  # the warm-up window left out
     train_time = sum(window * config.train.global_batch_size / m["pairs_per_s"] for m in windows)
     pairs = window * config.train.global_batch_size * len(windows)
     first_window = wall - train_time
     return {
         "mode": "Ray Train, 2 workers x 1 thread",
         "pairs_per_s": pairs / train_time,
+        "step_wait_s": step_wait_s(windows),
         "max_rss_mb": max(m["max_rss_mb"] for m in windows),
         "wall_s": wall,
         "startup_and_first_window_s": first_window,
@@ -131,11 +141,12 @@ def main(argv: list[str] | None = None) -> None:
             r["mode"],
             f"{r['pairs_per_s']:.1f}",
             f"{r['pairs_per_s'] / base:.2f}x",
+            f"{1000 * r['step_wait_s']:.0f}",
             f"{r['max_rss_mb']:.0f}",
         ]
         for r in results
     ]
-    header = ["loop", "pairs/s", "vs plain", "peak RSS per process (MB)"]
+    header = ["loop", "pairs/s", "vs plain", "wait per step (ms)", "peak RSS per process (MB)"]
     print("\n" + common.format_table(header, rows))
     print(f"\nRay start-up + first window: {results[1]['startup_and_first_window_s']:.1f} s")
     print("peak RSS per Ray worker (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
