@@ -250,6 +250,13 @@ def write_json(path: str | Path, payload: Any) -> Path:
 # --------------------------------------------------------------------------- tables
 
 
+def logged_windows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A local santa run's logged windows (its ``metrics.jsonl``: one line per report, the
+    window's means), in step order."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
+
+
 def format_table(
     header: Sequence[str],
     rows: Sequence[Sequence[Any]],

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.common import parse_tables, write_json
+from bench.common import logged_windows, parse_tables, write_json
 from bench.perf import versus_st
 from bench.quality import cosqa_transfer as transfer
 from bench.quality import scoring
@@ -22,17 +22,44 @@ def test_loop_time_leaves_out_the_first_window() -> None:
         versus_st.loop_pairs_per_s([1.0, 2.0], 0.0, 8, 2)
 
 
-def test_santa_windows_are_weighted_by_their_steps() -> None:
-    # Windows at steps 5, 10 and a short last one at 12 (batch 4): the first is left out;
-    # 5 steps at 10 pairs/s (2 s) and 2 steps at 4 pairs/s (2 s) → 28 pairs in 4 s.
+def test_santa_windows_are_weighted_by_their_steps(tmp_path) -> None:
+    # Windows at steps 5, 10 and a short last one at 12 (batch 4), as a run's metrics.jsonl
+    # may hold them out of order: the first is left out; 5 steps at 10 pairs/s (2 s) and
+    # 2 steps at 4 pairs/s (2 s) → 28 pairs in 4 s.
     lines = [
         json.dumps({"step": 12, "pairs_per_s": 4.0}),
         json.dumps({"step": 5, "pairs_per_s": 100.0}),
         json.dumps({"step": 10, "pairs_per_s": 10.0}),
     ]
-    assert versus_st.windows_pairs_per_s(lines, 4, 5) == 28 / 4
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    windows = logged_windows(tmp_path)
+    assert [m["step"] for m in windows] == [5, 10, 12]
+    assert versus_st.windows_pairs_per_s(windows, 4, 5) == 28 / 4
     with pytest.raises(ValueError, match="no logged window"):
-        versus_st.windows_pairs_per_s(lines[1:2], 4, 5)
+        versus_st.windows_pairs_per_s(windows[:1], 4, 5)
+
+
+def test_santa_ray_is_the_finetune_job_at_the_bench_s_settings(tmp_path) -> None:
+    """santa-ray's command line, read by the finetune job's own parser into its config:
+    the bench's batch, lengths, seed, steps and window reach the run (the bench's test
+    leaves santa-ray out: its run is the finetune job's, whose Ray path the job tests
+    cover; this pins what the bench hands it)."""
+    from ray_jobs.train_cli import build_parser, parse_args
+    from santa.jobs.flags import recipe_config
+
+    args = versus_st.build_parser().parse_args(
+        ["--child", "santa-ray", "--data", "/d", "--steps", "7", "--window", "2"]
+        + ["--batch", "6", "--query-length", "16", "--doc-length", "40", "--seed", "3"]
+        + ["--set", "train.warmup_ratio=0.5"]
+    )
+    argv = versus_st.santa_ray_argv(args, str(tmp_path / "runs"))
+    job = parse_args(build_parser("python -m ray_jobs.finetune", ""), argv)
+    assert (job.recipe, job.data, job.name, job.num_workers) == (versus_st.RECIPE, "/d", "run", 2)
+    assert (job.max_steps, job.cpus_per_worker) == (7, 0.5)
+    train = recipe_config(job).train
+    assert (train.global_batch_size, train.seed, train.warmup_ratio) == (6, 3, 0.5)
+    assert (train.max_query_length, train.max_document_length) == (16, 40)
+    assert (train.log_every, train.checkpoint_every) == (2, 7)
 
 
 def test_summary_takes_medians_and_ratios_against_the_reference() -> None:

@@ -16,7 +16,6 @@ checkpoint's write: its windows are read from the run's ``metrics.jsonl``.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
@@ -78,9 +77,7 @@ def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: in
     wall = time.perf_counter() - started
     if result.error is not None:
         raise RuntimeError(result.error)
-    lines = (workdir / "runs" / name / "metrics.jsonl").read_text().splitlines()
-    logged = sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
-    windows = logged[1:]  # the warm-up window left out
+    windows = common.logged_windows(workdir / "runs" / name)[1:]  # the warm-up one left out
     train_time = sum(window * config.train.global_batch_size / m["pairs_per_s"] for m in windows)
     pairs = window * config.train.global_batch_size * len(windows)
     first_window = wall - train_time

@@ -203,44 +203,34 @@ def child_sentence_transformers(args: argparse.Namespace, cached: bool) -> dict:
     return {"loop_pairs_per_s": loop_pairs_per_s(ends, started, args.batch, args.window)}
 
 
+def santa_ray_argv(args: argparse.Namespace, storage: str) -> list[str]:
+    """The finetune job's command line for ``santa-ray``: 2 workers of half a CPU, a
+    window logged every ``--window`` steps, one checkpoint at the end."""
+    argv = ["--recipe", RECIPE, "--data", args.data, "--storage", storage, "--name", "run"]
+    argv += ["--num-workers", "2", "--cpus-per-worker", "0.5", "--max-steps", str(args.steps)]
+    argv += ["--set", f"train.log_every={args.window}"]
+    argv += ["--set", f"train.checkpoint_every={args.steps}"]
+    for override in recipe_overrides(args):
+        argv += ["--set", override]
+    return argv
+
+
 def child_santa_ray(args: argparse.Namespace) -> dict:
     """The finetune job's CLI in this process; loop pairs/s from its metrics.jsonl."""
     from ray_jobs import finetune
 
     storage = str(Path(args.work) / "runs")
-    argv = [
-        "--recipe",
-        RECIPE,
-        "--data",
-        args.data,
-        "--storage",
-        storage,
-        "--name",
-        "run",
-        "--num-workers",
-        "2",
-        "--cpus-per-worker",
-        "0.5",
-        "--max-steps",
-        str(args.steps),
-        "--set",
-        f"train.log_every={args.window}",
-        "--set",
-        f"train.checkpoint_every={args.steps}",
-    ]
-    for override in recipe_overrides(args):
-        argv += ["--set", override]
     os.environ.setdefault("RAY_ADDRESS", "local")
-    code = finetune.main(argv)
+    code = finetune.main(santa_ray_argv(args, storage))
     if code:
         raise RuntimeError(f"ray_jobs.finetune exited with {code}")
-    lines = (Path(storage) / "run" / "metrics.jsonl").read_text().splitlines()
-    return {"loop_pairs_per_s": windows_pairs_per_s(lines, args.batch, args.window)}
+    windows = common.logged_windows(Path(storage) / "run")
+    return {"loop_pairs_per_s": windows_pairs_per_s(windows, args.batch, args.window)}
 
 
-def windows_pairs_per_s(lines: list[str], batch: int, window: int) -> float:
-    """Pairs/s of the logged windows after step ``window`` (santa's metrics.jsonl lines)."""
-    windows = sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
+def windows_pairs_per_s(windows: list[dict], batch: int, window: int) -> float:
+    """Pairs/s of the logged windows after step ``window`` (santa's metrics.jsonl, in step
+    order: :func:`bench.common.logged_windows`)."""
     pairs = seconds = 0.0
     previous = 0
     for metrics in windows:
