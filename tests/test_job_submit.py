@@ -1,5 +1,6 @@
 """The pipeline submitted with `ray job submit` to a real multi-node cluster started from the
-shell (`ray start --head` + 2 × `ray start --address`), storing to S3 on a moto server."""
+shell (`ray start --head` + 2 × `ray start --address`), storing to S3 on a moto server; then
+a second job stopped with `ray job stop` mid-run."""
 
 from __future__ import annotations
 
@@ -165,3 +166,41 @@ def test_pipeline_submitted_to_a_shell_cluster_writes_to_s3(shell_cluster, moto_
         _ray(["list", "nodes", "--address", shell_cluster["address"], "--format=json"], env).stdout
     )
     assert len(nodes) == 3
+
+    _a_job_stopped_mid_run_ends_as_ctrl_c_does(
+        shell_cluster, data=report["data"]["train"], storage=f"{bucket}/runs"
+    )
+
+
+def _a_job_stopped_mid_run_ends_as_ctrl_c_does(cluster: dict, data: str, storage: str) -> None:
+    """`ray job stop` sends the driver SIGTERM (SIGKILL 3 s later) after ``ray.init`` turned
+    SIGTERM into ``sys.exit(15)``: santa's handler, put back after it, ends the job with its
+    one interrupt line. (That the run's ``PlacementGroupCleaner`` goes too is
+    tests/test_cluster_leftovers.py's, on a head without the dashboard: here, with it, Ray
+    Train's cleaner is DEAD while the run still trains, so there is none to leave.)"""
+    address, env = cluster["address"], cluster["env"]
+    submitted = _ray(
+        ["job", "submit", "--no-wait", "--address", address, "--working-dir", str(REPO)]
+        + ["--", "python", "-m", "ray_jobs.pretrain", "--recipe", "tiny-ci", "--data", data]
+        + ["--num-workers", "1", "--cpus-per-worker", "0.5", "--max-steps", "400"]
+        + ["--set", "train.log_every=1", "--storage", storage, "--name", "cut"],
+        env,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = next(
+        word.strip("'")
+        for word in submitted.stdout.split()
+        if word.strip("'").startswith("raysubmit_")
+    )
+    logs = ""
+    deadline = time.monotonic() + 300
+    while "[train] step 2/" not in logs:
+        assert time.monotonic() < deadline, logs[-3000:]
+        time.sleep(2)
+        logs = _ray(["job", "logs", "--address", address, job_id], env).stdout
+    stopped = _ray(["job", "stop", "--address", address, job_id], env, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    status = _ray(["job", "status", "--address", address, job_id], env).stdout
+    assert f"Job {job_id!r} was stopped" in status, status
+    logs = _ray(["job", "logs", "--address", address, job_id], env).stdout
+    assert "santa: interrupted" in logs, logs[-3000:]
