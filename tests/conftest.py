@@ -35,6 +35,33 @@ if _SHARED_SETTING == "none" or _NO_TAGGER_SET:
 # Ray Data prints per-operator progress lines; keep test logs readable.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
+# Counting the Ray Train runs the suite starts, and which tests start them (tests/train_runs.py).
+_TRAIN_RUNS = None
+if os.environ.get("SANTA_COUNT_TRAIN_RUNS"):
+    from tests import train_runs as _train_runs
+
+    _TRAIN_RUNS = _train_runs.enable(REPO)
+_TEST_SPANS: list[tuple[str, float, float]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = time.time()
+    yield
+    if _TRAIN_RUNS:
+        _TEST_SPANS.append((item.nodeid, started, time.time()))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _TRAIN_RUNS:
+        return
+    counts = _train_runs.attribute(_TRAIN_RUNS, _TEST_SPANS)
+    terminalreporter.write_sep(
+        "=", f"Ray Train runs: {sum(counts.values())}, started by {len(counts)} tests"
+    )
+    for test, runs in sorted(counts.items()):
+        terminalreporter.write_line(f"{runs} {test}")
+
 
 def pos_tagger_available() -> bool:
     """Whether NLTK's English POS tagger can be loaded here."""
