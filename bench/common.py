@@ -251,10 +251,15 @@ def write_json(path: str | Path, payload: Any) -> Path:
 
 
 def logged_windows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """A local santa run's logged windows (its ``metrics.jsonl``: one line per report, the
-    window's means), in step order."""
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return sorted((json.loads(line) for line in lines), key=lambda m: m["step"])
+    """A santa run's logged windows (its ``metrics.jsonl``, read by the pipeline report's
+    :func:`~santa.pipeline.report.read_history`: one line per report, the window's means),
+    in step order; none logged is an error naming the file."""
+    from santa.pipeline.report import read_history
+
+    windows = read_history(str(run_dir))
+    if not windows:
+        raise FileNotFoundError(f"no logged window in {run_dir}/metrics.jsonl")
+    return sorted(windows, key=lambda m: m["step"])
 
 
 def format_table(

@@ -33,7 +33,6 @@ there), and their ratio to the plain loop. Prints tables; writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -128,11 +127,6 @@ def build_pairs(work: Path, limit: int) -> str:
     return write_stdlib_pairs(data, limit=limit or 10**9)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """A run's logged windows (``metrics.jsonl``)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def window_figures(rates: list[float]) -> dict[str, float]:
     """Steady (median after the first window) and the worst window after the first."""
     after = rates[1:] or rates
@@ -198,7 +192,7 @@ def finish_ray(args: argparse.Namespace, started: dict[str, Any]) -> dict[str, A
     if returncode:
         raise RuntimeError(f"ray_jobs.pretrain failed ({returncode}):\n{output[-3000:]}")
     storage, name, load = started["storage"], started["name"], started["load"]
-    metrics = read_metrics(storage / name / "metrics.jsonl")
+    metrics = common.logged_windows(storage / name)
     from santa.config.recipes import get_recipe
 
     batch = get_recipe("tiny").with_overrides(overrides(args)).train.global_batch_size

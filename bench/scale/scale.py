@@ -102,11 +102,6 @@ def python_job(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def metrics_rows(storage: Path, name: str) -> list[dict[str, Any]]:
-    path = storage / name / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def preprocess(
     work: Path, dataset: str, corpus: Path, jobs: list[tuple[str, str]], env: dict[str, str]
 ) -> dict[str, Any]:
@@ -169,7 +164,7 @@ def pretrain(work: Path, name: str, env: dict[str, str], extra: list[str] = (), 
         work / f"pretrain-{name}.log",
         watch=watch,
     )
-    rows = metrics_rows(storage, name)
+    rows = common.logged_windows(storage / name)
     last = rows[-1]
     keys = (
         "startup_first_batch_wait_s",
