@@ -60,10 +60,11 @@ def step_wait_s(windows: list[dict]) -> float:
 
 def ray_loop(config, data: str, workdir: Path, name: str, steps: int, window: int) -> dict:
     """The Ray Train loop on 2 workers (0.5 CPU each), a report every ``window`` steps."""
-    import ray
+    from santa.cluster.ray_utils import init_ray
 
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray as santa's jobs start it (its one line, workers at the driver's priority, a dead
+    # worker's recovery said in one santa line), not a bare ray.init.
+    print(init_ray("local", num_cpus=2, include_dashboard=False), flush=True)
     config = config.with_overrides(
         [
             f"train.max_steps={steps}",
@@ -152,4 +153,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from santa.jobs.errors import exit_with, run_job
+
+    exit_with(run_job(main))  # Ctrl-C: one santa line, exit 130; errors: one line

@@ -560,4 +560,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from santa.jobs.errors import exit_with, run_job
+
+    exit_with(run_job(main))  # Ctrl-C: one santa line, exit 130; errors: one line
